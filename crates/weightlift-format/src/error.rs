@@ -1,0 +1,128 @@
+//! The one error type of this crate: the file it concerns and what is wrong with it.
+
+use std::fmt;
+use std::io;
+use std::path::{Path, PathBuf};
+
+/// A checkpoint could not be read, parsed or written. Displays as one line: `PATH: what is wrong`.
+#[derive(Debug)]
+pub struct FormatError {
+    /// The file the error concerns.
+    pub path: PathBuf,
+    /// What is wrong with it.
+    pub kind: ErrorKind,
+}
+
+impl FormatError {
+    pub fn new(path: impl AsRef<Path>, kind: ErrorKind) -> Self {
+        FormatError { path: path.as_ref().to_path_buf(), kind }
+    }
+}
+
+impl fmt::Display for FormatError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.path.display(), self.kind)
+    }
+}
+
+// The message already includes any underlying I/O error's text, so no `source()` is reported: printing the
+// error chain would repeat it. Match on `kind` to get at the `io::Error`.
+impl std::error::Error for FormatError {}
+
+/// What is wrong, with the tensor, offset and lengths involved.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ErrorKind {
+    #[error("cannot open: {0}")]
+    Open(io::Error),
+    #[error("read failed at offset {offset}: {cause}")]
+    Read { offset: u64, cause: io::Error },
+    #[error("write failed: {0}")]
+    Write(io::Error),
+    #[error("file ends at {file_len} bytes, inside the {what} that needs bytes {offset}..{end}")]
+    Truncated { what: &'static str, offset: u64, end: u64, file_len: u64 },
+    #[error("not a safetensors, GGUF or index file (first bytes {first:02x?}); read it with --raw DTYPE")]
+    UnknownFormat { first: Vec<u8> },
+
+    // safetensors
+    #[error("file is {file_len} bytes, too small for the 8-byte safetensors header length")]
+    HeaderTooSmall { file_len: u64 },
+    #[error("header length {len} exceeds the {max}-byte limit")]
+    HeaderTooLarge { len: u64, max: u64 },
+    #[error("header length {header_len} runs past the end of the {file_len}-byte file")]
+    HeaderPastEnd { header_len: u64, file_len: u64 },
+    #[error("header is not UTF-8 (invalid byte at file offset {offset})")]
+    HeaderNotUtf8 { offset: u64 },
+    #[error("header is not valid JSON: {message}")]
+    HeaderJson { message: String },
+    #[error("tensor {tensor:?}: {message}")]
+    InvalidEntry { tensor: String, message: String },
+    #[error("__metadata__ must map strings to strings ({key:?} is not a string)")]
+    MetadataNotString { key: String },
+    #[error("tensor {tensor:?} appears twice in the header")]
+    DuplicateName { tensor: String },
+    #[error("tensor {tensor:?} has unknown dtype {dtype:?}")]
+    UnknownDtype { tensor: String, dtype: String },
+    #[error("tensor {tensor:?}: element or byte count of shape {shape:?} overflows 64 bits")]
+    ShapeOverflow { tensor: String, shape: Vec<u64> },
+    #[error("tensor {tensor:?}: {elements_desc} of {bits}-bit elements do not fill whole bytes")]
+    NotWholeBytes { tensor: String, elements_desc: String, bits: u64 },
+    #[error("tensor {tensor:?}: innermost dimension {inner} is not a whole number of {block}-element {dtype} blocks")]
+    NotWholeBlocks { tensor: String, dtype: &'static str, inner: u64, block: u64 },
+    #[error("tensor {tensor:?}: {dtype} × {shape:?} is {expected} bytes but its offsets span {actual}")]
+    SizeMismatch { tensor: String, dtype: &'static str, shape: Vec<u64>, expected: u64, actual: u64 },
+    #[error("tensor {tensor:?}: data_offsets [{begin}, {end}] end before they begin")]
+    OffsetsReversed { tensor: String, begin: u64, end: u64 },
+    #[error("tensor {tensor:?} ends at data offset {end}, past the {data_len}-byte data section")]
+    OffsetPastEnd { tensor: String, end: u64, data_len: u64 },
+    #[error("tensor {tensor:?} overlaps tensor {other:?} at data offset {at}")]
+    Overlap { tensor: String, other: String, at: u64 },
+    #[error("data bytes {start}..{end} belong to no tensor (a gap {where_})")]
+    Uncovered { start: u64, end: u64, where_: String },
+
+    // sharded index
+    #[error("shard index: {message}")]
+    ShardIndex { message: String },
+    #[error("tensor {tensor:?} is listed in the weight_map for {shard:?} but that shard does not hold it")]
+    ShardTensorMissing { tensor: String, shard: String },
+    #[error("tensor {tensor:?} is held by both {first} and {second}")]
+    DuplicateAcrossFiles { tensor: String, first: PathBuf, second: PathBuf },
+
+    // GGUF
+    #[error("bad GGUF magic {found:02x?}")]
+    BadMagic { found: [u8; 4] },
+    #[error("big-endian GGUF files are not supported")]
+    BigEndian,
+    #[error("GGUF version {version} is not supported (versions 2 and 3 are)")]
+    UnsupportedVersion { version: u32 },
+    #[error("{what} count {count} at offset {offset} cannot fit in the {remaining} bytes left in the file")]
+    CountTooLarge { what: &'static str, count: u64, offset: u64, remaining: u64 },
+    #[error("string of {len} bytes at offset {offset} runs past the end of the file ({remaining} bytes left)")]
+    StringTooLong { len: u64, offset: u64, remaining: u64 },
+    #[error("metadata key {key:?} has unknown value type {type_id} at offset {offset}")]
+    UnknownValueType { key: String, type_id: u32, offset: u64 },
+    #[error("metadata key {key:?} nests arrays more than {max} deep")]
+    NestingTooDeep { key: String, max: usize },
+    #[error("metadata key {key:?} is {found}, expected {expected}")]
+    MetadataType { key: String, expected: &'static str, found: &'static str },
+    #[error("general.alignment {alignment} is not a non-zero multiple of 8 and power of two")]
+    BadAlignment { alignment: u64 },
+    #[error("tensor {tensor:?} has {n_dims} dimensions (at most {max} are allowed)")]
+    TooManyDims { tensor: String, n_dims: u32, max: u32 },
+    #[error("tensor {tensor:?} has unknown ggml type {type_id}")]
+    UnknownGgmlType { tensor: String, type_id: u32 },
+    #[error("tensor {tensor:?} data offset {offset} is not a multiple of the alignment {alignment}")]
+    TensorMisaligned { tensor: String, offset: u64, alignment: u64 },
+    #[error("tensor {tensor:?} ends at byte {end}, past the end of the {file_len}-byte file")]
+    TensorPastEnd { tensor: String, end: u64, file_len: u64 },
+
+    // raw
+    #[error("raw file holds {have} bytes but {count} {dtype} elements need {need}")]
+    RawTooShort { count: u64, dtype: &'static str, need: u64, have: u64 },
+    #[error("raw tensor of {count} {dtype} elements: {reason}")]
+    RawInvalid { count: u64, dtype: &'static str, reason: &'static str },
+
+    // writers
+    #[error("cannot write tensor {tensor:?}: {reason}")]
+    Unwritable { tensor: String, reason: String },
+}

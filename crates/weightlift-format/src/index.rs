@@ -1,0 +1,122 @@
+//! The result of parsing: which bytes of which file are which tensor.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+
+use crate::dtype::DType;
+use crate::error::{ErrorKind, FormatError};
+use crate::gguf::GgufValue;
+
+/// The container format of one file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Format {
+    Safetensors,
+    Gguf,
+    Raw,
+}
+
+impl Format {
+    pub fn name(self) -> &'static str {
+        match self {
+            Format::Safetensors => "safetensors",
+            Format::Gguf => "gguf",
+            Format::Raw => "raw",
+        }
+    }
+}
+
+/// Metadata a file carries besides its tensors.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Metadata {
+    None,
+    /// The safetensors `__metadata__` string map.
+    Safetensors(BTreeMap<String, String>),
+    /// GGUF key/value pairs, in file order.
+    Gguf(Vec<(String, GgufValue)>),
+}
+
+/// One file of a checkpoint.
+#[derive(Clone, Debug)]
+pub struct SourceFile {
+    pub path: PathBuf,
+    pub format: Format,
+    /// File length in bytes when it was parsed.
+    pub len: u64,
+    /// Absolute offset where the tensor data section starts.
+    pub data_start: u64,
+    pub metadata: Metadata,
+    /// GGUF version (2 or 3), when the file is GGUF.
+    pub gguf_version: Option<u32>,
+}
+
+/// One tensor: its name, type, shape and the absolute byte range that holds it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TensorEntry {
+    pub name: String,
+    pub dtype: DType,
+    /// Row-major shape, innermost dimension last (GGUF dims are stored innermost first and are reversed here).
+    pub shape: Vec<u64>,
+    /// Index into [`TensorIndex::files`].
+    pub file: usize,
+    /// Absolute byte offset in the file.
+    pub offset: u64,
+    pub nbytes: u64,
+}
+
+impl TensorEntry {
+    pub fn end(&self) -> u64 {
+        self.offset + self.nbytes
+    }
+
+    pub fn elements(&self) -> u64 {
+        self.shape.iter().product()
+    }
+}
+
+/// Every tensor of a checkpoint of one or several files, in file order then offset order.
+#[derive(Clone, Debug, Default)]
+pub struct TensorIndex {
+    pub files: Vec<SourceFile>,
+    pub tensors: Vec<TensorEntry>,
+}
+
+impl TensorIndex {
+    /// The single format of every file, or `None` for an empty or mixed index.
+    pub fn format(&self) -> Option<Format> {
+        let first = self.files.first()?.format;
+        self.files.iter().all(|f| f.format == first).then_some(first)
+    }
+
+    pub fn total_bytes(&self) -> u64 {
+        self.tensors.iter().map(|t| t.nbytes).sum()
+    }
+
+    pub fn get(&self, name: &str) -> Option<&TensorEntry> {
+        self.tensors.iter().find(|t| t.name == name)
+    }
+
+    pub fn path_of(&self, tensor: &TensorEntry) -> &Path {
+        &self.files[tensor.file].path
+    }
+
+    /// Joins indexes of separate files into one, rejecting a tensor name held by two files.
+    pub fn merge(parts: Vec<TensorIndex>) -> Result<TensorIndex, FormatError> {
+        let mut merged = TensorIndex::default();
+        let mut seen: HashMap<String, usize> = HashMap::new();
+        for part in parts {
+            let base = merged.files.len();
+            merged.files.extend(part.files);
+            for mut t in part.tensors {
+                t.file += base;
+                if let Some(&first) = seen.get(&t.name) {
+                    let (first, second) = (merged.files[first].path.clone(), merged.files[t.file].path.clone());
+                    let kind = ErrorKind::DuplicateAcrossFiles { tensor: t.name, first, second: second.clone() };
+                    return Err(FormatError::new(second, kind));
+                }
+                seen.insert(t.name.clone(), t.file);
+                merged.tensors.push(t);
+            }
+        }
+        Ok(merged)
+    }
+}
