@@ -131,10 +131,8 @@ fn print_summary(index: &TensorIndex, top: usize) {
         aligned(index),
         index.tensors.len()
     );
-    let hist: Vec<String> = dtype_histogram(index)
-        .into_iter()
-        .map(|(d, (n, b))| format!("{d} ×{n} ({})", units::bytes(b)))
-        .collect();
+    let hist: Vec<String> =
+        dtype_histogram(index).into_iter().map(|(d, (n, b))| format!("{d} ×{n} ({})", units::bytes(b))).collect();
     println!("dtypes: {}", hist.join(", "));
     let mut largest: Vec<_> = index.tensors.iter().collect();
     largest.sort_by(|a, b| b.nbytes.cmp(&a.nbytes).then_with(|| a.name.cmp(&b.name)));

@@ -220,6 +220,8 @@ ggml_types! {
     TQ1_0 = 34, "TQ1_0", 256, 54;
     TQ2_0 = 35, "TQ2_0", 256, 66;
     MXFP4 = 39, "MXFP4", 32, 17;
+    NVFP4 = 40, "NVFP4", 64, 36;
+    Q1_0 = 41, "Q1_0", 128, 18;
 }
 
 impl GgmlType {
@@ -280,7 +282,7 @@ mod tests {
             assert_eq!(GgmlType::from_name(g.name()), Some(g));
             assert_eq!(GgmlType::from_dtype(g.dtype()), Some(g));
         }
-        for retired in [4, 5, 31, 32, 33, 36, 37, 38, 40, u32::MAX] {
+        for retired in [4, 5, 31, 32, 33, 36, 37, 38, 42, u32::MAX] {
             assert_eq!(GgmlType::from_id(retired), None);
         }
     }

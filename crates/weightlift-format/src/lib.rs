@@ -9,6 +9,7 @@
 //! from the file before checking it. [`open`] picks the reader by extension, then by the file's first bytes.
 #![forbid(unsafe_code)]
 
+pub mod corpus;
 mod dtype;
 mod error;
 pub mod gguf;

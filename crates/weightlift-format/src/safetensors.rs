@@ -283,7 +283,7 @@ pub fn layout(specs: &[TensorSpec], metadata: &BTreeMap<String, String>, align: 
         }
         let nbytes = expected_size(&spec.name, spec.dtype, &spec.shape)?;
         let misalign = cursor % align;
-        if nbytes > 0 && misalign != 0 {
+        if align > 8 && nbytes > 0 && misalign != 0 {
             let pad = align - misalign;
             let name = format!("{PAD_PREFIX}{}", pads.len());
             header.insert(name, entry_json(DType::U8, &[pad], cursor, cursor + pad));

@@ -141,7 +141,8 @@ pub fn generate(path: &Path, spec: &Spec) -> Result<Summary, FormatError> {
         }
         Container::Safetensors => {
             let planned = plan(spec.layout, spec.size, seed, false);
-            let specs: Vec<TensorSpec> = planned.iter().map(|p| TensorSpec::new(&p.name, p.dtype, p.shape.clone())).collect();
+            let specs: Vec<TensorSpec> =
+                planned.iter().map(|p| TensorSpec::new(&p.name, p.dtype, p.shape.clone())).collect();
             let mut meta = BTreeMap::new();
             meta.insert("format".to_string(), "pt".to_string());
             meta.insert("generator".to_string(), format!("weightlift {} seed {seed}", env!("CARGO_PKG_VERSION")));
@@ -314,7 +315,10 @@ fn gguf_metadata(planned: &[Planned], spec: &Spec) -> Vec<(String, GgufValue)> {
     let scores: Vec<GgufValue> = (0..64).map(|i| GgufValue::F32(-(i as f32))).collect();
     let nested = GgufValue::Array(
         9,
-        vec![GgufValue::Array(4, vec![GgufValue::U32(1), GgufValue::U32(2)]), GgufValue::Array(4, vec![GgufValue::U32(3)])],
+        vec![
+            GgufValue::Array(4, vec![GgufValue::U32(1), GgufValue::U32(2)]),
+            GgufValue::Array(4, vec![GgufValue::U32(3)]),
+        ],
     );
     let mut kv = vec![
         ("general.architecture".to_string(), s("llama")),

@@ -1,0 +1,344 @@
+//! Hostile checkpoints: one malformed file (or set of files) per defect the readers must catch, each with the
+//! error it must produce. Used by this crate's tests, the CLI's tests and as fuzzing seeds.
+
+use std::collections::BTreeMap;
+
+use crate::dtype::{DType, GgmlType};
+use crate::gguf::{self, GgufTensorSpec, GgufValue};
+use crate::safetensors::{self, TensorSpec};
+
+/// One hostile case: the files to write, which of them to open, and the `ErrorKind` variant expected.
+#[derive(Clone, Debug)]
+pub struct Hostile {
+    pub name: &'static str,
+    /// (file name, contents); the first is the one to open.
+    pub files: Vec<(String, Vec<u8>)>,
+    /// Name of the expected `ErrorKind` variant.
+    pub expect: &'static str,
+}
+
+fn st(header: &str, data_len: usize) -> Vec<u8> {
+    let mut v = (header.len() as u64).to_le_bytes().to_vec();
+    v.extend_from_slice(header.as_bytes());
+    v.extend((0..data_len).map(|i| (i % 251) as u8 + 1));
+    v
+}
+
+fn one(name: &'static str, file: &str, bytes: Vec<u8>, expect: &'static str) -> Hostile {
+    Hostile { name, files: vec![(file.to_string(), bytes)], expect }
+}
+
+/// A valid GGUF header builder whose fields can be set to hostile values.
+struct G(Vec<u8>);
+
+impl G {
+    fn new(version: u32, n_tensors: u64, n_kv: u64) -> G {
+        let mut v = b"GGUF".to_vec();
+        v.extend_from_slice(&version.to_le_bytes());
+        v.extend_from_slice(&n_tensors.to_le_bytes());
+        v.extend_from_slice(&n_kv.to_le_bytes());
+        G(v)
+    }
+    fn u32(mut self, x: u32) -> G {
+        self.0.extend_from_slice(&x.to_le_bytes());
+        self
+    }
+    fn u64(mut self, x: u64) -> G {
+        self.0.extend_from_slice(&x.to_le_bytes());
+        self
+    }
+    fn str(self, s: &str) -> G {
+        let mut g = self.u64(s.len() as u64);
+        g.0.extend_from_slice(s.as_bytes());
+        g
+    }
+    fn tensor(self, name: &str, dims: &[u64], ty: u32, offset: u64) -> G {
+        let mut g = self.str(name).u32(dims.len() as u32);
+        for &d in dims {
+            g = g.u64(d);
+        }
+        g.u32(ty).u64(offset)
+    }
+    /// Pads to 32 bytes and appends `data` bytes of data.
+    fn data(mut self, data: usize) -> Vec<u8> {
+        let n = self.0.len().next_multiple_of(32);
+        self.0.resize(n, 0);
+        self.0.extend((0..data).map(|i| (i % 251) as u8 + 1));
+        self.0
+    }
+}
+
+/// Every hostile case.
+pub fn hostile() -> Vec<Hostile> {
+    let mut v = vec![
+        one("short file", "a.safetensors", vec![1, 2, 3, 4, 5], "HeaderTooSmall"),
+        one(
+            "header length past end",
+            "a.safetensors",
+            [1000u64.to_le_bytes().as_slice(), b"{}"].concat(),
+            "HeaderPastEnd",
+        ),
+        one(
+            "header larger than cap",
+            "a.safetensors",
+            [200_000_000u64.to_le_bytes().as_slice(), b"{}"].concat(),
+            "HeaderTooLarge",
+        ),
+        one(
+            "header length overflows",
+            "a.safetensors",
+            [u64::MAX.to_le_bytes().as_slice(), b"{}"].concat(),
+            "HeaderTooLarge",
+        ),
+        one("truncated header", "a.safetensors", st(r#"{"a":{"dtype":"U8","shape":[2],"da"#, 2), "HeaderJson"),
+        one(
+            "not utf-8",
+            "a.safetensors",
+            {
+                let mut b = st(r#"{"a":{"dtype":"U8","shape":[2],"data_offsets":[0,2]}}"#, 2);
+                b[10] = 0xff;
+                b
+            },
+            "HeaderNotUtf8",
+        ),
+        one("not json", "a.safetensors", st("{{{{", 0), "HeaderJson"),
+        one("header is an array", "a.safetensors", st("[1,2]", 0), "HeaderJson"),
+        one(
+            "overlapping offsets",
+            "a.safetensors",
+            st(
+                r#"{"a":{"dtype":"U8","shape":[4],"data_offsets":[0,4]},"b":{"dtype":"U8","shape":[4],"data_offsets":[2,6]}}"#,
+                6,
+            ),
+            "Overlap",
+        ),
+        one(
+            "offsets past end",
+            "a.safetensors",
+            st(r#"{"a":{"dtype":"U8","shape":[8],"data_offsets":[0,8]}}"#, 4),
+            "OffsetPastEnd",
+        ),
+        one(
+            "gap between tensors",
+            "a.safetensors",
+            st(
+                r#"{"a":{"dtype":"U8","shape":[2],"data_offsets":[0,2]},"b":{"dtype":"U8","shape":[2],"data_offsets":[4,6]}}"#,
+                6,
+            ),
+            "Uncovered",
+        ),
+        one(
+            "trailing bytes",
+            "a.safetensors",
+            st(r#"{"a":{"dtype":"U8","shape":[2],"data_offsets":[0,2]}}"#, 9),
+            "Uncovered",
+        ),
+        one(
+            "dtype x shape mismatch",
+            "a.safetensors",
+            st(r#"{"a":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}}"#, 8),
+            "SizeMismatch",
+        ),
+        one(
+            "shape product overflows",
+            "a.safetensors",
+            st(r#"{"a":{"dtype":"U8","shape":[4294967296,4294967296,2],"data_offsets":[0,8]}}"#, 8),
+            "ShapeOverflow",
+        ),
+        one(
+            "byte count overflows",
+            "a.safetensors",
+            st(r#"{"a":{"dtype":"F64","shape":[4611686018427387904],"data_offsets":[0,8]}}"#, 8),
+            "ShapeOverflow",
+        ),
+        one(
+            "duplicate names",
+            "a.safetensors",
+            st(
+                r#"{"a":{"dtype":"U8","shape":[2],"data_offsets":[0,2]},"a":{"dtype":"U8","shape":[2],"data_offsets":[2,4]}}"#,
+                4,
+            ),
+            "DuplicateName",
+        ),
+        one(
+            "unknown dtype",
+            "a.safetensors",
+            st(r#"{"a":{"dtype":"F12","shape":[2],"data_offsets":[0,2]}}"#, 2),
+            "UnknownDtype",
+        ),
+        one(
+            "reversed offsets",
+            "a.safetensors",
+            st(r#"{"a":{"dtype":"U8","shape":[2],"data_offsets":[4,2]}}"#, 4),
+            "OffsetsReversed",
+        ),
+        one(
+            "negative dimension",
+            "a.safetensors",
+            st(r#"{"a":{"dtype":"U8","shape":[-2],"data_offsets":[0,2]}}"#, 2),
+            "InvalidEntry",
+        ),
+        one("missing data_offsets", "a.safetensors", st(r#"{"a":{"dtype":"U8","shape":[2]}}"#, 2), "InvalidEntry"),
+        one(
+            "non-string metadata",
+            "a.safetensors",
+            st(r#"{"__metadata__":{"n":3},"a":{"dtype":"U8","shape":[2],"data_offsets":[0,2]}}"#, 2),
+            "MetadataNotString",
+        ),
+        one(
+            "packed f4 not whole bytes",
+            "a.safetensors",
+            st(r#"{"a":{"dtype":"F4","shape":[3],"data_offsets":[0,2]}}"#, 2),
+            "NotWholeBytes",
+        ),
+        // GGUF
+        one("gguf bad magic", "a.gguf", b"GGUX\x03\0\0\0".to_vec(), "BadMagic"),
+        one("gguf version 1", "a.gguf", G::new(1, 0, 0).data(0), "UnsupportedVersion"),
+        one("gguf version 99", "a.gguf", G::new(99, 0, 0).data(0), "UnsupportedVersion"),
+        one("gguf big-endian", "a.gguf", G::new(3u32.swap_bytes(), 0, 0).data(0), "BigEndian"),
+        one("gguf truncated in counts", "a.gguf", G::new(3, 0, 0).0[..12].to_vec(), "Truncated"),
+        one("gguf absurd tensor count", "a.gguf", G::new(3, u64::MAX / 2, 0).data(64), "CountTooLarge"),
+        one("gguf absurd metadata count", "a.gguf", G::new(3, 0, 1 << 60).data(64), "CountTooLarge"),
+        one("gguf absurd string length", "a.gguf", G::new(3, 0, 1).u64(1 << 62).data(16), "StringTooLong"),
+        one(
+            "gguf absurd array length",
+            "a.gguf",
+            G::new(3, 0, 1).str("k").u32(9).u32(10).u64(1 << 61).data(16),
+            "CountTooLarge",
+        ),
+        one("gguf unknown value type", "a.gguf", G::new(3, 0, 1).str("k").u32(77).u32(0).data(0), "UnknownValueType"),
+        one(
+            "gguf nesting too deep",
+            "a.gguf",
+            {
+                let mut g = G::new(3, 0, 1).str("k").u32(9);
+                for _ in 0..20 {
+                    g = g.u32(9).u64(1);
+                }
+                g.u32(4).u64(0).data(0)
+            },
+            "NestingTooDeep",
+        ),
+        one("gguf truncated metadata", "a.gguf", G::new(3, 0, 2).str("general.name").u32(8).str("x").0, "Truncated"),
+        one(
+            "gguf bad alignment",
+            "a.gguf",
+            G::new(3, 0, 1).str("general.alignment").u32(4).u32(3).data(0),
+            "BadAlignment",
+        ),
+        one(
+            "gguf alignment not an integer",
+            "a.gguf",
+            G::new(3, 0, 1).str("general.alignment").u32(8).str("x").data(0),
+            "MetadataType",
+        ),
+        one("gguf unknown ggml type", "a.gguf", G::new(3, 1, 0).tensor("t", &[32], 31, 0).data(64), "UnknownGgmlType"),
+        one(
+            "gguf too many dims",
+            "a.gguf",
+            G::new(3, 1, 0).tensor("t", &[1, 1, 1, 1, 1], 0, 0).data(64),
+            "TooManyDims",
+        ),
+        one("gguf tensor past end", "a.gguf", G::new(3, 1, 0).tensor("t", &[64], 0, 0).data(100), "TensorPastEnd"),
+        one(
+            "gguf tensor offset overflows",
+            "a.gguf",
+            G::new(3, 1, 0).tensor("t", &[64], 0, u64::MAX - 31).data(100),
+            "TensorPastEnd",
+        ),
+        one("gguf misaligned tensor", "a.gguf", G::new(3, 1, 0).tensor("t", &[4], 0, 4).data(64), "TensorMisaligned"),
+        one(
+            "gguf overlapping tensors",
+            "a.gguf",
+            G::new(3, 2, 0).tensor("a", &[16], 0, 0).tensor("b", &[16], 0, 32).data(256),
+            "Overlap",
+        ),
+        one(
+            "gguf duplicate tensor",
+            "a.gguf",
+            G::new(3, 2, 0).tensor("a", &[8], 0, 0).tensor("a", &[8], 0, 32).data(256),
+            "DuplicateName",
+        ),
+        one(
+            "gguf partial quant block",
+            "a.gguf",
+            G::new(3, 1, 0).tensor("q", &[100, 2], 12, 0).data(1024),
+            "NotWholeBlocks",
+        ),
+        one(
+            "gguf dims overflow",
+            "a.gguf",
+            G::new(3, 1, 0).tensor("t", &[1 << 40, 1 << 40], 0, 0).data(64),
+            "ShapeOverflow",
+        ),
+        one("not a checkpoint", "a.bin", b"hello, world, this is text".to_vec(), "UnknownFormat"),
+    ];
+    // Sharded checkpoints.
+    let shard =
+        safetensors::serialize(&[(TensorSpec::new("w", DType::U8, vec![3]), &[7u8, 8, 9][..])], &BTreeMap::new(), 8)
+            .unwrap_or_default();
+    v.push(Hostile {
+        name: "shard missing a listed tensor",
+        files: vec![
+            (
+                "model.safetensors.index.json".into(),
+                br#"{"weight_map":{"w":"s1.safetensors","v":"s1.safetensors"}}"#.to_vec(),
+            ),
+            ("s1.safetensors".into(), shard.clone()),
+        ],
+        expect: "ShardTensorMissing",
+    });
+    v.push(Hostile {
+        name: "shard path escapes",
+        files: vec![("model.safetensors.index.json".into(), br#"{"weight_map":{"w":"../s1.safetensors"}}"#.to_vec())],
+        expect: "ShardIndex",
+    });
+    v.push(Hostile {
+        name: "shard index without weight_map",
+        files: vec![("model.safetensors.index.json".into(), br#"{"metadata":{}}"#.to_vec())],
+        expect: "ShardIndex",
+    });
+    v.push(Hostile {
+        name: "shard file missing",
+        files: vec![("model.safetensors.index.json".into(), br#"{"weight_map":{"w":"gone.safetensors"}}"#.to_vec())],
+        expect: "Open",
+    });
+    v.push(Hostile {
+        name: "tensor in two shards",
+        files: vec![
+            (
+                "model.safetensors.index.json".into(),
+                br#"{"weight_map":{"w":"s1.safetensors","x":"s2.safetensors"}}"#.to_vec(),
+            ),
+            ("s1.safetensors".into(), shard.clone()),
+            ("s2.safetensors".into(), {
+                let specs = [
+                    (TensorSpec::new("w", DType::U8, vec![3]), &[1u8, 2, 3][..]),
+                    (TensorSpec::new("x", DType::U8, vec![1]), &[4u8][..]),
+                ];
+                safetensors::serialize(&specs, &BTreeMap::new(), 8).unwrap_or_default()
+            }),
+        ],
+        expect: "DuplicateAcrossFiles",
+    });
+    v
+}
+
+/// A small valid GGUF file image (for fuzzing seeds and tests).
+pub fn valid_gguf() -> Vec<u8> {
+    let kv = vec![
+        ("general.architecture".to_string(), GgufValue::String("llama".into())),
+        ("a".to_string(), GgufValue::Array(9, vec![GgufValue::Array(4, vec![GgufValue::U32(1)])])),
+    ];
+    let specs = [
+        GgufTensorSpec { name: "w".into(), ggml: GgmlType::Q4_0, shape: vec![2, 64] },
+        GgufTensorSpec { name: "b".into(), ggml: GgmlType::F32, shape: vec![3] },
+    ];
+    let Ok(lay) = gguf::layout(&kv, &specs) else { return Vec::new() };
+    let mut out = Vec::new();
+    let _ = lay.write_to(&mut out, 4096, |i, off, buf| {
+        crate::synth::tensor_bytes(1, i as u64, off, buf);
+        Ok(())
+    });
+    out
+}
