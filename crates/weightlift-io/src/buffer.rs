@@ -1,0 +1,76 @@
+//! Host memory for loaded tensors: aligned allocations that report failure instead of aborting the process.
+
+use std::alloc::{self, Layout};
+use std::ptr::NonNull;
+
+use crate::error::IoError;
+
+/// Alignment of every host buffer: a cache line, enough for any element type and for vector loads.
+pub const HOST_ALIGN: usize = 64;
+
+/// An owned, aligned, uninitialised-then-filled byte buffer.
+#[derive(Debug)]
+pub struct HostBuffer {
+    ptr: NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: HostBuffer owns its allocation exclusively, like Vec<u8>.
+unsafe impl Send for HostBuffer {}
+// SAFETY: shared access only hands out `&[u8]`, like Vec<u8>.
+unsafe impl Sync for HostBuffer {}
+
+impl HostBuffer {
+    /// Allocates `len` zeroed bytes; an allocation failure is an error, not an abort.
+    pub fn zeroed(len: usize) -> Result<HostBuffer, IoError> {
+        if len == 0 {
+            return Ok(HostBuffer { ptr: NonNull::<[u8; HOST_ALIGN]>::dangling().cast(), len: 0 });
+        }
+        let oom = || IoError::Staging { bytes: len as u64, reason: "out of host memory".into() };
+        let layout = Layout::from_size_align(len, HOST_ALIGN).map_err(|_| oom())?;
+        // SAFETY: the layout has a non-zero size.
+        let ptr = unsafe { alloc::alloc_zeroed(layout) };
+        NonNull::new(ptr).map(|ptr| HostBuffer { ptr, len }).ok_or_else(oom)
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    pub fn as_ptr(&self) -> *const u8 {
+        self.ptr.as_ptr()
+    }
+
+    pub fn as_mut_ptr(&mut self) -> *mut u8 {
+        self.ptr.as_ptr()
+    }
+}
+
+impl std::ops::Deref for HostBuffer {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        // SAFETY: `ptr` is valid for `len` initialised (zeroed, then written) bytes, or dangling and aligned with
+        // `len == 0`.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl std::ops::DerefMut for HostBuffer {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as for `deref`, and `&mut self` guarantees exclusive access.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl Drop for HostBuffer {
+    fn drop(&mut self) {
+        if self.len > 0 {
+            // SAFETY: allocated in `zeroed` with this exact layout.
+            unsafe { alloc::dealloc(self.ptr.as_ptr(), Layout::from_size_align_unchecked(self.len, HOST_ALIGN)) }
+        }
+    }
+}

@@ -1,0 +1,50 @@
+//! The storage engine's error type: what failed, on which file, at which offset.
+
+use std::io;
+use std::path::PathBuf;
+
+/// An error from the storage engine. Displays as one line naming the file and offset where there is one.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum IoError {
+    #[error("{}: cannot open: {cause}", path.display())]
+    Open { path: PathBuf, cause: io::Error },
+    #[error("{}: read of {len} bytes at offset {offset} failed: {cause}", path.display())]
+    Read { path: PathBuf, offset: u64, len: u64, cause: io::Error },
+    #[error("{}: write of {len} bytes at offset {offset} failed: {cause}", path.display())]
+    Write { path: PathBuf, offset: u64, len: u64, cause: io::Error },
+    #[error("{}: file ended at offset {offset} while {expected_end} bytes were expected (truncated while being read?)", path.display())]
+    Truncated { path: PathBuf, offset: u64, expected_end: u64 },
+    #[error("{}: {len} bytes at offset {offset} lie past the end of the {file_len}-byte file (did it change since it was parsed?)", path.display())]
+    PastEnd { path: PathBuf, offset: u64, len: u64, file_len: u64 },
+    #[error("setting {name}={value:?}: {reason}")]
+    Setting { name: &'static str, value: String, reason: String },
+    #[error("staging memory of {bytes} bytes: {reason}")]
+    Staging { bytes: u64, reason: String },
+    #[error("io_uring: {0}")]
+    Uring(String),
+    #[error("invalid destinations: {0}")]
+    Destinations(String),
+    #[error("{0}")]
+    Sink(#[source] Box<dyn std::error::Error + Send + Sync>),
+    #[error("load cancelled")]
+    Cancelled,
+}
+
+impl IoError {
+    /// The OS error number behind this error, if any.
+    pub fn raw_os_error(&self) -> Option<i32> {
+        match self {
+            IoError::Open { cause, .. } | IoError::Read { cause, .. } | IoError::Write { cause, .. } => cause.raw_os_error(),
+            _ => None,
+        }
+    }
+
+    /// The `io::ErrorKind` behind this error, for callers mapping errors to their own hierarchy.
+    pub fn io_kind(&self) -> Option<io::ErrorKind> {
+        match self {
+            IoError::Open { cause, .. } | IoError::Read { cause, .. } | IoError::Write { cause, .. } => Some(cause.kind()),
+            _ => None,
+        }
+    }
+}

@@ -1,0 +1,64 @@
+//! Fault injection for tests: reads that fail with EIO, come back short, or hit a file truncated mid-load, at
+//! chosen offsets. The engine consults a [`FaultPlan`] around every read it issues, whichever backend runs.
+
+use std::fs::OpenOptions;
+use std::io;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+/// One injected fault, on input file `file` (its index in the load).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fault {
+    /// Every read covering `offset` fails with EIO.
+    Eio { file: u32, offset: u64 },
+    /// The first read covering `offset` returns only the bytes before it (a transient short read).
+    Short { file: u32, offset: u64 },
+    /// Before the first read reaching `offset`, the file is truncated to `offset` bytes.
+    TruncateAt { file: u32, offset: u64 },
+}
+
+/// A set of faults, each of the one-shot kinds firing once.
+#[derive(Debug)]
+pub struct FaultPlan {
+    faults: Vec<(Fault, AtomicBool)>,
+}
+
+impl FaultPlan {
+    pub fn new(faults: Vec<Fault>) -> FaultPlan {
+        FaultPlan { faults: faults.into_iter().map(|f| (f, AtomicBool::new(false))).collect() }
+    }
+
+    /// Runs before a read of `[offset, offset + len)` of `file` (at `path`) is issued.
+    pub fn before_read(&self, file: u32, path: &Path, offset: u64, len: u64) {
+        for (fault, fired) in &self.faults {
+            if let Fault::TruncateAt { file: f, offset: at } = *fault {
+                if f == file && offset + len > at && !fired.swap(true, Ordering::SeqCst) {
+                    if let Ok(w) = OpenOptions::new().write(true).open(path) {
+                        let _ = w.set_len(at);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Runs on the result of a read of `[offset, offset + len)` of `file`, possibly replacing it.
+    pub fn after_read(&self, file: u32, offset: u64, len: u64, result: io::Result<usize>) -> io::Result<usize> {
+        let covers = |at: u64| at >= offset && at < offset + len;
+        for (fault, fired) in &self.faults {
+            match *fault {
+                Fault::Eio { file: f, offset: at } if f == file && covers(at) => {
+                    return Err(io::Error::from_raw_os_error(libc::EIO));
+                }
+                Fault::Short { file: f, offset: at } if f == file && covers(at) && at > offset => {
+                    if let Ok(n) = result {
+                        if !fired.swap(true, Ordering::SeqCst) {
+                            return Ok(n.min((at - offset) as usize));
+                        }
+                    }
+                }
+                _ => {}
+            }
+        }
+        result
+    }
+}

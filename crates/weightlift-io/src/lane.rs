@@ -1,0 +1,215 @@
+//! What every I/O thread ("lane") shares, whichever backend submits its reads: the op queue, cancellation, the
+//! one place where a read's result is interpreted (retry, short read, end of file, error), and its counters.
+
+use std::io;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use crate::error::IoError;
+use crate::fault::FaultPlan;
+use crate::file::OpenFile;
+use crate::plan::{Plan, ReadOp};
+use crate::sink::{Sink, SinkError};
+
+/// Transient errors are retried this many times per read before giving up.
+const MAX_RETRIES: u32 = 1000;
+
+pub(crate) struct Shared<'a, S: Sink> {
+    pub plan: &'a Plan,
+    pub files: &'a [OpenFile],
+    pub sink: &'a S,
+    pub queue_depth: usize,
+    pub next: AtomicUsize,
+    pub abort: AtomicBool,
+    pub cancel: Option<&'a AtomicBool>,
+    pub progress: Option<&'a AtomicU64>,
+    pub faults: Option<&'a FaultPlan>,
+}
+
+impl<S: Sink> Shared<'_, S> {
+    /// The next read to issue, in plan order, unless the load is stopping.
+    pub fn next_op(&self) -> Option<usize> {
+        if self.stopping() {
+            return None;
+        }
+        let i = self.next.fetch_add(1, Ordering::Relaxed);
+        (i < self.plan.ops.len()).then_some(i)
+    }
+
+    pub fn stopping(&self) -> bool {
+        self.abort.load(Ordering::Relaxed) || self.cancel.is_some_and(|c| c.load(Ordering::Relaxed))
+    }
+
+    pub fn fail(&self) {
+        self.abort.store(true, Ordering::Relaxed);
+    }
+
+    pub fn add_progress(&self, bytes: u64) {
+        if let Some(p) = self.progress {
+            p.fetch_add(bytes, Ordering::Relaxed);
+        }
+    }
+
+    pub fn sink_error(&self, e: SinkError) -> IoError {
+        self.fail();
+        IoError::Sink(e)
+    }
+}
+
+/// Counters of one lane, summed into the load's report.
+#[derive(Clone, Debug, Default)]
+pub struct LaneStats {
+    pub ops: u64,
+    pub direct_bytes: u64,
+    pub buffered_bytes: u64,
+    pub retries: u64,
+    pub short_reads: u64,
+    pub direct_fallbacks: u64,
+    /// Time blocked in the kernel waiting for reads (io_uring_enter, or inside pread).
+    pub io_wait: Duration,
+    /// Time in the sink's `deliver` (host copies, or queuing device copies).
+    pub deliver: Duration,
+    /// Time blocked because every slot was waiting for a delivery to finish.
+    pub backpressure: Duration,
+}
+
+impl LaneStats {
+    pub fn add(&mut self, o: &LaneStats) {
+        self.ops += o.ops;
+        self.direct_bytes += o.direct_bytes;
+        self.buffered_bytes += o.buffered_bytes;
+        self.retries += o.retries;
+        self.short_reads += o.short_reads;
+        self.direct_fallbacks += o.direct_fallbacks;
+        self.io_wait += o.io_wait;
+        self.deliver += o.deliver;
+        self.backpressure += o.backpressure;
+    }
+}
+
+/// A read in progress in one slot.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Reading {
+    pub op: usize,
+    /// Bytes of the op already in the slot.
+    pub done: u64,
+    /// Whether the next read of this op goes through the O_DIRECT descriptor.
+    pub direct: bool,
+    pub retries: u32,
+}
+
+/// A read to issue: `len` bytes at file `offset` into the slot at `offset - op.offset`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Request {
+    pub offset: u64,
+    pub len: u64,
+    pub direct: bool,
+}
+
+/// What to do after a read returned.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Next {
+    /// The op's bytes are all in the slot.
+    Complete,
+    /// Read again.
+    Read(Request),
+}
+
+impl Reading {
+    pub fn start(op: usize, direct: bool) -> Reading {
+        Reading { op, done: 0, direct, retries: 0 }
+    }
+
+    /// The read to issue now for this op.
+    pub fn request(&self, op: &ReadOp) -> Request {
+        let len = if self.direct { op.len - self.done } else { op.valid - self.done };
+        Request { offset: op.offset + self.done, len, direct: self.direct }
+    }
+
+    /// Interprets the result of the read last issued for this op. This is the only place results are read:
+    /// transient errors retry, short reads continue where they stopped (through the buffered descriptor when the
+    /// position is no longer block-aligned), an early end of file is a truncation, anything else an error naming
+    /// the file and offset.
+    pub fn on_result(&mut self, op: &ReadOp, file: &OpenFile, result: io::Result<usize>, stats: &mut LaneStats) -> Result<Next, IoError> {
+        let at = op.offset + self.done;
+        match result {
+            Err(e) if matches!(e.kind(), io::ErrorKind::Interrupted | io::ErrorKind::WouldBlock) => {
+                self.retries += 1;
+                stats.retries += 1;
+                if self.retries > MAX_RETRIES {
+                    return Err(IoError::Read { path: file.path.clone(), offset: at, len: op.valid - self.done, cause: e });
+                }
+            }
+            Err(e) if self.direct && e.raw_os_error() == Some(libc::EINVAL) => {
+                // The filesystem refused this O_DIRECT read after all: finish it buffered.
+                self.direct = false;
+                stats.direct_fallbacks += 1;
+            }
+            Err(e) => return Err(IoError::Read { path: file.path.clone(), offset: at, len: op.valid - self.done, cause: e }),
+            Ok(0) if self.done < op.valid => {
+                return Err(IoError::Truncated { path: file.path.clone(), offset: at, expected_end: op.offset + op.valid });
+            }
+            Ok(n) => {
+                if self.direct {
+                    stats.direct_bytes += n as u64;
+                } else {
+                    stats.buffered_bytes += n as u64;
+                }
+                self.done = (self.done + n as u64).min(op.len);
+                if self.done >= op.valid {
+                    return Ok(Next::Complete);
+                }
+                stats.short_reads += 1;
+                if self.direct && self.done % file.block != 0 {
+                    self.direct = false;
+                }
+            }
+        }
+        Ok(Next::Read(self.request(op)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn file() -> OpenFile {
+        let f = tempfile::tempfile().unwrap();
+        OpenFile {
+            path: "/x".into(),
+            buffered: f.try_clone().unwrap(),
+            direct: None,
+            direct_refused: None,
+            len: 10_000,
+            block: 4096,
+            mem_align: 4096,
+        }
+    }
+
+    #[test]
+    fn short_reads_continue_and_eof_is_truncation() {
+        let op = ReadOp { file: 0, offset: 0, len: 8192, valid: 8192, direct: true, pieces: 0..0 };
+        let f = file();
+        let mut st = LaneStats::default();
+        let mut r = Reading::start(0, true);
+        assert_eq!(r.on_result(&op, &f, Ok(4096), &mut st).unwrap(), Next::Read(Request { offset: 4096, len: 4096, direct: true }));
+        assert_eq!(r.on_result(&op, &f, Ok(100), &mut st).unwrap(), Next::Read(Request { offset: 4196, len: 3996, direct: false }));
+        let err = r.on_result(&op, &f, Ok(0), &mut st).unwrap_err();
+        assert!(matches!(err, IoError::Truncated { offset: 4196, expected_end: 8192, .. }), "{err}");
+        assert_eq!(st.short_reads, 2);
+    }
+
+    #[test]
+    fn transient_errors_retry_and_hard_errors_name_the_offset() {
+        let op = ReadOp { file: 0, offset: 500, len: 100, valid: 100, direct: false, pieces: 0..0 };
+        let f = file();
+        let mut st = LaneStats::default();
+        let mut r = Reading::start(0, false);
+        let again = r.on_result(&op, &f, Err(io::Error::from_raw_os_error(libc::EAGAIN)), &mut st).unwrap();
+        assert_eq!(again, Next::Read(Request { offset: 500, len: 100, direct: false }));
+        assert_eq!(st.retries, 1);
+        let err = r.on_result(&op, &f, Err(io::Error::from_raw_os_error(libc::EIO)), &mut st).unwrap_err();
+        assert!(err.to_string().contains("offset 500"), "{err}");
+        assert_eq!(r.on_result(&op, &f, Ok(100), &mut st).unwrap(), Next::Complete);
+    }
+}

@@ -1,0 +1,282 @@
+//! Read plans: which reads to issue so that every requested byte range lands in its destination.
+//!
+//! Requested ranges (extents) are split at absolute multiples of the chunk size, neighbours are coalesced into reads
+//! of at most one chunk, and each read is either kept exact (buffered) or widened to the file's block size
+//! (O_DIRECT; the unaligned head and tail are read and dropped). Every read maps back to the destination ranges it
+//! feeds (pieces). Planning is plain data: nothing here touches a file.
+
+use std::ops::Range;
+
+/// A byte range of an input file and where it must land.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Extent {
+    pub file: u32,
+    pub offset: u64,
+    pub len: u64,
+    /// Destination id (a tensor).
+    pub dest: u32,
+    /// Offset inside the destination.
+    pub dest_offset: u64,
+}
+
+/// Part of a read's buffer that goes to a destination.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Piece {
+    /// Offset inside the read's buffer.
+    pub at: u64,
+    pub len: u64,
+    pub dest: u32,
+    pub dest_offset: u64,
+}
+
+/// One read to issue.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ReadOp {
+    pub file: u32,
+    /// File offset of the read (block-aligned when `direct`).
+    pub offset: u64,
+    /// Bytes to ask for (block-aligned when `direct`; may reach past the end of the file).
+    pub len: u64,
+    /// Bytes the file actually holds from `offset` within `len`: the read is complete once this many arrived.
+    pub valid: u64,
+    pub direct: bool,
+    /// Indexes into [`Plan::pieces`].
+    pub pieces: Range<usize>,
+}
+
+/// What the planner needs to know of an input file.
+#[derive(Clone, Copy, Debug)]
+pub struct PlanFile {
+    pub len: u64,
+    /// O_DIRECT alignment.
+    pub block: u64,
+    /// Whether O_DIRECT reads are possible on this file.
+    pub direct: bool,
+}
+
+#[derive(Clone, Copy, Debug)]
+pub struct PlanOptions {
+    /// Largest read, before widening to block alignment.
+    pub chunk: u64,
+    /// Neighbouring extents closer than this are read together (the bytes between are read and dropped).
+    pub coalesce_gap: u64,
+}
+
+/// The reads of one load.
+#[derive(Clone, Debug, Default)]
+pub struct Plan {
+    pub ops: Vec<ReadOp>,
+    pub pieces: Vec<Piece>,
+    /// Buffer size that holds any op of this plan.
+    pub slot_bytes: u64,
+    /// Sum of the extents' lengths (the bytes the caller asked for).
+    pub requested_bytes: u64,
+}
+
+impl Plan {
+    pub fn pieces_of(&self, op: &ReadOp) -> &[Piece] {
+        &self.pieces[op.pieces.clone()]
+    }
+
+    /// Bytes the reads will transfer (alignment and coalesced gaps included).
+    pub fn read_bytes(&self) -> u64 {
+        self.ops.iter().map(|o| o.valid).sum()
+    }
+}
+
+/// Why a plan could not be made.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PlanError {
+    /// An extent lies past the end of its file.
+    PastEnd { file: u32, offset: u64, len: u64, file_len: u64 },
+    /// An extent names a missing destination, overflows it, or overlaps another extent's destination range.
+    Destination(String),
+}
+
+/// Plans the reads for `extents`. `wants_direct(file, offset, len)` is asked for each read on a file that allows
+/// O_DIRECT; a buffered read is planned where it answers false.
+pub fn plan(
+    files: &[PlanFile],
+    extents: &[Extent],
+    dest_lens: &[u64],
+    opts: &PlanOptions,
+    wants_direct: &mut dyn FnMut(u32, u64, u64) -> bool,
+) -> Result<Plan, PlanError> {
+    check_destinations(files, extents, dest_lens)?;
+    let chunk = opts.chunk.max(1);
+    let mut subs: Vec<Extent> = Vec::with_capacity(extents.len());
+    for e in extents.iter().filter(|e| e.len > 0) {
+        let end = e.offset + e.len;
+        let mut pos = e.offset;
+        while pos < end {
+            let next = end.min((pos / chunk + 1) * chunk);
+            subs.push(Extent { offset: pos, len: next - pos, dest_offset: e.dest_offset + (pos - e.offset), ..*e });
+            pos = next;
+        }
+    }
+    subs.sort_by_key(|s| (s.file, s.offset, s.dest, s.dest_offset));
+
+    let mut out = Plan { requested_bytes: extents.iter().map(|e| e.len).sum(), ..Plan::default() };
+    let mut max_block = 0u64;
+    let mut i = 0;
+    while i < subs.len() {
+        let first = subs[i];
+        let (file, start) = (first.file, first.offset);
+        let mut end = first.offset + first.len;
+        let mut j = i + 1;
+        while j < subs.len() {
+            let s = subs[j];
+            let s_end = s.offset + s.len;
+            if s.file != file || s.offset > end.saturating_add(opts.coalesce_gap) || s_end.max(end) - start > chunk {
+                break;
+            }
+            end = end.max(s_end);
+            j += 1;
+        }
+        let f = files[file as usize];
+        let direct = f.direct && wants_direct(file, start, end - start);
+        let (offset, len, valid) = if direct {
+            let a = start / f.block * f.block;
+            let b = end.div_ceil(f.block) * f.block;
+            max_block = max_block.max(f.block);
+            (a, b - a, f.len.min(b) - a)
+        } else {
+            (start, end - start, end - start)
+        };
+        let first_piece = out.pieces.len();
+        for s in &subs[i..j] {
+            out.pieces.push(Piece { at: s.offset - offset, len: s.len, dest: s.dest, dest_offset: s.dest_offset });
+        }
+        out.ops.push(ReadOp { file, offset, len, valid, direct, pieces: first_piece..out.pieces.len() });
+        i = j;
+    }
+    out.slot_bytes = (chunk + 2 * max_block).next_multiple_of(4096);
+    Ok(out)
+}
+
+fn check_destinations(files: &[PlanFile], extents: &[Extent], dest_lens: &[u64]) -> Result<(), PlanError> {
+    for e in extents {
+        let f = files.get(e.file as usize).ok_or_else(|| PlanError::Destination(format!("no input file {}", e.file)))?;
+        if e.offset.checked_add(e.len).is_none_or(|end| end > f.len) {
+            return Err(PlanError::PastEnd { file: e.file, offset: e.offset, len: e.len, file_len: f.len });
+        }
+        let cap = dest_lens.get(e.dest as usize).ok_or_else(|| PlanError::Destination(format!("no destination {}", e.dest)))?;
+        if e.dest_offset.checked_add(e.len).is_none_or(|end| end > *cap) {
+            return Err(PlanError::Destination(format!(
+                "{} bytes at offset {} overflow destination {} of {} bytes",
+                e.len, e.dest_offset, e.dest, cap
+            )));
+        }
+    }
+    let mut by_dest: Vec<&Extent> = extents.iter().filter(|e| e.len > 0).collect();
+    by_dest.sort_by_key(|e| (e.dest, e.dest_offset));
+    for w in by_dest.windows(2) {
+        if w[0].dest == w[1].dest && w[0].dest_offset + w[0].len > w[1].dest_offset {
+            return Err(PlanError::Destination(format!("two extents write destination {} at offset {}", w[1].dest, w[1].dest_offset)));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn opts(chunk: u64) -> PlanOptions {
+        PlanOptions { chunk, coalesce_gap: 64 }
+    }
+
+    #[test]
+    fn coalesces_neighbours_and_splits_huge_extents() {
+        let files = [PlanFile { len: 100_000, block: 4096, direct: false }];
+        let ex = [
+            Extent { file: 0, offset: 10, len: 100, dest: 0, dest_offset: 0 },
+            Extent { file: 0, offset: 110, len: 50, dest: 1, dest_offset: 0 },
+            Extent { file: 0, offset: 200, len: 30_000, dest: 2, dest_offset: 0 },
+        ];
+        let p = plan(&files, &ex, &[100, 50, 30_000], &opts(16_384), &mut |_, _, _| false).unwrap();
+        // [10,16384) holds the first two and the head of the third; the rest splits at 16384 and 32768.
+        assert_eq!(p.ops.len(), 2);
+        assert_eq!((p.ops[0].offset, p.ops[0].len), (10, 16_374));
+        assert_eq!(p.pieces_of(&p.ops[0]).len(), 3);
+        assert_eq!((p.ops[1].offset, p.ops[1].len), (16_384, 30_200 - 16_384));
+        assert_eq!(p.requested_bytes, 30_150);
+    }
+
+    #[test]
+    fn direct_reads_are_widened_to_blocks_and_clamped_to_the_file() {
+        let files = [PlanFile { len: 10_000, block: 4096, direct: true }];
+        let ex = [Extent { file: 0, offset: 5000, len: 4999, dest: 0, dest_offset: 0 }];
+        let p = plan(&files, &ex, &[4999], &opts(1 << 20), &mut |_, _, _| true).unwrap();
+        let op = &p.ops[0];
+        assert!(op.direct);
+        assert_eq!((op.offset, op.len, op.valid), (4096, 8192, 10_000 - 4096));
+        assert_eq!(p.pieces_of(op)[0].at, 904);
+    }
+
+    #[test]
+    fn rejects_bad_extents() {
+        let files = [PlanFile { len: 100, block: 512, direct: false }];
+        let past = [Extent { file: 0, offset: 90, len: 20, dest: 0, dest_offset: 0 }];
+        assert!(matches!(plan(&files, &past, &[20], &opts(4096), &mut |_, _, _| false), Err(PlanError::PastEnd { .. })));
+        let overflow = [Extent { file: 0, offset: 0, len: 20, dest: 0, dest_offset: 5 }];
+        assert!(matches!(plan(&files, &overflow, &[20], &opts(4096), &mut |_, _, _| false), Err(PlanError::Destination(_))));
+        let overlap = [
+            Extent { file: 0, offset: 0, len: 10, dest: 0, dest_offset: 0 },
+            Extent { file: 0, offset: 20, len: 10, dest: 0, dest_offset: 5 },
+        ];
+        assert!(matches!(plan(&files, &overlap, &[20], &opts(4096), &mut |_, _, _| false), Err(PlanError::Destination(_))));
+    }
+
+    proptest! {
+        #[test]
+        fn every_requested_byte_is_delivered_once(
+            lens in prop::collection::vec(0u64..20_000, 1..30),
+            gaps in prop::collection::vec(0u64..3000, 30),
+            chunk_kib in 1u64..16,
+            direct_every in 0u32..3,
+            block_shift in 9u32..13,
+        ) {
+            let mut extents = Vec::new();
+            let mut pos = 0u64;
+            for (i, &len) in lens.iter().enumerate() {
+                pos += gaps[i];
+                extents.push(Extent { file: (i % 2) as u32, offset: pos, len, dest: i as u32, dest_offset: 0 });
+                pos += len;
+            }
+            let block = 1u64 << block_shift;
+            let files = [PlanFile { len: pos + 7, block, direct: true }, PlanFile { len: pos + 7, block, direct: false }];
+            let chunk = chunk_kib * 4096;
+            let mut n = 0u32;
+            let p = plan(&files, &extents, &lens, &opts(chunk), &mut |_, _, _| { n += 1; direct_every != 0 && n % direct_every == 0 }).unwrap();
+            let mut covered: Vec<Vec<u8>> = lens.iter().map(|&l| vec![0u8; l as usize]).collect();
+            let mut last = (0u32, 0u64);
+            for op in &p.ops {
+                prop_assert!(op.len <= p.slot_bytes);
+                prop_assert!(op.valid <= op.len);
+                prop_assert!((op.file, op.offset) >= last, "ops out of file order");
+                last = (op.file, op.offset);
+                if op.direct {
+                    prop_assert_eq!(op.offset % block, 0);
+                    prop_assert_eq!(op.len % block, 0);
+                } else {
+                    prop_assert!(op.len <= chunk);
+                }
+                for piece in p.pieces_of(op) {
+                    prop_assert!(piece.at + piece.len <= op.valid);
+                    let e = extents[piece.dest as usize];
+                    // The piece's bytes come from the right file offset.
+                    prop_assert_eq!(op.offset + piece.at, e.offset + piece.dest_offset);
+                    prop_assert_eq!(op.file, e.file);
+                    for b in &mut covered[piece.dest as usize][piece.dest_offset as usize..(piece.dest_offset + piece.len) as usize] {
+                        *b += 1;
+                    }
+                }
+            }
+            for c in covered {
+                prop_assert!(c.iter().all(|&x| x == 1));
+            }
+        }
+    }
+}

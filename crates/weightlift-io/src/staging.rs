@@ -1,0 +1,114 @@
+//! Staging memory: one anonymous mapping cut into equal slots, each the buffer of one read in flight. Anonymous
+//! `mmap` memory can be both an io_uring fixed buffer and, once registered with the CUDA driver, the source of
+//! device DMA (memory from `cuMemHostAlloc` may be refused as a fixed buffer).
+
+use std::fmt;
+
+use memmap2::{Advice, MmapMut};
+
+use crate::error::IoError;
+
+/// Keeps a memory range pinned for device DMA while it lives (unpins on drop).
+pub trait PinGuard: Send + Sync + fmt::Debug {}
+
+/// Pins host memory for device DMA (the CUDA crate implements this with `cuMemHostRegister`).
+pub trait Pinner: Send + Sync + fmt::Debug {
+    /// Pins `len` bytes at `ptr`.
+    ///
+    /// # Safety
+    /// `ptr..ptr + len` must be a live mapping that outlives the returned guard.
+    unsafe fn pin(&self, ptr: *mut u8, len: usize) -> Result<Box<dyn PinGuard>, String>;
+}
+
+/// A staging region of `slots` slots of `slot_bytes` each.
+pub struct Staging {
+    // Declared before `map` so that the memory is unpinned before it is unmapped.
+    pin: Option<Box<dyn PinGuard>>,
+    map: MmapMut,
+    slot_bytes: usize,
+    slots: usize,
+}
+
+impl fmt::Debug for Staging {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Staging").field("slot_bytes", &self.slot_bytes).field("slots", &self.slots).field("pinned", &self.pin.is_some()).finish()
+    }
+}
+
+impl Staging {
+    /// Maps and touches `slots × slot_bytes` bytes (huge pages where the kernel grants them), then pins them with
+    /// `pinner` if one is given.
+    pub fn new(slot_bytes: usize, slots: usize, pinner: Option<&dyn Pinner>) -> Result<Staging, IoError> {
+        let bytes = slot_bytes.checked_mul(slots).filter(|&b| b > 0);
+        let Some(bytes) = bytes else {
+            return Err(IoError::Staging { bytes: 0, reason: format!("{slots} slots of {slot_bytes} bytes") });
+        };
+        let err = |reason: String| IoError::Staging { bytes: bytes as u64, reason };
+        let mut map = MmapMut::map_anon(bytes).map_err(|e| err(format!("mmap: {e}")))?;
+        // Huge pages mean fewer page-table entries for the DMA engine and the kernel to walk; refusal is harmless.
+        let _ = map.advise(Advice::HugePage);
+        // Fault everything in now, in one call where the kernel has MADV_POPULATE_WRITE (5.14+), page by page
+        // otherwise: page faults during a load would stall the reads.
+        if map.advise(Advice::PopulateWrite).is_err() {
+            for page in map.chunks_mut(4096) {
+                page[0] = 0;
+            }
+        }
+        let pin = match pinner {
+            // SAFETY: the mapping lives in `Staging` and the guard is dropped before it (field order).
+            Some(p) => Some(unsafe { p.pin(map.as_mut_ptr(), bytes) }.map_err(|e| err(format!("pinning: {e}")))?),
+            None => None,
+        };
+        Ok(Staging { pin, map, slot_bytes, slots })
+    }
+
+    pub fn slot_bytes(&self) -> usize {
+        self.slot_bytes
+    }
+
+    pub fn slots(&self) -> usize {
+        self.slots
+    }
+
+    pub fn bytes(&self) -> u64 {
+        (self.slot_bytes * self.slots) as u64
+    }
+
+    pub fn is_pinned(&self) -> bool {
+        self.pin.is_some()
+    }
+
+    /// Every slot, as exclusive slices.
+    pub fn slots_mut(&mut self) -> Vec<&mut [u8]> {
+        self.map.chunks_mut(self.slot_bytes).take(self.slots).collect()
+    }
+}
+
+/// Keeps the last staging region for reuse by the next load of the same shape (pinning is not free).
+#[derive(Debug, Default)]
+pub struct StagingPool {
+    current: Option<Staging>,
+}
+
+impl StagingPool {
+    pub fn new() -> StagingPool {
+        StagingPool::default()
+    }
+
+    /// A region of at least `slots` slots of exactly `slot_bytes`, reusing the cached one when it fits.
+    pub fn acquire(&mut self, slot_bytes: usize, slots: usize, pinner: Option<&dyn Pinner>) -> Result<&mut Staging, IoError> {
+        let fits = self.current.as_ref().is_some_and(|s| {
+            s.slot_bytes == slot_bytes && s.slots >= slots && s.slots <= slots * 2 && s.is_pinned() == pinner.is_some()
+        });
+        if !fits {
+            self.current = None;
+            self.current = Some(Staging::new(slot_bytes, slots, pinner)?);
+        }
+        self.current.as_mut().ok_or_else(|| IoError::Staging { bytes: 0, reason: "unavailable".into() })
+    }
+
+    /// Frees the cached region.
+    pub fn release(&mut self) {
+        self.current = None;
+    }
+}

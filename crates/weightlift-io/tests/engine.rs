@@ -1,0 +1,281 @@
+//! The storage engine end to end: every loaded byte equals what `std::fs::read` sees, under every backend and
+//! O_DIRECT policy; injected faults are errors naming the file and offset, never partial data reported as success.
+
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use weightlift_io::fault::{Fault, FaultPlan};
+use weightlift_io::{
+    Backend, DirectMode, Extent, HostBuffer, HostSink, IoConfig, IoError, IoReport, LoadOptions, LoadRequest, Piece, Sink,
+    SinkError, StagingPool, open_all,
+};
+
+/// Deterministic non-zero bytes.
+fn pattern(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 24) as u8
+        })
+        .collect()
+}
+
+fn write(dir: &Path, name: &str, len: usize, seed: u64) -> PathBuf {
+    let p = dir.join(name);
+    std::fs::write(&p, pattern(len, seed)).unwrap();
+    p
+}
+
+/// Cuts each file into ranges of awkward sizes at awkward offsets (gaps included), one destination per range.
+fn extents_for(lens: &[u64], seed: u64) -> Vec<Extent> {
+    let mut out = Vec::new();
+    let mut x = seed | 1;
+    let mut rnd = |m: u64| {
+        x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        (x >> 33) % m.max(1)
+    };
+    for (f, &len) in lens.iter().enumerate() {
+        let mut pos = rnd(7).min(len);
+        while pos < len {
+            let size = match rnd(4) {
+                0 => 1 + rnd(100),
+                1 => 1 + rnd(10_000),
+                2 => 4096 * (1 + rnd(3)),
+                _ => 1 + rnd(3 << 20),
+            }
+            .min(len - pos);
+            out.push(Extent { file: f as u32, offset: pos, len: size, dest: out.len() as u32, dest_offset: 0 });
+            pos += size + if rnd(3) == 0 { rnd(5000) } else { 0 };
+        }
+    }
+    out
+}
+
+fn load_into_host(
+    paths: &[PathBuf],
+    extents: &[Extent],
+    config: &IoConfig,
+    faults: Option<&FaultPlan>,
+) -> Result<(Vec<HostBuffer>, IoReport), IoError> {
+    let files = open_all(paths, config.direct.value != DirectMode::Never)?;
+    let dest_lens: Vec<u64> = extents.iter().map(|e| e.len).collect();
+    let mut bufs: Vec<HostBuffer> = dest_lens.iter().map(|&l| HostBuffer::zeroed(l as usize).unwrap()).collect();
+    let report = {
+        let sink = HostSink::new(&mut bufs);
+        let req = LoadRequest { files: &files, extents, dest_lens: &dest_lens };
+        let opts = LoadOptions { faults, ..LoadOptions::default() };
+        weightlift_io::load(config, &req, &opts, &mut StagingPool::new(), &sink)?
+    };
+    Ok((bufs, report))
+}
+
+fn check_bytes(paths: &[PathBuf], extents: &[Extent], bufs: &[HostBuffer]) {
+    let contents: Vec<Vec<u8>> = paths.iter().map(|p| std::fs::read(p).unwrap()).collect();
+    for (e, b) in extents.iter().zip(bufs) {
+        let want = &contents[e.file as usize][e.offset as usize..(e.offset + e.len) as usize];
+        assert!(&b[..] == want, "extent {e:?} differs");
+    }
+}
+
+fn configs() -> Vec<(&'static str, IoConfig)> {
+    let small = IoConfig::default().chunk_bytes(64 << 10).staging_bytes(1 << 20).threads(2).queue_depth(3);
+    let mut v = Vec::new();
+    for backend in [Backend::Uring, Backend::Pread] {
+        if backend == Backend::Uring && weightlift_io::uring_available().is_err() {
+            eprintln!("skipping io_uring configurations: {}", weightlift_io::uring_available().unwrap_err());
+            continue;
+        }
+        for direct in [DirectMode::Auto, DirectMode::Always, DirectMode::Never] {
+            v.push(("default", IoConfig::default().backend(backend).direct(direct)));
+            v.push(("small", small.clone().backend(backend).direct(direct)));
+        }
+    }
+    v
+}
+
+#[test]
+fn small_and_odd_sized_files_load_exactly() {
+    let dir = tempfile::tempdir().unwrap();
+    let lens = [0usize, 1, 4095, 4096, 4097, 1_000_003];
+    let paths: Vec<PathBuf> = lens.iter().enumerate().map(|(i, &l)| write(dir.path(), &format!("f{i}"), l, i as u64 + 1)).collect();
+    for (name, config) in configs() {
+        // Each file whole, and each file cut into odd pieces, all files in one load.
+        let mut extents: Vec<Extent> = lens
+            .iter()
+            .enumerate()
+            .filter(|(_, l)| **l > 0)
+            .map(|(f, &l)| Extent { file: f as u32, offset: 0, len: l as u64, dest: 0, dest_offset: 0 })
+            .collect();
+        let cut = extents_for(&lens.iter().map(|&l| l as u64).collect::<Vec<_>>(), 7);
+        extents.extend(cut);
+        for (i, e) in extents.iter_mut().enumerate() {
+            e.dest = i as u32;
+        }
+        let (bufs, report) = load_into_host(&paths, &extents, &config, None).unwrap();
+        check_bytes(&paths, &extents, &bufs);
+        assert_eq!(report.requested_bytes, extents.iter().map(|e| e.len).sum::<u64>(), "{name}");
+        assert!(report.peak_staging_bytes <= config.staging_bytes.value, "{name}: {report:?}");
+        if config.direct.value == DirectMode::Never {
+            assert_eq!(report.direct_bytes, 0, "{name}");
+        }
+        assert!(report.direct_bytes + report.buffered_bytes > 0, "{name}: {report:?}");
+    }
+}
+
+#[test]
+fn direct_always_reads_directly_where_the_filesystem_allows() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write(dir.path(), "f", 3 << 20, 3);
+    let files = open_all(std::slice::from_ref(&path), true).unwrap();
+    if !files[0].supports_direct() {
+        eprintln!("skipping: {}", files[0].direct_refused.as_deref().unwrap_or("no O_DIRECT"));
+        return;
+    }
+    let extents = [Extent { file: 0, offset: 13, len: (3 << 20) - 20, dest: 0, dest_offset: 0 }];
+    let config = IoConfig::default().direct(DirectMode::Always);
+    let (bufs, report) = load_into_host(std::slice::from_ref(&path), &extents, &config, None).unwrap();
+    check_bytes(std::slice::from_ref(&path), &extents, &bufs);
+    assert!(report.direct_bytes >= 3 << 20, "{report:?}");
+    assert_eq!(report.buffered_bytes, 0, "{report:?}");
+}
+
+#[test]
+fn a_gigabyte_and_thirteen_bytes() {
+    let dir = tempfile::tempdir().unwrap();
+    let len = (1usize << 30) + 13;
+    let path = write(dir.path(), "big", len, 11);
+    let extents = [
+        Extent { file: 0, offset: 0, len: 7, dest: 0, dest_offset: 0 },
+        Extent { file: 0, offset: 7, len: len as u64 - 7 - 6, dest: 1, dest_offset: 0 },
+        Extent { file: 0, offset: len as u64 - 6, len: 6, dest: 2, dest_offset: 0 },
+    ];
+    let config = IoConfig::default().staging_bytes(32 << 20);
+    let (bufs, report) = load_into_host(std::slice::from_ref(&path), &extents, &config, None).unwrap();
+    check_bytes(std::slice::from_ref(&path), &extents, &bufs);
+    assert!(report.peak_staging_bytes <= 32 << 20);
+}
+
+/// Discards bytes after checking them against the generator; keeps no destination memory.
+struct CountingSink {
+    bytes: AtomicU64,
+    seen: Mutex<u64>,
+}
+
+impl Sink for CountingSink {
+    type Pending = ();
+    fn deliver(&self, _lane: usize, pieces: &[Piece], data: &[u8]) -> Result<Option<()>, SinkError> {
+        for p in pieces {
+            if (p.at + p.len) as usize > data.len() {
+                return Err("piece past the read".into());
+            }
+            self.bytes.fetch_add(p.len, Ordering::Relaxed);
+        }
+        *self.seen.lock().unwrap() += 1;
+        Ok(None)
+    }
+    fn poll(&self, _: &()) -> Result<bool, SinkError> {
+        Ok(true)
+    }
+    fn wait(&self, _: ()) -> Result<(), SinkError> {
+        Ok(())
+    }
+}
+
+#[test]
+fn staging_stays_under_its_bound_for_a_4_gib_load() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("sparse");
+    std::fs::File::create(&path).unwrap().set_len(4 << 30).unwrap();
+    let files = open_all(std::slice::from_ref(&path), false).unwrap();
+    let extents: Vec<Extent> =
+        (0..64u64).map(|i| Extent { file: 0, offset: i << 26, len: 1 << 26, dest: i as u32, dest_offset: 0 }).collect();
+    let dest_lens = vec![1u64 << 26; 64];
+    let sink = CountingSink { bytes: AtomicU64::new(0), seen: Mutex::new(0) };
+    let progress = AtomicU64::new(0);
+    let config = IoConfig::default().direct(DirectMode::Never);
+    let req = LoadRequest { files: &files, extents: &extents, dest_lens: &dest_lens };
+    let opts = LoadOptions { progress: Some(&progress), ..LoadOptions::default() };
+    let report = weightlift_io::load(&config, &req, &opts, &mut StagingPool::new(), &sink).unwrap();
+    assert_eq!(sink.bytes.load(Ordering::Relaxed), 4 << 30);
+    assert_eq!(progress.load(Ordering::Relaxed), 4 << 30);
+    assert!(report.peak_staging_bytes <= 256 << 20, "{}", report.peak_staging_bytes);
+    assert!(report.peak_staging_bytes > 0);
+}
+
+fn faulty_setup(dir: &Path) -> (Vec<PathBuf>, Vec<Extent>) {
+    let paths = vec![write(dir, "a", 300_000, 1), write(dir, "b", 2_000_000, 2)];
+    let extents = extents_for(&[300_000, 2_000_000], 3);
+    (paths, extents)
+}
+
+#[test]
+fn eio_is_an_error_naming_file_and_offset() {
+    for (name, config) in configs() {
+        let dir = tempfile::tempdir().unwrap();
+        let (paths, extents) = faulty_setup(dir.path());
+        let faults = FaultPlan::new(vec![Fault::Eio { file: 1, offset: 1_234_567 }]);
+        let err = load_into_host(&paths, &extents, &config, Some(&faults)).unwrap_err();
+        let msg = err.to_string();
+        assert!(matches!(err, IoError::Read { .. }), "{name}: {msg}");
+        assert!(msg.contains(&*paths[1].to_string_lossy()), "{name}: {msg}");
+        assert!(msg.contains("offset"), "{name}: {msg}");
+        assert_eq!(err.raw_os_error(), Some(libc::EIO), "{name}");
+    }
+}
+
+#[test]
+fn short_reads_are_completed_not_returned() {
+    for (name, config) in configs() {
+        let dir = tempfile::tempdir().unwrap();
+        let (paths, extents) = faulty_setup(dir.path());
+        let faults = FaultPlan::new(vec![
+            Fault::Short { file: 0, offset: 100_001 },
+            Fault::Short { file: 1, offset: 1_000_000 },
+            Fault::Short { file: 1, offset: 1_999_999 },
+        ]);
+        let (bufs, report) = load_into_host(&paths, &extents, &config, Some(&faults)).unwrap();
+        check_bytes(&paths, &extents, &bufs);
+        assert!(report.stats.short_reads >= 1, "{name}: {report:?}");
+    }
+}
+
+#[test]
+fn truncation_while_reading_is_an_error() {
+    for (name, config) in configs() {
+        let dir = tempfile::tempdir().unwrap();
+        let (paths, extents) = faulty_setup(dir.path());
+        let faults = FaultPlan::new(vec![Fault::TruncateAt { file: 1, offset: 1_500_000 }]);
+        let err = load_into_host(&paths, &extents, &config, Some(&faults)).unwrap_err();
+        let msg = err.to_string();
+        assert!(matches!(err, IoError::Truncated { .. }), "{name}: {msg}");
+        assert!(msg.contains(&*paths[1].to_string_lossy()), "{name}: {msg}");
+    }
+}
+
+#[test]
+fn extents_past_the_end_are_rejected_before_reading() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write(dir.path(), "f", 1000, 1);
+    let extents = [Extent { file: 0, offset: 900, len: 200, dest: 0, dest_offset: 0 }];
+    let err = load_into_host(std::slice::from_ref(&path), &extents, &IoConfig::default(), None).unwrap_err();
+    assert!(matches!(err, IoError::PastEnd { .. }), "{err}");
+}
+
+#[test]
+fn cancellation_stops_the_load() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write(dir.path(), "f", 8 << 20, 1);
+    let files = open_all(std::slice::from_ref(&path), false).unwrap();
+    let extents = [Extent { file: 0, offset: 0, len: 8 << 20, dest: 0, dest_offset: 0 }];
+    let mut bufs = vec![HostBuffer::zeroed(8 << 20).unwrap()];
+    let sink = HostSink::new(&mut bufs);
+    let cancel = AtomicBool::new(true);
+    let req = LoadRequest { files: &files, extents: &extents, dest_lens: &[8 << 20] };
+    let opts = LoadOptions { cancel: Some(&cancel), ..LoadOptions::default() };
+    let err = weightlift_io::load(&IoConfig::default(), &req, &opts, &mut StagingPool::new(), &sink).unwrap_err();
+    assert!(matches!(err, IoError::Cancelled), "{err}");
+}
