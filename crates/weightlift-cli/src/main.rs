@@ -1,7 +1,9 @@
 //! `weightlift`: inspect, generate, load, bench and probe checkpoints.
 #![forbid(unsafe_code)]
 
+mod bench;
 mod inspect;
+mod load;
 mod units;
 
 use std::path::PathBuf;
@@ -12,7 +14,12 @@ use clap::{Parser, Subcommand, ValueEnum};
 use weightlift_format::synth;
 
 #[derive(Parser, Debug)]
-#[command(name = "weightlift", version, about = "Move tensors from storage to GPU memory at the hardware limit")]
+#[command(
+    name = "weightlift",
+    version,
+    about = "Move tensors from storage to GPU memory at the hardware limit",
+    after_help = "Settings: every engine option also reads its WEIGHTLIFT_* environment variable (see `weightlift load --help`)."
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -24,6 +31,10 @@ enum Command {
     Inspect(inspect::Args),
     /// Write a synthetic checkpoint of seeded random data.
     Generate(GenerateArgs),
+    /// Load every tensor of a checkpoint (a synthetic one if none is given) and report how fast.
+    Load(load::Args),
+    /// Measure the machine's ceilings and weightlift's loads against them, in one run.
+    Bench(bench::Args),
 }
 
 #[derive(clap::Args, Debug)]
@@ -70,6 +81,8 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Inspect(args) => inspect::run(&args),
         Command::Generate(args) => generate(&args),
+        Command::Load(args) => load::run(&args),
+        Command::Bench(args) => bench::run(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -88,11 +88,17 @@ pub fn load<S: Sink>(
     report.backend_reason = reason;
 
     let mode = config.direct.value;
-    let residency: Vec<Option<Residency>> = req
-        .files
-        .iter()
-        .map(|f| if mode == DirectMode::Auto && f.supports_direct() { Residency::probe(&f.buffered, f.len) } else { None })
-        .collect();
+    let residency: Vec<Option<Residency>> =
+        req.files
+            .iter()
+            .map(|f| {
+                if mode == DirectMode::Auto && f.supports_direct() {
+                    Residency::probe(&f.buffered, f.len)
+                } else {
+                    None
+                }
+            })
+            .collect();
     if mode == DirectMode::Auto {
         report.resident_bytes = Some(residency.iter().flatten().map(Residency::resident_bytes).sum());
     }
@@ -115,13 +121,20 @@ pub fn load<S: Sink>(
 
     let t1 = Instant::now();
     let budget = ((staging_cap / plan.slot_bytes) as usize).max(1);
-    let slots = budget.min(plan.ops.len());
     let qd = config.queue_depth.value as usize;
     let threads = config.threads.value as usize;
     let lanes = match backend {
-        "uring" => threads.min(slots).max(1),
-        _ => (threads * qd).min(MAX_PREAD_LANES).min(slots).max(1),
-    };
+        "uring" => threads,
+        _ => (threads * qd).min(MAX_PREAD_LANES),
+    }
+    .min(budget)
+    .min(plan.ops.len())
+    .max(1);
+    // A synchronous sink frees a slot as soon as its read is delivered: reads in flight are all the slots it can
+    // use. An asynchronous one (device copies) gets the whole budget to overlap copies with reads.
+    let per_lane_reads = if backend == "uring" { qd } else { 1 };
+    let wanted = if sink.asynchronous() { budget } else { lanes * per_lane_reads };
+    let slots = wanted.min(budget).min(plan.ops.len()).max(lanes);
     let staging = pool.acquire(plan.slot_bytes as usize, slots, opts.pinner)?;
     let mut all = staging.slots_mut();
     all.truncate(slots);
@@ -154,12 +167,12 @@ pub fn load<S: Sink>(
             .enumerate()
             .map(|(lane, slots)| {
                 let shared = &shared;
-                std::thread::Builder::new()
-                    .name(format!("weightlift-io-{lane}"))
-                    .spawn_scoped(scope, move || match backend {
+                std::thread::Builder::new().name(format!("weightlift-io-{lane}")).spawn_scoped(scope, move || {
+                    match backend {
                         "uring" => uring::run_lane(shared, lane, slots).map(|(s, i)| (s, Some(i))),
                         _ => pread::run_lane(shared, lane, slots).map(|s| (s, None)),
-                    })
+                    }
+                })
             })
             .collect();
         handles
@@ -212,7 +225,11 @@ fn make_plan(
     let files: Vec<PlanFile> = req
         .files
         .iter()
-        .map(|f| PlanFile { len: f.len, block: f.block, direct: allow_direct && f.supports_direct() && mode != DirectMode::Never })
+        .map(|f| PlanFile {
+            len: f.len,
+            block: f.block,
+            direct: allow_direct && f.supports_direct() && mode != DirectMode::Never,
+        })
         .collect();
     let opts = PlanOptions { chunk, coalesce_gap: (64 << 10).min(chunk) };
     let mut wants_direct = |file: u32, offset: u64, len: u64| match mode {
@@ -247,20 +264,24 @@ fn choose_backend(config: &IoConfig) -> Result<(&'static str, String), IoError> 
 }
 
 fn direct_reason(config: &IoConfig, files: &[OpenFile], resident: Option<u64>) -> String {
-    let refused: Vec<String> = files
-        .iter()
-        .filter_map(|f| f.direct_refused.as_ref().map(|r| format!("{}: {r}", f.path.display())))
-        .collect();
+    let refused: Vec<String> =
+        files.iter().filter_map(|f| f.direct_refused.as_ref().map(|r| format!("{}: {r}", f.path.display()))).collect();
     let base = match config.direct.value {
         DirectMode::Never => "never: buffered reads only".to_string(),
         DirectMode::Always => "always: O_DIRECT wherever the filesystem allows it".to_string(),
         DirectMode::Auto => {
             let total: u64 = files.iter().map(|f| f.len).sum();
             match resident {
-                Some(r) => format!("auto: {r} of {total} bytes were in the page cache and are read buffered, the rest with O_DIRECT"),
+                Some(r) => format!(
+                    "auto: {r} of {total} bytes were in the page cache and are read buffered, the rest with O_DIRECT"
+                ),
                 None => "auto".to_string(),
             }
         }
     };
-    if refused.is_empty() || config.direct.value == DirectMode::Never { base } else { format!("{base}; buffered where refused ({})", refused.join("; ")) }
+    if refused.is_empty() || config.direct.value == DirectMode::Never {
+        base
+    } else {
+        format!("{base}; buffered where refused ({})", refused.join("; "))
+    }
 }

@@ -35,7 +35,9 @@ impl IoError {
     /// The OS error number behind this error, if any.
     pub fn raw_os_error(&self) -> Option<i32> {
         match self {
-            IoError::Open { cause, .. } | IoError::Read { cause, .. } | IoError::Write { cause, .. } => cause.raw_os_error(),
+            IoError::Open { cause, .. } | IoError::Read { cause, .. } | IoError::Write { cause, .. } => {
+                cause.raw_os_error()
+            }
             _ => None,
         }
     }
@@ -43,7 +45,9 @@ impl IoError {
     /// The `io::ErrorKind` behind this error, for callers mapping errors to their own hierarchy.
     pub fn io_kind(&self) -> Option<io::ErrorKind> {
         match self {
-            IoError::Open { cause, .. } | IoError::Read { cause, .. } | IoError::Write { cause, .. } => Some(cause.kind()),
+            IoError::Open { cause, .. } | IoError::Read { cause, .. } | IoError::Write { cause, .. } => {
+                Some(cause.kind())
+            }
             _ => None,
         }
     }

@@ -39,8 +39,15 @@ impl OpenFile {
             return Err(open_err(io::Error::new(io::ErrorKind::IsADirectory, "is a directory")));
         }
         let len = meta.len();
-        let mut f =
-            OpenFile { path: path.to_path_buf(), buffered, direct: None, direct_refused: None, len, block: FALLBACK_BLOCK, mem_align: FALLBACK_BLOCK };
+        let mut f = OpenFile {
+            path: path.to_path_buf(),
+            buffered,
+            direct: None,
+            direct_refused: None,
+            len,
+            block: FALLBACK_BLOCK,
+            mem_align: FALLBACK_BLOCK,
+        };
         if !want_direct {
             f.direct_refused = Some("O_DIRECT not requested".into());
             return Ok(f);

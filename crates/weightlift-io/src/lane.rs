@@ -130,14 +130,25 @@ impl Reading {
     /// transient errors retry, short reads continue where they stopped (through the buffered descriptor when the
     /// position is no longer block-aligned), an early end of file is a truncation, anything else an error naming
     /// the file and offset.
-    pub fn on_result(&mut self, op: &ReadOp, file: &OpenFile, result: io::Result<usize>, stats: &mut LaneStats) -> Result<Next, IoError> {
+    pub fn on_result(
+        &mut self,
+        op: &ReadOp,
+        file: &OpenFile,
+        result: io::Result<usize>,
+        stats: &mut LaneStats,
+    ) -> Result<Next, IoError> {
         let at = op.offset + self.done;
         match result {
             Err(e) if matches!(e.kind(), io::ErrorKind::Interrupted | io::ErrorKind::WouldBlock) => {
                 self.retries += 1;
                 stats.retries += 1;
                 if self.retries > MAX_RETRIES {
-                    return Err(IoError::Read { path: file.path.clone(), offset: at, len: op.valid - self.done, cause: e });
+                    return Err(IoError::Read {
+                        path: file.path.clone(),
+                        offset: at,
+                        len: op.valid - self.done,
+                        cause: e,
+                    });
                 }
             }
             Err(e) if self.direct && e.raw_os_error() == Some(libc::EINVAL) => {
@@ -145,9 +156,15 @@ impl Reading {
                 self.direct = false;
                 stats.direct_fallbacks += 1;
             }
-            Err(e) => return Err(IoError::Read { path: file.path.clone(), offset: at, len: op.valid - self.done, cause: e }),
+            Err(e) => {
+                return Err(IoError::Read { path: file.path.clone(), offset: at, len: op.valid - self.done, cause: e });
+            }
             Ok(0) if self.done < op.valid => {
-                return Err(IoError::Truncated { path: file.path.clone(), offset: at, expected_end: op.offset + op.valid });
+                return Err(IoError::Truncated {
+                    path: file.path.clone(),
+                    offset: at,
+                    expected_end: op.offset + op.valid,
+                });
             }
             Ok(n) => {
                 if self.direct {
@@ -192,8 +209,14 @@ mod tests {
         let f = file();
         let mut st = LaneStats::default();
         let mut r = Reading::start(0, true);
-        assert_eq!(r.on_result(&op, &f, Ok(4096), &mut st).unwrap(), Next::Read(Request { offset: 4096, len: 4096, direct: true }));
-        assert_eq!(r.on_result(&op, &f, Ok(100), &mut st).unwrap(), Next::Read(Request { offset: 4196, len: 3996, direct: false }));
+        assert_eq!(
+            r.on_result(&op, &f, Ok(4096), &mut st).unwrap(),
+            Next::Read(Request { offset: 4096, len: 4096, direct: true })
+        );
+        assert_eq!(
+            r.on_result(&op, &f, Ok(100), &mut st).unwrap(),
+            Next::Read(Request { offset: 4196, len: 3996, direct: false })
+        );
         let err = r.on_result(&op, &f, Ok(0), &mut st).unwrap_err();
         assert!(matches!(err, IoError::Truncated { offset: 4196, expected_end: 8192, .. }), "{err}");
         assert_eq!(st.short_reads, 2);

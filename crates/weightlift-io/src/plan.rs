@@ -156,11 +156,14 @@ pub fn plan(
 
 fn check_destinations(files: &[PlanFile], extents: &[Extent], dest_lens: &[u64]) -> Result<(), PlanError> {
     for e in extents {
-        let f = files.get(e.file as usize).ok_or_else(|| PlanError::Destination(format!("no input file {}", e.file)))?;
+        let f =
+            files.get(e.file as usize).ok_or_else(|| PlanError::Destination(format!("no input file {}", e.file)))?;
         if e.offset.checked_add(e.len).is_none_or(|end| end > f.len) {
             return Err(PlanError::PastEnd { file: e.file, offset: e.offset, len: e.len, file_len: f.len });
         }
-        let cap = dest_lens.get(e.dest as usize).ok_or_else(|| PlanError::Destination(format!("no destination {}", e.dest)))?;
+        let cap = dest_lens
+            .get(e.dest as usize)
+            .ok_or_else(|| PlanError::Destination(format!("no destination {}", e.dest)))?;
         if e.dest_offset.checked_add(e.len).is_none_or(|end| end > *cap) {
             return Err(PlanError::Destination(format!(
                 "{} bytes at offset {} overflow destination {} of {} bytes",
@@ -172,7 +175,10 @@ fn check_destinations(files: &[PlanFile], extents: &[Extent], dest_lens: &[u64])
     by_dest.sort_by_key(|e| (e.dest, e.dest_offset));
     for w in by_dest.windows(2) {
         if w[0].dest == w[1].dest && w[0].dest_offset + w[0].len > w[1].dest_offset {
-            return Err(PlanError::Destination(format!("two extents write destination {} at offset {}", w[1].dest, w[1].dest_offset)));
+            return Err(PlanError::Destination(format!(
+                "two extents write destination {} at offset {}",
+                w[1].dest, w[1].dest_offset
+            )));
         }
     }
     Ok(())
@@ -219,14 +225,23 @@ mod tests {
     fn rejects_bad_extents() {
         let files = [PlanFile { len: 100, block: 512, direct: false }];
         let past = [Extent { file: 0, offset: 90, len: 20, dest: 0, dest_offset: 0 }];
-        assert!(matches!(plan(&files, &past, &[20], &opts(4096), &mut |_, _, _| false), Err(PlanError::PastEnd { .. })));
+        assert!(matches!(
+            plan(&files, &past, &[20], &opts(4096), &mut |_, _, _| false),
+            Err(PlanError::PastEnd { .. })
+        ));
         let overflow = [Extent { file: 0, offset: 0, len: 20, dest: 0, dest_offset: 5 }];
-        assert!(matches!(plan(&files, &overflow, &[20], &opts(4096), &mut |_, _, _| false), Err(PlanError::Destination(_))));
+        assert!(matches!(
+            plan(&files, &overflow, &[20], &opts(4096), &mut |_, _, _| false),
+            Err(PlanError::Destination(_))
+        ));
         let overlap = [
             Extent { file: 0, offset: 0, len: 10, dest: 0, dest_offset: 0 },
             Extent { file: 0, offset: 20, len: 10, dest: 0, dest_offset: 5 },
         ];
-        assert!(matches!(plan(&files, &overlap, &[20], &opts(4096), &mut |_, _, _| false), Err(PlanError::Destination(_))));
+        assert!(matches!(
+            plan(&files, &overlap, &[20], &opts(4096), &mut |_, _, _| false),
+            Err(PlanError::Destination(_))
+        ));
     }
 
     proptest! {

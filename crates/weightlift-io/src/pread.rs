@@ -9,7 +9,11 @@ use crate::error::IoError;
 use crate::lane::{LaneStats, Next, Reading, Shared};
 use crate::sink::Sink;
 
-pub(crate) fn run_lane<S: Sink>(shared: &Shared<'_, S>, lane: usize, slots: Vec<&mut [u8]>) -> Result<LaneStats, IoError> {
+pub(crate) fn run_lane<S: Sink>(
+    shared: &Shared<'_, S>,
+    lane: usize,
+    slots: Vec<&mut [u8]>,
+) -> Result<LaneStats, IoError> {
     // Raw pointers, as for io_uring: a slot handed to the sink may still be read (by a device copy) while this
     // thread writes into another slot, so no `&mut` to the whole set is kept alive across deliveries.
     let ptrs: Vec<(*mut u8, usize)> = slots.into_iter().map(|s| (s.as_mut_ptr(), s.len())).collect();

@@ -48,7 +48,8 @@ impl Residency {
     /// Resident bytes of the whole file.
     pub fn resident_bytes(&self) -> u64 {
         let pages = self.resident.iter().filter(|&&r| r).count() as u64;
-        let tail_short = if self.resident.last() == Some(&true) { self.resident.len() as u64 * self.page - self.len } else { 0 };
+        let tail_short =
+            if self.resident.last() == Some(&true) { self.resident.len() as u64 * self.page - self.len } else { 0 };
         pages * self.page - tail_short
     }
 }

@@ -17,6 +17,12 @@ pub trait Sink: Sync {
     /// An asynchronous delivery still reading from a staging slot.
     type Pending: Send;
 
+    /// Whether deliveries can stay pending (keep reading their slot after `deliver` returns). Synchronous sinks
+    /// need no more slots than reads in flight; asynchronous ones get spare slots to overlap copies with reads.
+    fn asynchronous(&self) -> bool {
+        false
+    }
+
     /// Called on each lane's thread before its first delivery.
     fn begin_lane(&self, _lane: usize) -> Result<(), SinkError> {
         Ok(())

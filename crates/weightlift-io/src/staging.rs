@@ -31,7 +31,11 @@ pub struct Staging {
 
 impl fmt::Debug for Staging {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Staging").field("slot_bytes", &self.slot_bytes).field("slots", &self.slots).field("pinned", &self.pin.is_some()).finish()
+        f.debug_struct("Staging")
+            .field("slot_bytes", &self.slot_bytes)
+            .field("slots", &self.slots)
+            .field("pinned", &self.pin.is_some())
+            .finish()
     }
 }
 
@@ -45,8 +49,7 @@ impl Staging {
         };
         let err = |reason: String| IoError::Staging { bytes: bytes as u64, reason };
         let mut map = MmapMut::map_anon(bytes).map_err(|e| err(format!("mmap: {e}")))?;
-        // Huge pages mean fewer page-table entries for the DMA engine and the kernel to walk; refusal is harmless.
-        let _ = map.advise(Advice::HugePage);
+        // No MADV_HUGEPAGE: under the common THP defrag policy "madvise" it can stall in direct compaction.
         // Fault everything in now, in one call where the kernel has MADV_POPULATE_WRITE (5.14+), page by page
         // otherwise: page faults during a load would stall the reads.
         if map.advise(Advice::PopulateWrite).is_err() {
@@ -96,7 +99,12 @@ impl StagingPool {
     }
 
     /// A region of at least `slots` slots of exactly `slot_bytes`, reusing the cached one when it fits.
-    pub fn acquire(&mut self, slot_bytes: usize, slots: usize, pinner: Option<&dyn Pinner>) -> Result<&mut Staging, IoError> {
+    pub fn acquire(
+        &mut self,
+        slot_bytes: usize,
+        slots: usize,
+        pinner: Option<&dyn Pinner>,
+    ) -> Result<&mut Staging, IoError> {
         let fits = self.current.as_ref().is_some_and(|s| {
             s.slot_bytes == slot_bytes && s.slots >= slots && s.slots <= slots * 2 && s.is_pinned() == pinner.is_some()
         });

@@ -172,7 +172,8 @@ impl Lane {
                         // lives only for the `deliver` call, and the slot is not reused until the delivery is done.
                         let data = unsafe { std::slice::from_raw_parts(ptr, op.valid as usize) };
                         let t = Instant::now();
-                        let p = shared.sink.deliver(lane, plan.pieces_of(op), data).map_err(|e| shared.sink_error(e))?;
+                        let p =
+                            shared.sink.deliver(lane, plan.pieces_of(op), data).map_err(|e| shared.sink_error(e))?;
                         self.stats.deliver += t.elapsed();
                         shared.add_progress(op.valid);
                         match p {
@@ -199,7 +200,13 @@ impl Lane {
         first_err.map_or(Ok(()), Err)
     }
 
-    fn push<S: Sink>(&mut self, shared: &Shared<'_, S>, slot: usize, op_idx: usize, req: Request) -> Result<(), IoError> {
+    fn push<S: Sink>(
+        &mut self,
+        shared: &Shared<'_, S>,
+        slot: usize,
+        op_idx: usize,
+        req: Request,
+    ) -> Result<(), IoError> {
         let Request { offset, len, direct } = req;
         let op = &shared.plan.ops[op_idx];
         if let Some(f) = shared.faults {
@@ -233,7 +240,9 @@ impl Lane {
         loop {
             match self.ring.submit_and_wait(want) {
                 Ok(_) => return Ok(()),
-                Err(e) if matches!(e.raw_os_error(), Some(libc::EINTR) | Some(libc::EAGAIN) | Some(libc::EBUSY)) => continue,
+                Err(e) if matches!(e.raw_os_error(), Some(libc::EINTR) | Some(libc::EAGAIN) | Some(libc::EBUSY)) => {
+                    continue;
+                }
                 Err(e) => return Err(IoError::Uring(format!("submit: {e}"))),
             }
         }

@@ -7,8 +7,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use weightlift_io::fault::{Fault, FaultPlan};
 use weightlift_io::{
-    Backend, DirectMode, Extent, HostBuffer, HostSink, IoConfig, IoError, IoReport, LoadOptions, LoadRequest, Piece, Sink,
-    SinkError, StagingPool, open_all,
+    Backend, DirectMode, Extent, HostBuffer, HostSink, IoConfig, IoError, IoReport, LoadOptions, LoadRequest, Piece,
+    Sink, SinkError, StagingPool, open_all,
 };
 
 /// Deterministic non-zero bytes.
@@ -101,7 +101,8 @@ fn configs() -> Vec<(&'static str, IoConfig)> {
 fn small_and_odd_sized_files_load_exactly() {
     let dir = tempfile::tempdir().unwrap();
     let lens = [0usize, 1, 4095, 4096, 4097, 1_000_003];
-    let paths: Vec<PathBuf> = lens.iter().enumerate().map(|(i, &l)| write(dir.path(), &format!("f{i}"), l, i as u64 + 1)).collect();
+    let paths: Vec<PathBuf> =
+        lens.iter().enumerate().map(|(i, &l)| write(dir.path(), &format!("f{i}"), l, i as u64 + 1)).collect();
     for (name, config) in configs() {
         // Each file whole, and each file cut into odd pieces, all files in one load.
         let mut extents: Vec<Extent> = lens

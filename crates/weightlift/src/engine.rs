@@ -1,0 +1,211 @@
+//! The load pipeline: a checkpoint's index → destinations → the storage engine → tensors, with a report.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::time::Instant;
+
+use weightlift_format::{DType, TensorEntry, TensorIndex};
+use weightlift_io::fault::FaultPlan;
+use weightlift_io::{Extent, HostBuffer, HostSink, IoConfig, IoError, LoadOptions, LoadRequest, OpenFile, StagingPool};
+
+use crate::device::Device;
+use crate::error::{Error, Result};
+use crate::report::Report;
+
+/// The engine's settings.
+#[derive(Clone, Debug, Default)]
+pub struct Config {
+    pub io: IoConfig,
+}
+
+impl Config {
+    /// Defaults overridden by `WEIGHTLIFT_*` environment variables.
+    pub fn from_env() -> Result<Config> {
+        Ok(Config { io: IoConfig::from_env()? })
+    }
+}
+
+/// Per-call options of a load.
+#[derive(Debug, Default)]
+pub struct LoadOpts<'a> {
+    /// Incremented with every byte read (for progress bars).
+    pub progress: Option<&'a AtomicU64>,
+    /// Set to abandon the load.
+    pub cancel: Option<&'a AtomicBool>,
+    /// Injected faults (tests).
+    pub faults: Option<&'a FaultPlan>,
+}
+
+/// A loaded tensor's bytes.
+#[derive(Debug)]
+pub enum TensorData {
+    Host(HostBuffer),
+}
+
+impl TensorData {
+    pub fn len(&self) -> usize {
+        match self {
+            TensorData::Host(b) => b.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Copies `out.len()` bytes starting at `offset` into `out` (from device memory where the tensor lives there).
+    pub fn read_back(&self, offset: u64, out: &mut [u8]) -> Result<()> {
+        match self {
+            TensorData::Host(b) => {
+                let start = offset as usize;
+                let src =
+                    b.get(start..start + out.len()).ok_or_else(|| Error::InvalidArgument("read past tensor".into()))?;
+                out.copy_from_slice(src);
+                Ok(())
+            }
+        }
+    }
+}
+
+/// One loaded tensor.
+#[derive(Debug)]
+pub struct Tensor {
+    pub name: String,
+    pub dtype: DType,
+    pub shape: Vec<u64>,
+    pub data: TensorData,
+}
+
+/// The tensors of a load (in index order) and what the load did.
+#[derive(Debug)]
+pub struct Loaded {
+    pub tensors: Vec<Tensor>,
+    pub report: Report,
+}
+
+/// Loads checkpoints. Keeps its staging memory between loads so that repeated loads do not pay for it again.
+#[derive(Debug)]
+pub struct Engine {
+    config: Config,
+    pool: StagingPool,
+}
+
+impl Engine {
+    pub fn new(config: Config) -> Result<Engine> {
+        config.io.validate()?;
+        Ok(Engine { config, pool: StagingPool::new() })
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// Loads every tensor of `index` onto `device`.
+    pub fn load(&mut self, index: &TensorIndex, device: Device, opts: &LoadOpts<'_>) -> Result<Loaded> {
+        let all: Vec<usize> = (0..index.tensors.len()).collect();
+        self.load_some(index, &all, device, opts)
+    }
+
+    /// Loads the tensors of `index` at positions `which` (in that order).
+    pub fn load_some(
+        &mut self,
+        index: &TensorIndex,
+        which: &[usize],
+        device: Device,
+        opts: &LoadOpts<'_>,
+    ) -> Result<Loaded> {
+        let start = Instant::now();
+        let entries: Vec<&TensorEntry> = which
+            .iter()
+            .map(|&i| index.tensors.get(i).ok_or_else(|| Error::InvalidArgument(format!("no tensor at position {i}"))))
+            .collect::<Result<_>>()?;
+        let files = open_checked(index, &self.config.io)?;
+        let extents: Vec<Extent> = entries
+            .iter()
+            .enumerate()
+            .map(|(i, t)| Extent {
+                file: t.file as u32,
+                offset: t.offset,
+                len: t.nbytes,
+                dest: i as u32,
+                dest_offset: 0,
+            })
+            .collect();
+        let dest_lens: Vec<u64> = entries.iter().map(|t| t.nbytes).collect();
+        let t_alloc = Instant::now();
+        let (datas, io) = match device {
+            Device::Cpu => {
+                let mut bufs = dest_lens
+                    .iter()
+                    .map(|&n| {
+                        HostBuffer::zeroed(n as usize).map_err(|_| Error::OutOfMemory {
+                            what: "host",
+                            bytes: n,
+                            detail: String::new(),
+                        })
+                    })
+                    .collect::<Result<Vec<_>>>()?;
+                let alloc_secs = t_alloc.elapsed().as_secs_f64();
+                let io = {
+                    let sink = HostSink::new(&mut bufs);
+                    self.run(&files, &extents, &dest_lens, &sink, opts, None)?
+                };
+                (bufs.into_iter().map(TensorData::Host).collect::<Vec<_>>(), (io, alloc_secs))
+            }
+            Device::Cuda(n) => {
+                return Err(Error::Cuda(format!(
+                    "cuda:{n} requested, but this build of weightlift loads into host memory only (use --device cpu)"
+                )));
+            }
+        };
+        let (io, alloc_secs) = io;
+        let tensors: Vec<Tensor> = entries
+            .iter()
+            .zip(datas)
+            .map(|(t, data)| Tensor { name: t.name.clone(), dtype: t.dtype, shape: t.shape.clone(), data })
+            .collect();
+        let seconds = start.elapsed().as_secs_f64();
+        let report = Report::new(
+            device,
+            &index.files.iter().map(|f| f.path.clone()).collect::<Vec<PathBuf>>(),
+            &tensors,
+            seconds,
+            alloc_secs,
+            io,
+        );
+        Ok(Loaded { tensors, report })
+    }
+
+    fn run<S: weightlift_io::Sink>(
+        &mut self,
+        files: &[OpenFile],
+        extents: &[Extent],
+        dest_lens: &[u64],
+        sink: &S,
+        opts: &LoadOpts<'_>,
+        pinner: Option<&dyn weightlift_io::Pinner>,
+    ) -> Result<weightlift_io::IoReport> {
+        let req = LoadRequest { files, extents, dest_lens };
+        let io_opts = LoadOptions { progress: opts.progress, cancel: opts.cancel, faults: opts.faults, pinner };
+        Ok(weightlift_io::load(&self.config.io, &req, &io_opts, &mut self.pool, sink)?)
+    }
+}
+
+/// Opens the index's files, refusing any whose length changed since the index was read.
+fn open_checked(index: &TensorIndex, io: &IoConfig) -> Result<Vec<OpenFile>> {
+    let want_direct = io.direct.value != weightlift_io::DirectMode::Never;
+    let mut files = Vec::with_capacity(index.files.len());
+    for f in &index.files {
+        let file = OpenFile::open(&f.path, want_direct)?;
+        if file.len != f.len {
+            return Err(Error::Io(IoError::PastEnd {
+                path: f.path.clone(),
+                offset: 0,
+                len: f.len,
+                file_len: file.len,
+            }));
+        }
+        files.push(file);
+    }
+    Ok(files)
+}

@@ -1,0 +1,24 @@
+//! weightlift: load checkpoint tensors (safetensors, GGUF, raw) from storage into host or GPU memory through
+//! io_uring and a bounded staging ring.
+//!
+//! ```no_run
+//! use weightlift::{Config, Device, Engine, LoadOpts};
+//! let index = weightlift::format::open(&["model.safetensors".into()], None)?;
+//! let mut engine = Engine::new(Config::from_env()?)?;
+//! let loaded = engine.load(&index, Device::Cpu, &LoadOpts::default())?;
+//! println!("{}", loaded.report.summary());
+//! # Ok::<(), weightlift::Error>(())
+//! ```
+
+mod device;
+mod engine;
+mod error;
+mod report;
+pub mod verify;
+
+pub use device::Device;
+pub use engine::{Config, Engine, LoadOpts, Loaded, Tensor, TensorData};
+pub use error::{Error, Result};
+pub use report::Report;
+pub use weightlift_format as format;
+pub use weightlift_io as io;

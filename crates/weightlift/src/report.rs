@@ -1,0 +1,151 @@
+//! What a load did, how fast, and why it took the path it took.
+
+use std::path::PathBuf;
+
+use serde_json::{Value, json};
+use weightlift_io::IoReport;
+
+use crate::device::Device;
+use crate::engine::Tensor;
+
+/// The report of one load.
+#[derive(Clone, Debug)]
+pub struct Report {
+    pub device: Device,
+    pub files: Vec<PathBuf>,
+    pub tensors: usize,
+    /// Tensor bytes delivered.
+    pub bytes: u64,
+    /// Wall time of the whole load (opening files, allocating, planning, reading, copying).
+    pub seconds: f64,
+    /// Time spent allocating destinations.
+    pub alloc_secs: f64,
+    pub io: IoReport,
+    /// Whether the loaded bytes were compared with a second read of the files (None: not checked).
+    pub verified: Option<bool>,
+}
+
+impl Report {
+    pub(crate) fn new(
+        device: Device,
+        files: &[PathBuf],
+        tensors: &[Tensor],
+        seconds: f64,
+        alloc_secs: f64,
+        io: IoReport,
+    ) -> Report {
+        Report {
+            device,
+            files: files.to_vec(),
+            tensors: tensors.len(),
+            bytes: tensors.iter().map(|t| t.data.len() as u64).sum(),
+            seconds,
+            alloc_secs,
+            io,
+            verified: None,
+        }
+    }
+
+    /// Tensor bytes per second, in GB/s (10^9).
+    pub fn gbps(&self) -> f64 {
+        if self.seconds > 0.0 { self.bytes as f64 / self.seconds / 1e9 } else { 0.0 }
+    }
+
+    pub fn to_json(&self) -> Value {
+        let io = &self.io;
+        let settings: serde_json::Map<String, Value> = io
+            .settings
+            .iter()
+            .map(|(k, v, src)| ((*k).to_string(), json!({"value": v, "source": src.to_string()})))
+            .collect();
+        json!({
+            "device": self.device.to_string(),
+            "files": self.files,
+            "tensors": self.tensors,
+            "bytes": self.bytes,
+            "seconds": self.seconds,
+            "gbps": self.gbps(),
+            "backend": io.backend,
+            "backend_reason": io.backend_reason,
+            "fixed_buffers": io.fixed_buffers,
+            "fixed_refusal": io.fixed_refusal,
+            "direct_policy": io.direct_reason,
+            "direct_bytes": io.direct_bytes,
+            "buffered_bytes": io.buffered_bytes,
+            "resident_bytes": io.resident_bytes,
+            "read_ops": io.ops,
+            "retries": io.stats.retries,
+            "short_reads": io.stats.short_reads,
+            "lanes": io.lanes,
+            "queue_depth": io.queue_depth,
+            "slots": io.slots,
+            "slot_bytes": io.slot_bytes,
+            "peak_staging_bytes": io.peak_staging_bytes,
+            "times": {
+                "alloc": self.alloc_secs,
+                "plan": io.plan_secs,
+                "setup": io.setup_secs,
+                "io": io.io_secs,
+                "io_wait_thread_secs": io.stats.io_wait.as_secs_f64(),
+                "deliver_thread_secs": io.stats.deliver.as_secs_f64(),
+                "backpressure_thread_secs": io.stats.backpressure.as_secs_f64(),
+            },
+            "settings": settings,
+            "verified": self.verified,
+        })
+    }
+
+    /// A few lines for people.
+    pub fn summary(&self) -> String {
+        let io = &self.io;
+        let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+        let mut s = format!(
+            "loaded {} tensors, {:.2} GiB from {} file(s) into {} in {:.3} s: {:.2} GB/s\n",
+            self.tensors,
+            gib(self.bytes),
+            self.files.len(),
+            self.device,
+            self.seconds,
+            self.gbps()
+        );
+        s += &format!(
+            "  backend {} ({}{}), {} lanes × queue depth {}, {} reads\n",
+            io.backend,
+            io.backend_reason,
+            if io.backend == "uring" {
+                if io.fixed_buffers { ", fixed buffers" } else { ", fixed buffers refused" }
+            } else {
+                ""
+            },
+            io.lanes,
+            io.queue_depth,
+            io.ops
+        );
+        s += &format!(
+            "  {:.2} GiB read with O_DIRECT, {:.2} GiB buffered — {}\n",
+            gib(io.direct_bytes),
+            gib(io.buffered_bytes),
+            io.direct_reason
+        );
+        s += &format!(
+            "  staging {} slots × {} MiB = {} MiB peak; time: alloc {:.3} s, plan {:.3} s, setup {:.3} s, I/O {:.3} s (threads: wait {:.2} s, copy {:.2} s, back-pressure {:.2} s)",
+            io.slots,
+            io.slot_bytes >> 20,
+            io.peak_staging_bytes >> 20,
+            self.alloc_secs,
+            io.plan_secs,
+            io.setup_secs,
+            io.io_secs,
+            io.stats.io_wait.as_secs_f64(),
+            io.stats.deliver.as_secs_f64(),
+            io.stats.backpressure.as_secs_f64()
+        );
+        if let Some(v) = self.verified {
+            s += &format!(
+                "\n  verified against a second read of the files: {}",
+                if v { "every byte equal" } else { "MISMATCH" }
+            );
+        }
+        s
+    }
+}
