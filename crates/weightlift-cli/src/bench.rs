@@ -37,6 +37,25 @@ pub struct Args {
     /// Also write the JSON results to this file.
     #[arg(long)]
     pub out: Option<PathBuf>,
+    /// Also draw the results as an SVG bar chart into this file.
+    #[arg(long)]
+    pub svg: Option<PathBuf>,
+    /// GPU bench: number of tensors in the small-tensor checkpoint.
+    #[arg(long, default_value_t = 20_000)]
+    pub small_tensors: u64,
+    /// GPU bench: size of the raw file.
+    #[arg(long, default_value = "1GiB", value_parser = units::parse_size)]
+    pub raw_size: u64,
+    /// GPU bench: tmpfs directory standing in for a fast NVMe array (skipped if missing).
+    #[arg(long, default_value = "/dev/shm")]
+    pub shm: PathBuf,
+    /// GPU bench: the Python script timing the usual loaders (default: bench/peers.py next to the binary or in the
+    /// working directory).
+    #[arg(long)]
+    pub peers: Option<PathBuf>,
+    /// GPU bench: do not time the Python loaders.
+    #[arg(long)]
+    pub no_peers: bool,
 }
 
 /// A measured rate: every run's GB/s, best and median.
@@ -228,6 +247,10 @@ pub fn time_loads(
 }
 
 pub fn run(args: &Args) -> Result<()> {
+    let (device, _) = args.engine.device()?;
+    if let Device::Cuda(n) = device {
+        return crate::bench_gpu::run(args, n);
+    }
     let runs = args.runs.max(1);
     let dir = args.dir.clone().unwrap_or_else(cache_dir);
     let file = match &args.file {
@@ -295,32 +318,35 @@ pub fn run(args: &Args) -> Result<()> {
         "ceilings": ceilings,
         "cases": cases.iter().map(Case::json).collect::<Vec<_>>(),
     });
+    finish(args, &result, &cases)
+}
+
+/// Writes the JSON (and SVG) outputs and prints the table or the JSON.
+pub fn finish(args: &Args, result: &Value, cases: &[Case]) -> Result<()> {
     if let Some(out) = &args.out {
-        std::fs::write(out, serde_json::to_string_pretty(&result)?)
+        std::fs::write(out, serde_json::to_string_pretty(result)?)
             .with_context(|| format!("writing {}", out.display()))?;
+    }
+    if let Some(svg) = &args.svg {
+        let title = format!("weightlift bench → {}", result["device"].as_str().unwrap_or("?"));
+        std::fs::write(svg, crate::plot::svg(&title, cases)).with_context(|| format!("writing {}", svg.display()))?;
     }
     if args.json {
         println!("{result}");
     } else {
-        print_table(&cases);
+        print_table(cases);
     }
     Ok(())
 }
 
 pub fn print_table(cases: &[Case]) {
-    println!("{:<34} {:>9} {:>9} {:>10}  ceiling", "case", "best GB/s", "median", "× ceiling");
+    let width = cases.iter().map(|c| c.name.chars().count()).max().unwrap_or(10).max(10);
+    println!("{:<width$} {:>9} {:>9} {:>10}  ceiling", "case", "best GB/s", "median", "× ceiling");
     for c in cases {
         let ratio = c.ratio().map_or("-".to_string(), |r| format!("{r:.3}"));
         let ceiling = c.ceiling_gbps.map_or("-".to_string(), |g| format!("{g:.2} GB/s"));
-        println!(
-            "{:<34} {:>9.2} {:>9.2} {:>10}  {} ({})",
-            c.name,
-            c.rate.best(),
-            c.rate.median(),
-            ratio,
-            c.ceiling,
-            ceiling
-        );
+        let (best, median) = (c.rate.best(), c.rate.median());
+        println!("{:<width$} {best:>9.2} {median:>9.2} {ratio:>10}  {} ({ceiling})", c.name, c.ceiling);
     }
 }
 

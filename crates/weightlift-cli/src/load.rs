@@ -78,7 +78,10 @@ impl EngineArgs {
     /// The device to load onto, and why.
     pub fn device(&self) -> Result<(Device, String)> {
         if self.device.eq_ignore_ascii_case("auto") {
-            return Ok((Device::Cpu, "auto: this build has no CUDA support, loading into host memory".to_string()));
+            return Ok(match weightlift_cuda::available() {
+                Ok(d) => (Device::Cuda(0), format!("auto: {} CUDA device(s) found, using cuda:0", d.devices)),
+                Err(why) => (Device::Cpu, format!("auto: no usable GPU ({why}); loading into host memory")),
+            });
         }
         let d: Device = self.device.parse().map_err(anyhow::Error::msg)?;
         Ok((d, format!("{d} requested")))
@@ -107,6 +110,9 @@ pub struct Args {
     /// Size of the synthetic checkpoint generated when no path is given.
     #[arg(long, default_value = "1GiB", value_parser = units::parse_size)]
     pub demo_size: u64,
+    /// For GPU loads: skip measuring the pinned host→device copy ceiling after the load.
+    #[arg(long)]
+    pub no_ceiling: bool,
 }
 
 /// The cache directory for generated checkpoints: `$WEIGHTLIFT_CACHE`, else `$XDG_CACHE_HOME/weightlift`, else
@@ -169,6 +175,11 @@ pub fn run(args: &Args) -> Result<()> {
     if args.verify {
         verify(&index, &loaded)?;
         loaded.report.verified = Some(true);
+    }
+    if let (Device::Cuda(n), false) = (device, args.no_ceiling) {
+        let gpu = engine.gpu(n)?;
+        let rates = weightlift_cuda::pinned_h2d_gbps(&gpu, 256 << 20, 3)?;
+        loaded.report.ceiling_gbps = Some(rates.iter().copied().fold(0.0, f64::max));
     }
     if args.json {
         let mut v = loaded.report.to_json();

@@ -2,8 +2,10 @@
 #![forbid(unsafe_code)]
 
 mod bench;
+mod bench_gpu;
 mod inspect;
 mod load;
+mod plot;
 mod units;
 
 use std::path::PathBuf;

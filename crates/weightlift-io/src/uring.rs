@@ -96,13 +96,38 @@ struct Lane {
 
 impl Lane {
     fn run<S: Sink>(&mut self, shared: &Shared<'_, S>, lane: usize, qd: usize) -> Result<(), IoError> {
-        let plan = shared.plan;
         let mut state: Vec<SlotState> = (0..self.ptrs.len()).map(|_| SlotState::Free).collect();
         let mut free: Vec<usize> = (0..self.ptrs.len()).rev().collect();
         let mut pending: VecDeque<(usize, S::Pending)> = VecDeque::new();
-        let mut exhausted = false;
         shared.sink.begin_lane(lane).map_err(|e| shared.sink_error(e))?;
-        let result = loop {
+        let result = self.pump(shared, lane, qd, &mut state, &mut free, &mut pending);
+        // Deliveries still reading slots must finish before the slots can be given back, whatever happened.
+        let mut first_err = result.err();
+        for (_, p) in pending.drain(..) {
+            if let Err(e) = shared.sink.wait(p) {
+                first_err.get_or_insert_with(|| shared.sink_error(e));
+            }
+        }
+        if let Err(e) = shared.sink.end_lane(lane) {
+            first_err.get_or_insert_with(|| shared.sink_error(e));
+        }
+        first_err.map_or(Ok(()), Err)
+    }
+
+    /// Issues reads and delivers completions until the plan is exhausted or the load stops. Returns early on the
+    /// first error; the caller drains what is still in flight.
+    fn pump<S: Sink>(
+        &mut self,
+        shared: &Shared<'_, S>,
+        lane: usize,
+        qd: usize,
+        state: &mut [SlotState],
+        free: &mut Vec<usize>,
+        pending: &mut VecDeque<(usize, S::Pending)>,
+    ) -> Result<(), IoError> {
+        let plan = shared.plan;
+        let mut exhausted = false;
+        loop {
             // Slots whose delivery finished are free again.
             while let Some((_, p)) = pending.front() {
                 if !shared.sink.poll(p).map_err(|e| shared.sink_error(e))? {
@@ -129,10 +154,10 @@ impl Lane {
             }
             if self.inflight == 0 {
                 if exhausted || shared.stopping() {
-                    break Ok(());
+                    return Ok(());
                 }
                 // Every slot is waiting for its delivery to finish: back-pressure.
-                let Some((slot, p)) = pending.pop_front() else { break Ok(()) };
+                let Some((slot, p)) = pending.pop_front() else { return Ok(()) };
                 let t = Instant::now();
                 shared.sink.wait(p).map_err(|e| shared.sink_error(e))?;
                 self.stats.backpressure += t.elapsed();
@@ -186,18 +211,7 @@ impl Lane {
                     }
                 }
             }
-        };
-        // Deliveries still reading slots must finish before the slots can be given back.
-        let mut first_err = result.err();
-        for (_, p) in pending.drain(..) {
-            if let Err(e) = shared.sink.wait(p) {
-                first_err.get_or_insert_with(|| shared.sink_error(e));
-            }
         }
-        if let Err(e) = shared.sink.end_lane(lane) {
-            first_err.get_or_insert_with(|| shared.sink_error(e));
-        }
-        first_err.map_or(Ok(()), Err)
     }
 
     fn push<S: Sink>(

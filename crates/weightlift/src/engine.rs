@@ -1,9 +1,11 @@
 //! The load pipeline: a checkpoint's index → destinations → the storage engine → tensors, with a report.
 
+use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::time::Instant;
 
+use weightlift_cuda::{CudaPinner, DeviceBuffer, DeviceSink, Gpu, PinnedBuffer};
 use weightlift_format::{DType, TensorEntry, TensorIndex};
 use weightlift_io::fault::FaultPlan;
 use weightlift_io::{Extent, HostBuffer, HostSink, IoConfig, IoError, LoadOptions, LoadRequest, OpenFile, StagingPool};
@@ -40,12 +42,16 @@ pub struct LoadOpts<'a> {
 #[derive(Debug)]
 pub enum TensorData {
     Host(HostBuffer),
+    Pinned(PinnedBuffer),
+    Device(DeviceBuffer),
 }
 
 impl TensorData {
     pub fn len(&self) -> usize {
         match self {
             TensorData::Host(b) => b.len(),
+            TensorData::Pinned(b) => b.len(),
+            TensorData::Device(b) => b.len(),
         }
     }
 
@@ -55,15 +61,16 @@ impl TensorData {
 
     /// Copies `out.len()` bytes starting at `offset` into `out` (from device memory where the tensor lives there).
     pub fn read_back(&self, offset: u64, out: &mut [u8]) -> Result<()> {
-        match self {
-            TensorData::Host(b) => {
-                let start = offset as usize;
-                let src =
-                    b.get(start..start + out.len()).ok_or_else(|| Error::InvalidArgument("read past tensor".into()))?;
-                out.copy_from_slice(src);
-                Ok(())
-            }
-        }
+        let host: &[u8] = match self {
+            TensorData::Host(b) => b,
+            TensorData::Pinned(b) => b,
+            TensorData::Device(b) => return Ok(b.read_back(offset as usize, out)?),
+        };
+        let start = offset as usize;
+        let src =
+            host.get(start..start + out.len()).ok_or_else(|| Error::InvalidArgument("read past tensor".into()))?;
+        out.copy_from_slice(src);
+        Ok(())
     }
 }
 
@@ -88,16 +95,35 @@ pub struct Loaded {
 pub struct Engine {
     config: Config,
     pool: StagingPool,
+    gpus: HashMap<u32, Gpu>,
 }
+
+/// Lanes a device sink is prepared for: io_uring uses `threads` lanes, the pread fallback up to 64.
+const MAX_LANES: usize = 64;
 
 impl Engine {
     pub fn new(config: Config) -> Result<Engine> {
         config.io.validate()?;
-        Ok(Engine { config, pool: StagingPool::new() })
+        Ok(Engine { config, pool: StagingPool::new(), gpus: HashMap::new() })
     }
 
     pub fn config(&self) -> &Config {
         &self.config
+    }
+
+    /// Device `n`, opened on first use (its primary context, shared with PyTorch and the CUDA runtime).
+    pub fn gpu(&mut self, n: u32) -> Result<Gpu> {
+        if let Some(g) = self.gpus.get(&n) {
+            return Ok(g.clone());
+        }
+        let g = Gpu::open(n)?;
+        self.gpus.insert(n, g.clone());
+        Ok(g)
+    }
+
+    /// Frees the cached staging memory (it is kept between loads otherwise).
+    pub fn release_staging(&mut self) {
+        self.pool.release();
     }
 
     /// Loads every tensor of `index` onto `device`.
@@ -133,7 +159,9 @@ impl Engine {
             .collect();
         let dest_lens: Vec<u64> = entries.iter().map(|t| t.nbytes).collect();
         let t_alloc = Instant::now();
-        let (datas, io) = match device {
+        let mut copy_span = None;
+        let mut gpu_info = None;
+        let (datas, io, alloc_secs) = match device {
             Device::Cpu => {
                 let mut bufs = dest_lens
                     .iter()
@@ -146,33 +174,57 @@ impl Engine {
                     })
                     .collect::<Result<Vec<_>>>()?;
                 let alloc_secs = t_alloc.elapsed().as_secs_f64();
-                let io = {
-                    let sink = HostSink::new(&mut bufs);
-                    self.run(&files, &extents, &dest_lens, &sink, opts, None)?
-                };
-                (bufs.into_iter().map(TensorData::Host).collect::<Vec<_>>(), (io, alloc_secs))
+                let io = self.run(&files, &extents, &dest_lens, &HostSink::new(&mut bufs), opts, None)?;
+                (bufs.into_iter().map(TensorData::Host).collect::<Vec<_>>(), io, alloc_secs)
+            }
+            Device::PinnedCpu => {
+                let gpu = self.gpu(0)?;
+                let mut bufs =
+                    dest_lens.iter().map(|&n| PinnedBuffer::alloc(&gpu, n as usize)).collect::<Result<Vec<_>, _>>()?;
+                let alloc_secs = t_alloc.elapsed().as_secs_f64();
+                let io = self.run(&files, &extents, &dest_lens, &HostSink::new(&mut bufs), opts, None)?;
+                (bufs.into_iter().map(TensorData::Pinned).collect(), io, alloc_secs)
             }
             Device::Cuda(n) => {
-                return Err(Error::Cuda(format!(
-                    "cuda:{n} requested, but this build of weightlift loads into host memory only (use --device cpu)"
-                )));
+                let gpu = self.gpu(n)?;
+                gpu_info = Some(gpu.info().clone());
+                gpu.bind()?;
+                let alloc_stream = gpu.stream(0)?;
+                let bufs = dest_lens
+                    .iter()
+                    .map(|&n| DeviceBuffer::alloc(&gpu, n as usize, &alloc_stream))
+                    .collect::<Result<Vec<_>, _>>();
+                let bufs = match bufs {
+                    Ok(b) => b,
+                    Err(e) => {
+                        // The buffers allocated so far are freed (in stream order) as they drop.
+                        let _ = alloc_stream.synchronize();
+                        return Err(e.into());
+                    }
+                };
+                let ready = alloc_stream.record_event(None).map_err(|e| Error::Cuda(format!("cuEventRecord: {e}")))?;
+                let alloc_secs = t_alloc.elapsed().as_secs_f64();
+                let dests = bufs.iter().map(|b| (b.device_ptr(), b.len() as u64)).collect();
+                // SAFETY: `bufs` owns every destination and outlives the load below; nothing else uses them.
+                let sink = unsafe {
+                    DeviceSink::new(&gpu, dests, MAX_LANES.max(self.config.io.threads.value as usize), Some(ready))
+                };
+                let pinner = CudaPinner::new(&gpu);
+                let io = self.run(&files, &extents, &dest_lens, &sink, opts, Some(&pinner))?;
+                copy_span = Some(sink.copy_span_secs());
+                (bufs.into_iter().map(TensorData::Device).collect(), io, alloc_secs)
             }
         };
-        let (io, alloc_secs) = io;
         let tensors: Vec<Tensor> = entries
             .iter()
             .zip(datas)
             .map(|(t, data)| Tensor { name: t.name.clone(), dtype: t.dtype, shape: t.shape.clone(), data })
             .collect();
         let seconds = start.elapsed().as_secs_f64();
-        let report = Report::new(
-            device,
-            &index.files.iter().map(|f| f.path.clone()).collect::<Vec<PathBuf>>(),
-            &tensors,
-            seconds,
-            alloc_secs,
-            io,
-        );
+        let files_list: Vec<PathBuf> = index.files.iter().map(|f| f.path.clone()).collect();
+        let mut report = Report::new(device, &files_list, &tensors, seconds, alloc_secs, io);
+        report.copy_span_secs = copy_span;
+        report.gpu = gpu_info;
         Ok(Loaded { tensors, report })
     }
 

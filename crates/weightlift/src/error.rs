@@ -29,4 +29,17 @@ pub enum Error {
     Verify(String),
 }
 
+impl From<weightlift_cuda::CudaError> for Error {
+    fn from(e: weightlift_cuda::CudaError) -> Error {
+        match e {
+            weightlift_cuda::CudaError::OutOfMemory { device, bytes, free, total } => Error::OutOfMemory {
+                what: "device",
+                bytes,
+                detail: format!(" on cuda:{device} ({free} of {total} bytes free)"),
+            },
+            other => Error::Cuda(other.to_string().trim_start_matches("CUDA ").to_string()),
+        }
+    }
+}
+
 pub type Result<T, E = Error> = std::result::Result<T, E>;

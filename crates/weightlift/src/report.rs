@@ -23,6 +23,12 @@ pub struct Report {
     pub io: IoReport,
     /// Whether the loaded bytes were compared with a second read of the files (None: not checked).
     pub verified: Option<bool>,
+    /// For device loads: the device.
+    pub gpu: Option<weightlift_cuda::GpuInfo>,
+    /// For device loads: longest time a lane's stream spent from its first copy to the end of its last.
+    pub copy_span_secs: Option<f64>,
+    /// The pinned host→device copy rate measured on this machine (GB/s), when measured.
+    pub ceiling_gbps: Option<f64>,
 }
 
 impl Report {
@@ -43,6 +49,9 @@ impl Report {
             alloc_secs,
             io,
             verified: None,
+            gpu: None,
+            copy_span_secs: None,
+            ceiling_gbps: None,
         }
     }
 
@@ -92,6 +101,14 @@ impl Report {
             },
             "settings": settings,
             "verified": self.verified,
+            "gpu": self.gpu.as_ref().map(|g| json!({
+                "name": g.name, "ordinal": g.ordinal, "total_bytes": g.total_bytes, "pci_bus_id": g.pci_bus_id,
+                "pcie_link": g.pcie_link, "compute_capability": [g.compute_capability.0, g.compute_capability.1],
+                "driver_version": g.driver_version,
+            })),
+            "copy_span_secs": self.copy_span_secs,
+            "ceiling_gbps": self.ceiling_gbps,
+            "ratio_to_ceiling": self.ceiling_gbps.map(|c| self.gbps() / c),
         })
     }
 
@@ -140,6 +157,22 @@ impl Report {
             io.stats.deliver.as_secs_f64(),
             io.stats.backpressure.as_secs_f64()
         );
+        if let Some(g) = &self.gpu {
+            s += &format!(
+                "\n  {}: {} ({}), PCIe {}; copies: longest stream {:.3} s",
+                self.device,
+                g.name,
+                g.pci_bus_id,
+                g.pcie_link.as_deref().unwrap_or("link not visible"),
+                self.copy_span_secs.unwrap_or(0.0)
+            );
+        }
+        if let Some(c) = self.ceiling_gbps {
+            s += &format!(
+                "\n  pinned host→device ceiling measured now: {c:.2} GB/s; this load reached {:.3} of it",
+                self.gbps() / c
+            );
+        }
         if let Some(v) = self.verified {
             s += &format!(
                 "\n  verified against a second read of the files: {}",

@@ -43,7 +43,7 @@ fn every_layout_and_format_loads_byte_exact() {
                 .unwrap();
             // And against the generator, independently of the file: tensor i holds tensor_bytes(seed, i, ..).
             for (i, t) in loaded.tensors.iter().enumerate() {
-                let TensorData::Host(buf) = &t.data;
+                let TensorData::Host(buf) = &t.data else { panic!("a cpu load gave {:?}", t.data) };
                 let mut want = vec![0u8; buf.len()];
                 synth::tensor_bytes(42, i as u64, 0, &mut want);
                 assert!(buf[..] == want[..], "{name}: tensor {} differs from the generator", t.name);
@@ -66,7 +66,7 @@ fn a_raw_file_loads_as_one_tensor() {
     let index =
         weightlift::format::open(std::slice::from_ref(&path), Some(RawSpec { dtype: DType::U8, count: None })).unwrap();
     let loaded = Engine::new(Config::default()).unwrap().load(&index, Device::Cpu, &LoadOpts::default()).unwrap();
-    let TensorData::Host(buf) = &loaded.tensors[0].data;
+    let TensorData::Host(buf) = &loaded.tensors[0].data else { panic!("not host memory") };
     assert!(buf[..] == std::fs::read(&path).unwrap()[..]);
 }
 

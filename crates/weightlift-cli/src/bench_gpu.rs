@@ -1,0 +1,239 @@
+//! `weightlift bench --device cuda:N`: in one run, the pinned host→device ceiling and the cold disk ceiling, then
+//! weightlift's loads (a llama-like checkpoint from cold disk, page cache and tmpfs; many small tensors; a raw file)
+//! and, where the machine's Python has them, the loaders users run today on the same files.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+use serde_json::{Value, json};
+use weightlift::format::{DType, RawSpec, TensorIndex, synth};
+use weightlift::{Device, Engine, LoadOpts};
+
+use crate::bench::{
+    Args, Case, Rate, can_drop_caches, cold_parallel_dd, drop_caches, file_checksum, finish, host_json, time_loads,
+    warm, warm_dd,
+};
+use crate::load::cache_dir;
+use crate::units;
+
+/// Generates `path` from `spec` unless a file of the expected kind is already there.
+fn ensure(path: &Path, spec: synth::Spec, log: &dyn Fn(&str)) -> Result<()> {
+    if path.exists() {
+        return Ok(());
+    }
+    let t = Instant::now();
+    let s = synth::generate(path, &spec)?;
+    log(&format!(
+        "  generated {} ({} tensors, {}) in {:.1} s",
+        path.display(),
+        s.tensors,
+        units::bytes(s.tensor_bytes),
+        t.elapsed().as_secs_f64()
+    ));
+    Ok(())
+}
+
+fn peers_script(args: &Args) -> Option<PathBuf> {
+    if let Some(p) = &args.peers {
+        return Some(p.clone());
+    }
+    let exe = std::env::current_exe().ok()?;
+    let candidates = [
+        exe.parent()?.join("../bench/peers.py"),
+        exe.parent()?.join("bench/peers.py"),
+        PathBuf::from("bench/peers.py"),
+    ];
+    candidates.into_iter().find(|p| p.exists())
+}
+
+pub fn run(args: &Args, ordinal: u32) -> Result<()> {
+    let device = Device::Cuda(ordinal);
+    let runs = args.runs.max(1);
+    let log = |msg: &str| {
+        if !args.json {
+            eprintln!("{msg}");
+        }
+    };
+    let dir = args.dir.clone().unwrap_or_else(|| cache_dir().join("bench"));
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let size = if args.size == 1 << 30 { 4 << 30 } else { args.size };
+    let llama = args.file.clone().unwrap_or_else(|| dir.join(format!("llama-{size}.safetensors")));
+    let small = dir.join(format!("small-{}.safetensors", args.small_tensors));
+    let raw = dir.join(format!("raw-{}.bin", args.raw_size));
+    let make = |layout, container, size, path: &Path| {
+        ensure(path, synth::Spec { layout, container, size, seed: 7, align: None }, &log)
+    };
+    if args.file.is_none() {
+        make(synth::Layout::Llama, synth::Container::Safetensors, size, &llama)?;
+    }
+    make(synth::Layout::ManySmall { tensors: Some(args.small_tensors) }, synth::Container::Safetensors, 0, &small)?;
+    make(synth::Layout::SingleHuge, synth::Container::Raw, args.raw_size, &raw)?;
+    let shm_llama = if args.shm.is_dir() {
+        let d = args.shm.join("weightlift-bench");
+        std::fs::create_dir_all(&d)?;
+        let p = d.join(llama.file_name().unwrap_or_default());
+        if std::fs::metadata(&p).map(|m| m.len()).ok() != std::fs::metadata(&llama).map(|m| m.len()).ok() {
+            std::fs::copy(&llama, &p).with_context(|| format!("copying the checkpoint to {}", p.display()))?;
+        }
+        Some(p)
+    } else {
+        log(&format!("  tmpfs case skipped: {} is not a directory", args.shm.display()));
+        None
+    };
+
+    let mut engine = Engine::new(args.engine.config()?)?;
+    let gpu = engine.gpu(ordinal)?;
+    let info = gpu.info().clone();
+    log(&format!(
+        "bench → {device}: {} ({}), PCIe {}",
+        info.name,
+        info.pci_bus_id,
+        info.pcie_link.as_deref().unwrap_or("?")
+    ));
+
+    // Ceilings, measured now.
+    let mut ceilings = serde_json::Map::new();
+    let h2d = Rate { runs: weightlift_cuda::pinned_h2d_gbps(&gpu, 1 << 30, 5)? };
+    log(&format!("  ceiling: pinned host→device copy {:.2} GB/s (1 GiB, best of 5)", h2d.best()));
+    ceilings.insert("pinned_h2d".into(), h2d.json());
+    let warm_ceiling = warm_dd(&llama, runs)?;
+    ceilings.insert("warm_dd_bs16M".into(), warm_ceiling.json());
+    let cold = !args.no_cold && can_drop_caches();
+    let cold_ceiling = if cold {
+        let r = cold_parallel_dd(&llama, 8, runs)?;
+        log(&format!("  ceiling: cold disk, 8 × dd iflag=direct {:.2} GB/s", r.best()));
+        ceilings.insert("cold_dd_direct_x8".into(), r.json());
+        Some(r)
+    } else {
+        log("  cold cases skipped: dropping the page cache needs root (or --no-cold was given)");
+        None
+    };
+
+    let open = |p: &Path, raw: Option<RawSpec>| weightlift::format::open(&[p.to_path_buf()], raw);
+    let llama_index = open(&llama, None)?;
+    let small_index = open(&small, None)?;
+    let raw_index = open(&raw, Some(RawSpec { dtype: DType::U8, count: None }))?;
+    let sums = [file_checksum(&llama_index)?, file_checksum(&small_index)?, file_checksum(&raw_index)?];
+
+    // Set-up cost of the engine once the CUDA context exists: the first load's allocation, planning, staging
+    // (mmap + cuMemHostRegister) and ring set-up.
+    warm(&llama)?;
+    let first = engine.load(&llama_index, device, &LoadOpts::default())?;
+    let setup = json!({
+        "alloc_secs": first.report.alloc_secs, "plan_secs": first.report.io.plan_secs, "staging_and_rings_secs": first.report.io.setup_secs,
+        "total_secs": first.report.alloc_secs + first.report.io.plan_secs + first.report.io.setup_secs,
+        "peak_staging_bytes": first.report.io.peak_staging_bytes,
+    });
+    drop(first);
+    log(&format!("  engine set-up on the first load: {}", setup));
+
+    let mut cases: Vec<Case> = Vec::new();
+    let mut add = |name: String, rate: Rate, ceiling: &str, ceiling_gbps: Option<f64>, extra: Value| {
+        log(&format!("  {name}: best {:.2} GB/s", rate.best()));
+        cases.push(Case { name, rate, ceiling: ceiling.into(), ceiling_gbps, extra });
+    };
+    let h2d_best = Some(h2d.best());
+    if let Some(c) = &cold_ceiling {
+        let (rate, detail) = time_loads(&mut engine, &llama_index, device, runs, sums[0], drop_caches)?;
+        add("llama, cold disk".into(), rate, "8 × dd iflag=direct", Some(c.best()), detail);
+    }
+    let (rate, detail) = time_loads(&mut engine, &llama_index, device, runs, sums[0], || warm(&llama))?;
+    add("llama, warm page cache".into(), rate, "pinned host→device", h2d_best, detail);
+    if let Some(p) = &shm_llama {
+        let idx = open(p, None)?;
+        let (rate, detail) = time_loads(&mut engine, &idx, device, runs, sums[0], || Ok(()))?;
+        add("llama, tmpfs".into(), rate, "pinned host→device", h2d_best, detail);
+    }
+    let (rate, detail) = time_loads(&mut engine, &small_index, device, runs, sums[1], || warm(&small))?;
+    add(format!("{} small tensors, warm", args.small_tensors), rate, "pinned host→device", h2d_best, detail);
+    let (rate, detail) = time_loads(&mut engine, &raw_index, device, runs, sums[2], || warm(&raw))?;
+    add(format!("raw {}, warm", units::bytes(args.raw_size)), rate, "pinned host→device", h2d_best, detail);
+
+    let peers = if args.no_peers {
+        json!({"skipped": "--no-peers"})
+    } else {
+        run_peers(args, &llama, shm_llama.as_deref(), device, runs, &log)
+    };
+    if let Some(results) = peers["results"].as_array() {
+        for r in results {
+            let case = r["case"].as_str().unwrap_or("?");
+            let rate = Rate {
+                runs: r["runs_gbps"]
+                    .as_array()
+                    .map(|v| v.iter().filter_map(Value::as_f64).collect())
+                    .unwrap_or_default(),
+            };
+            let (ceiling, gbps) = match case {
+                "cold" => ("8 × dd iflag=direct", cold_ceiling.as_ref().map(Rate::best)),
+                _ => ("pinned host→device", h2d_best),
+            };
+            let case_name = if case == "cold" {
+                "cold disk"
+            } else if case == "warm" {
+                "warm page cache"
+            } else {
+                case
+            };
+            add(
+                format!("peer: {}, llama, {case_name}", r["method"].as_str().unwrap_or("?")),
+                rate,
+                ceiling,
+                gbps,
+                json!({"peer": true}),
+            );
+        }
+    }
+
+    let result = json!({
+        "device": device.to_string(),
+        "gpu": {"name": info.name, "pci_bus_id": info.pci_bus_id, "pcie_link": info.pcie_link, "total_bytes": info.total_bytes,
+                "compute_capability": [info.compute_capability.0, info.compute_capability.1], "driver_version": info.driver_version},
+        "host": host_json(),
+        "files": {"llama": describe(&llama, &llama_index), "small": describe(&small, &small_index), "raw": describe(&raw, &raw_index),
+                  "llama_tmpfs": shm_llama},
+        "runs": runs,
+        "settings": args.engine.config()?.io.describe().iter().map(|(k, v, s)| json!({"name": k, "value": v, "source": s.to_string()})).collect::<Vec<_>>(),
+        "ceilings": ceilings,
+        "engine_setup": setup,
+        "cases": cases.iter().map(Case::json).collect::<Vec<_>>(),
+        "peers": peers,
+    });
+    finish(args, &result, &cases)
+}
+
+fn describe(path: &Path, index: &TensorIndex) -> Value {
+    json!({"path": path, "tensors": index.tensors.len(), "tensor_bytes": index.total_bytes()})
+}
+
+fn run_peers(args: &Args, llama: &Path, shm: Option<&Path>, device: Device, runs: usize, log: &dyn Fn(&str)) -> Value {
+    let Some(script) = peers_script(args) else {
+        return json!({"skipped": "bench/peers.py not found"});
+    };
+    let python = std::env::var("PYTHON").unwrap_or_else(|_| "python3".into());
+    let mut cmd = Command::new(&python);
+    cmd.arg(&script)
+        .arg("--file")
+        .arg(llama)
+        .arg("--device")
+        .arg(device.to_string())
+        .arg("--runs")
+        .arg(runs.to_string());
+    if let Some(s) = shm {
+        cmd.arg("--shm-file").arg(s);
+    }
+    if args.no_cold || !can_drop_caches() {
+        cmd.arg("--cases").arg("warm,tmpfs");
+    }
+    log(&format!("  timing the usual loaders with {} {}", python, script.display()));
+    match cmd.output() {
+        Ok(out) if out.status.success() => serde_json::from_slice(&out.stdout).unwrap_or_else(
+            |e| json!({"skipped": format!("unreadable output: {e}"), "stderr": String::from_utf8_lossy(&out.stderr)}),
+        ),
+        Ok(out) => {
+            json!({"skipped": format!("exit status {}", out.status), "stderr": String::from_utf8_lossy(&out.stderr)})
+        }
+        Err(e) => json!({"skipped": format!("cannot run {python}: {e}")}),
+    }
+}

@@ -1,0 +1,95 @@
+//! Finding the CUDA driver at run time without ever panicking: cudarc resolves each symbol on first use and panics
+//! if the library or the symbol is missing, so every symbol weightlift calls is checked here first, once.
+
+use std::sync::OnceLock;
+
+use cudarc::driver::{result, sys};
+
+/// Driver symbols weightlift calls directly or through cudarc's safe layer.
+const SYMBOLS: &[&str] = &[
+    "cuInit",
+    "cuDriverGetVersion",
+    "cuDeviceGet",
+    "cuDeviceGetCount",
+    "cuDeviceGetName",
+    "cuDeviceGetAttribute",
+    "cuDeviceGetPCIBusId",
+    "cuDeviceTotalMem_v2",
+    "cuDevicePrimaryCtxRetain",
+    "cuDevicePrimaryCtxRelease_v2",
+    "cuCtxSetCurrent",
+    "cuCtxGetCurrent",
+    "cuCtxSynchronize",
+    "cuStreamCreate",
+    "cuStreamDestroy_v2",
+    "cuStreamSynchronize",
+    "cuStreamWaitEvent",
+    "cuEventCreate",
+    "cuEventRecord",
+    "cuEventQuery",
+    "cuEventSynchronize",
+    "cuEventDestroy_v2",
+    "cuEventElapsedTime_v2",
+    "cuMemAllocAsync",
+    "cuMemFreeAsync",
+    "cuMemGetInfo_v2",
+    "cuMemcpyHtoDAsync_v2",
+    "cuMemcpyDtoHAsync_v2",
+    "cuMemcpyDtoH_v2",
+    "cuMemHostRegister_v2",
+    "cuMemHostUnregister",
+    "cuMemHostAlloc",
+    "cuMemFreeHost",
+    "cuMemsetD8Async",
+];
+
+/// What the driver reports about itself.
+#[derive(Clone, Debug)]
+pub struct DriverInfo {
+    /// CUDA version the driver supports, e.g. 13000 for 13.0.
+    pub version: i32,
+    pub devices: u32,
+}
+
+/// The driver, initialised, or the reason it cannot be used. Probed once per process.
+pub fn driver() -> Result<DriverInfo, String> {
+    static PROBE: OnceLock<Result<DriverInfo, String>> = OnceLock::new();
+    PROBE.get_or_init(probe).clone()
+}
+
+fn probe() -> Result<DriverInfo, String> {
+    // SAFETY: `is_culib_present` only tries to dlopen candidate library names.
+    if !unsafe { sys::is_culib_present() } {
+        return Err("no NVIDIA driver library (libcuda.so) found".into());
+    }
+    check_symbols()?;
+    // A panic inside cudarc (an unexpected missing symbol) becomes an error, never a crash.
+    std::panic::catch_unwind(|| -> Result<DriverInfo, String> {
+        result::init().map_err(|e| format!("cuInit failed: {e}"))?;
+        let mut version = 0;
+        // SAFETY: the out-pointer is a valid i32.
+        unsafe { sys::cuDriverGetVersion(&mut version) }.result().map_err(|e| format!("cuDriverGetVersion: {e}"))?;
+        let devices = result::device::get_count().map_err(|e| format!("cuDeviceGetCount: {e}"))?;
+        if devices <= 0 {
+            return Err("the driver reports no CUDA device".into());
+        }
+        Ok(DriverInfo { version, devices: devices as u32 })
+    })
+    .unwrap_or_else(|_| Err("the CUDA driver could not be initialised (panic while loading it)".into()))
+}
+
+fn check_symbols() -> Result<(), String> {
+    // SAFETY: `culib` returns the library `is_culib_present` just found (it panics only when none exists).
+    let lib = unsafe { sys::culib() };
+    let missing: Vec<&str> = SYMBOLS
+        .iter()
+        .copied()
+        // SAFETY: looking a symbol up does not call it; the pointer type is never used.
+        .filter(|name| unsafe { lib.get::<*const ()>(name.as_bytes()) }.is_err())
+        .collect();
+    if missing.is_empty() {
+        Ok(())
+    } else {
+        Err(format!("the NVIDIA driver is too old: it lacks {}", missing.join(", ")))
+    }
+}

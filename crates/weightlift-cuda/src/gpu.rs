@@ -1,0 +1,134 @@
+//! A CUDA device opened through its primary context (the one PyTorch and the runtime API use), with a pool of
+//! streams handed to I/O lanes.
+
+use std::sync::{Arc, Mutex};
+
+use cudarc::driver::{CudaContext, CudaStream, sys};
+
+use crate::driver;
+use crate::error::CudaError;
+
+/// Facts about a device.
+#[derive(Clone, Debug)]
+pub struct GpuInfo {
+    pub ordinal: u32,
+    pub name: String,
+    pub total_bytes: u64,
+    pub pci_bus_id: String,
+    pub compute_capability: (i32, i32),
+    /// PCIe link as the kernel reports it (`/sys/bus/pci/devices/*/current_link_{speed,width}`), when readable.
+    pub pcie_link: Option<String>,
+    pub driver_version: i32,
+}
+
+/// An open device. Cloning shares it.
+#[derive(Clone, Debug)]
+pub struct Gpu {
+    pub(crate) inner: Arc<GpuInner>,
+}
+
+#[derive(Debug)]
+pub(crate) struct GpuInner {
+    pub ctx: Arc<CudaContext>,
+    pub ordinal: u32,
+    pub info: GpuInfo,
+    streams: Mutex<Vec<Arc<CudaStream>>>,
+}
+
+impl Gpu {
+    /// Opens device `ordinal`: retains its primary context and makes it current on this thread.
+    pub fn open(ordinal: u32) -> Result<Gpu, CudaError> {
+        let drv = driver::driver().map_err(CudaError::Unavailable)?;
+        if ordinal >= drv.devices {
+            return Err(CudaError::NoSuchDevice { ordinal, count: drv.devices });
+        }
+        let ctx = CudaContext::new(ordinal as usize).map_err(CudaError::driver(ordinal, "cuDevicePrimaryCtxRetain"))?;
+        // weightlift orders its work with explicit events; cudarc's automatic tracking would add an event per
+        // allocation and synchronise the context when the first stream is made.
+        // SAFETY: no cudarc-managed allocation of this context relies on event tracking (weightlift allocates
+        // device memory itself).
+        unsafe { ctx.disable_event_tracking() };
+        let name = ctx.name().map_err(CudaError::driver(ordinal, "cuDeviceGetName"))?;
+        let total_bytes = ctx.total_mem().map_err(CudaError::driver(ordinal, "cuDeviceTotalMem"))? as u64;
+        let compute_capability =
+            ctx.compute_capability().map_err(CudaError::driver(ordinal, "cuDeviceGetAttribute"))?;
+        let pci_bus_id = pci_bus_id(ctx.cu_device()).unwrap_or_default();
+        let pcie_link = pcie_link(&pci_bus_id);
+        let info = GpuInfo {
+            ordinal,
+            name,
+            total_bytes,
+            pci_bus_id,
+            compute_capability,
+            pcie_link,
+            driver_version: drv.version,
+        };
+        Ok(Gpu { inner: Arc::new(GpuInner { ctx, ordinal, info, streams: Mutex::new(Vec::new()) }) })
+    }
+
+    pub fn info(&self) -> &GpuInfo {
+        &self.inner.info
+    }
+
+    pub fn ordinal(&self) -> u32 {
+        self.inner.ordinal
+    }
+
+    /// Makes this device's primary context current on the calling thread.
+    pub fn bind(&self) -> Result<(), CudaError> {
+        self.inner.ctx.bind_to_thread().map_err(CudaError::driver(self.inner.ordinal, "cuCtxSetCurrent"))
+    }
+
+    /// Stream number `i` of this device's pool (created on first use, kept for later loads).
+    pub fn stream(&self, i: usize) -> Result<Arc<CudaStream>, CudaError> {
+        let mut streams = self.inner.streams.lock().unwrap_or_else(|p| p.into_inner());
+        while streams.len() <= i {
+            let s = self.inner.ctx.new_stream().map_err(CudaError::driver(self.inner.ordinal, "cuStreamCreate"))?;
+            streams.push(s);
+        }
+        Ok(streams[i].clone())
+    }
+
+    /// Free and total device memory.
+    pub fn mem_info(&self) -> Result<(u64, u64), CudaError> {
+        self.bind()?;
+        let (free, total) =
+            self.inner.ctx.mem_get_info().map_err(CudaError::driver(self.inner.ordinal, "cuMemGetInfo"))?;
+        Ok((free as u64, total as u64))
+    }
+
+    /// Waits for all work on this device's context.
+    pub fn synchronize(&self) -> Result<(), CudaError> {
+        self.bind()?;
+        self.inner.ctx.synchronize().map_err(CudaError::driver(self.inner.ordinal, "cuCtxSynchronize"))
+    }
+
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.inner.ctx
+    }
+}
+
+fn pci_bus_id(dev: sys::CUdevice) -> Option<String> {
+    let mut buf = [0 as std::ffi::c_char; 32];
+    // SAFETY: the buffer holds 32 bytes and its length is passed; the driver writes a NUL-terminated string.
+    unsafe { sys::cuDeviceGetPCIBusId(buf.as_mut_ptr(), buf.len() as i32, dev) }.result().ok()?;
+    // SAFETY: the driver NUL-terminated the string inside the buffer.
+    let id = unsafe { std::ffi::CStr::from_ptr(buf.as_ptr()) };
+    Some(id.to_string_lossy().to_lowercase())
+}
+
+fn pcie_link(bus_id: &str) -> Option<String> {
+    let dir = std::path::Path::new("/sys/bus/pci/devices").join(bus_id);
+    let read = |f: &str| std::fs::read_to_string(dir.join(f)).ok().map(|s| s.trim().to_string());
+    let (speed, width) = (read("current_link_speed")?, read("current_link_width")?);
+    let max = match (read("max_link_speed"), read("max_link_width")) {
+        (Some(s), Some(w)) => format!(" (max {s} x{w})"),
+        _ => String::new(),
+    };
+    Some(format!("{speed} x{width}{max}"))
+}
+
+/// Whether CUDA is usable here, and if not why; never panics.
+pub fn available() -> Result<crate::driver::DriverInfo, String> {
+    driver::driver()
+}

@@ -1,0 +1,21 @@
+//! weightlift's CUDA layer, over cudarc with the driver loaded at run time: a machine without an NVIDIA driver
+//! builds and runs everything else, and gets [`CudaError::Unavailable`] (never a panic) from here.
+//!
+//! FFI in layers, as cudarc does: cudarc's `sys` (raw calls) and safe types (context, streams, events) where they
+//! exist; owning wrappers here for what it lacks in the shape weightlift needs (stream-ordered device buffers,
+//! `cuMemHostRegister`ed staging, the device sink).
+
+mod ceiling;
+mod driver;
+mod error;
+mod gpu;
+mod memory;
+mod sink;
+
+pub use ceiling::pinned_h2d_gbps;
+pub use cudarc::driver::sys::{CUdeviceptr, CUstream};
+pub use driver::DriverInfo;
+pub use error::CudaError;
+pub use gpu::{Gpu, GpuInfo, available};
+pub use memory::{CudaPinner, DeviceBuffer, LEGACY_STREAM, PinnedBuffer, free_device_memory};
+pub use sink::{DeviceSink, PendingCopy};

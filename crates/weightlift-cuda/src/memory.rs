@@ -1,0 +1,245 @@
+//! Device memory, page-locked host memory, and host memory registered with the driver, each freed or unregistered
+//! when dropped.
+
+use std::ffi::c_void;
+use std::fmt;
+
+use cudarc::driver::{CudaStream, sys};
+
+use crate::error::CudaError;
+use crate::gpu::Gpu;
+
+/// A device allocation from the device's stream-ordered memory pool (`cuMemAllocAsync`).
+pub struct DeviceBuffer {
+    gpu: Gpu,
+    ptr: sys::CUdeviceptr,
+    len: usize,
+    /// Stream the free is ordered on; the legacy default stream unless a consumer said otherwise.
+    free_stream: sys::CUstream,
+}
+
+// SAFETY: the buffer is a device address plus a handle to its (thread-safe) context; nothing here is tied to the
+// thread that allocated it.
+unsafe impl Send for DeviceBuffer {}
+// SAFETY: shared access only reads the address and length, or issues driver calls that are thread-safe.
+unsafe impl Sync for DeviceBuffer {}
+
+impl fmt::Debug for DeviceBuffer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "DeviceBuffer(cuda:{}, {:#x}, {} bytes)", self.gpu.ordinal(), self.ptr, self.len)
+    }
+}
+
+/// The legacy default stream: work on it waits for all blocking streams' earlier work (PyTorch's default stream is
+/// this one), so a free ordered on it cannot overtake a kernel still reading the buffer there.
+pub const LEGACY_STREAM: sys::CUstream = 0x1 as sys::CUstream;
+
+impl DeviceBuffer {
+    /// Allocates `len` bytes ordered on `stream` (zero bytes allocate nothing).
+    pub fn alloc(gpu: &Gpu, len: usize, stream: &CudaStream) -> Result<DeviceBuffer, CudaError> {
+        let dev = gpu.ordinal();
+        let mut ptr: sys::CUdeviceptr = 0;
+        if len > 0 {
+            // SAFETY: the context is current (bound by the caller's `Gpu::bind`); the out-pointer is valid.
+            let r = unsafe { sys::cuMemAllocAsync(&mut ptr, len, stream.cu_stream()) };
+            if r == sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY {
+                let (free, total) = gpu.mem_info().unwrap_or((0, 0));
+                return Err(CudaError::OutOfMemory { device: dev, bytes: len as u64, free, total });
+            }
+            r.result().map_err(CudaError::driver(dev, "cuMemAllocAsync"))?;
+        }
+        Ok(DeviceBuffer { gpu: gpu.clone(), ptr, len, free_stream: LEGACY_STREAM })
+    }
+
+    pub fn device_ptr(&self) -> sys::CUdeviceptr {
+        self.ptr
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    pub fn gpu(&self) -> &Gpu {
+        &self.gpu
+    }
+
+    /// Orders the eventual free on `stream` (a consumer's stream) instead of the legacy default stream.
+    ///
+    /// # Safety
+    /// `stream` must belong to this buffer's context and still exist when the buffer is dropped.
+    pub unsafe fn set_free_stream(&mut self, stream: sys::CUstream) {
+        self.free_stream = stream;
+    }
+
+    /// Copies `out.len()` bytes from `offset` to host memory (synchronously).
+    pub fn read_back(&self, offset: usize, out: &mut [u8]) -> Result<(), CudaError> {
+        let dev = self.gpu.ordinal();
+        if offset.checked_add(out.len()).is_none_or(|end| end > self.len) {
+            return Err(CudaError::Unavailable(format!(
+                "read of {} bytes at {offset} past a {}-byte buffer",
+                out.len(),
+                self.len
+            )));
+        }
+        if out.is_empty() {
+            return Ok(());
+        }
+        self.gpu.bind()?;
+        // SAFETY: the device range was bounds-checked above and `out` is a writable host buffer of that length.
+        unsafe { sys::cuMemcpyDtoH_v2(out.as_mut_ptr().cast(), self.ptr + offset as u64, out.len()) }
+            .result()
+            .map_err(CudaError::driver(dev, "cuMemcpyDtoH"))
+    }
+
+    /// Gives up ownership: the caller frees the memory with [`free_device_memory`].
+    pub fn into_raw(self) -> (Gpu, sys::CUdeviceptr, usize) {
+        let me = std::mem::ManuallyDrop::new(self);
+        // SAFETY: `me` is never dropped, so the `Gpu` is moved out exactly once.
+        let gpu = unsafe { std::ptr::read(&me.gpu) };
+        (gpu, me.ptr, me.len)
+    }
+}
+
+/// Frees memory from [`DeviceBuffer::alloc`] (given up with `into_raw`), ordered on `stream`.
+///
+/// # Safety
+/// `ptr` must come from `DeviceBuffer::into_raw` on `gpu`, be freed once, and `stream` must be a live stream of
+/// `gpu`'s context (or [`LEGACY_STREAM`]).
+pub unsafe fn free_device_memory(gpu: &Gpu, ptr: sys::CUdeviceptr, stream: sys::CUstream) -> Result<(), CudaError> {
+    if ptr == 0 {
+        return Ok(());
+    }
+    gpu.bind()?;
+    // SAFETY: per this function's contract.
+    unsafe { sys::cuMemFreeAsync(ptr, stream) }.result().map_err(CudaError::driver(gpu.ordinal(), "cuMemFreeAsync"))
+}
+
+impl Drop for DeviceBuffer {
+    fn drop(&mut self) {
+        // SAFETY: this buffer owns `ptr`, allocated on `gpu`; `free_stream` is the legacy stream or one the owner
+        // promised would outlive the buffer.
+        if let Err(e) = unsafe { free_device_memory(&self.gpu, self.ptr, self.free_stream) } {
+            tracing::warn!("freeing device memory: {e}");
+        }
+    }
+}
+
+/// Page-locked host memory from `cuMemHostAlloc` (a pinned-host destination: later copies to a device run at DMA
+/// speed).
+pub struct PinnedBuffer {
+    gpu: Gpu,
+    ptr: *mut u8,
+    len: usize,
+}
+
+// SAFETY: owned exclusively, like Vec<u8>.
+unsafe impl Send for PinnedBuffer {}
+// SAFETY: shared access hands out `&[u8]` only.
+unsafe impl Sync for PinnedBuffer {}
+
+impl fmt::Debug for PinnedBuffer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "PinnedBuffer({} bytes)", self.len)
+    }
+}
+
+impl PinnedBuffer {
+    pub fn alloc(gpu: &Gpu, len: usize) -> Result<PinnedBuffer, CudaError> {
+        let dev = gpu.ordinal();
+        if len == 0 {
+            return Ok(PinnedBuffer {
+                gpu: gpu.clone(),
+                ptr: std::ptr::NonNull::<u64>::dangling().as_ptr().cast(),
+                len,
+            });
+        }
+        gpu.bind()?;
+        let mut p: *mut c_void = std::ptr::null_mut();
+        // SAFETY: valid out-pointer; PORTABLE makes the memory pinned for every context.
+        let r = unsafe { sys::cuMemHostAlloc(&mut p, len, sys::CU_MEMHOSTALLOC_PORTABLE) };
+        if r == sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY {
+            return Err(CudaError::OutOfMemory { device: dev, bytes: len as u64, free: 0, total: 0 });
+        }
+        r.result().map_err(CudaError::driver(dev, "cuMemHostAlloc"))?;
+        Ok(PinnedBuffer { gpu: gpu.clone(), ptr: p.cast(), len })
+    }
+}
+
+impl std::ops::Deref for PinnedBuffer {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        // SAFETY: `ptr` is valid for `len` bytes (or dangling with `len == 0`); cuMemHostAlloc memory is readable.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+}
+
+impl std::ops::DerefMut for PinnedBuffer {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as for `deref`, with exclusive access through `&mut self`.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
+    }
+}
+
+impl Drop for PinnedBuffer {
+    fn drop(&mut self) {
+        if self.len > 0 {
+            let _ = self.gpu.bind();
+            // SAFETY: allocated by cuMemHostAlloc above and freed once.
+            if let Err(e) = unsafe { sys::cuMemFreeHost(self.ptr.cast()) }.result() {
+                tracing::warn!("freeing pinned host memory: {e}");
+            }
+        }
+    }
+}
+
+/// Pins host memory with `cuMemHostRegister` for as long as the guard lives: the staging ring's slots, anonymous
+/// `mmap` memory that io_uring also accepts as fixed buffers.
+#[derive(Debug, Clone)]
+pub struct CudaPinner {
+    gpu: Gpu,
+}
+
+impl CudaPinner {
+    pub fn new(gpu: &Gpu) -> CudaPinner {
+        CudaPinner { gpu: gpu.clone() }
+    }
+}
+
+#[derive(Debug)]
+struct Registration {
+    gpu: Gpu,
+    ptr: *mut u8,
+}
+
+// SAFETY: the registration is an address known to the driver; unregistering is thread-safe.
+unsafe impl Send for Registration {}
+// SAFETY: as above; no access to the memory happens through it.
+unsafe impl Sync for Registration {}
+
+impl weightlift_io::PinGuard for Registration {}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        let _ = self.gpu.bind();
+        // SAFETY: `ptr` was registered by `pin` below and is unregistered once, before the mapping goes away.
+        if let Err(e) = unsafe { sys::cuMemHostUnregister(self.ptr.cast()) }.result() {
+            tracing::warn!("unregistering staging memory: {e}");
+        }
+    }
+}
+
+impl weightlift_io::Pinner for CudaPinner {
+    unsafe fn pin(&self, ptr: *mut u8, len: usize) -> Result<Box<dyn weightlift_io::PinGuard>, String> {
+        self.gpu.bind().map_err(|e| e.to_string())?;
+        // SAFETY: per the trait's contract the range is a live mapping that outlives the guard; PORTABLE pins it
+        // for every context.
+        unsafe { sys::cuMemHostRegister_v2(ptr.cast(), len, sys::CU_MEMHOSTREGISTER_PORTABLE) }
+            .result()
+            .map_err(|e| format!("cuMemHostRegister of {len} bytes: {e}"))?;
+        Ok(Box::new(Registration { gpu: self.gpu.clone(), ptr }))
+    }
+}

@@ -1,0 +1,222 @@
+//! GPU tests: every loaded byte read back from the device and compared with the file and with the generator;
+//! running out of device memory mid-load is a clean error that leaves nothing allocated; a hundred loads in a row do
+//! not grow device memory or host RSS. Each test prints why it skips where no CUDA device is usable.
+
+use std::path::{Path, PathBuf};
+
+use weightlift::format::synth::{self, Container, Layout, Spec};
+use weightlift::format::{DType, RawSpec, TensorIndex};
+use weightlift::io::fault::{Fault, FaultPlan};
+use weightlift::io::{Backend, DirectMode};
+use weightlift::{Config, Device, Engine, Error, LoadOpts};
+
+fn gpu_or_skip(test: &str) -> bool {
+    match weightlift_cuda::available() {
+        Ok(_) => true,
+        Err(why) => {
+            eprintln!("skipping {test}: {why}");
+            false
+        }
+    }
+}
+
+fn generate(dir: &Path, name: &str, layout: Layout, container: Container, size: u64, align: Option<u64>) -> PathBuf {
+    let path = dir.join(name);
+    synth::generate(&path, &Spec { layout, container, size, seed: 99, align }).unwrap();
+    path
+}
+
+fn check_against_file_and_generator(index: &TensorIndex, loaded: &weightlift::Loaded, generated: bool) {
+    weightlift::verify::compare_with_file(index, |i, off, out| loaded.tensors[i].data.read_back(off, out)).unwrap();
+    if generated {
+        for (i, t) in loaded.tensors.iter().enumerate() {
+            let mut got = vec![0u8; t.data.len()];
+            t.data.read_back(0, &mut got).unwrap();
+            let mut want = vec![0u8; got.len()];
+            synth::tensor_bytes(99, i as u64, 0, &mut want);
+            assert!(got == want, "tensor {} differs from the generator", t.name);
+        }
+    }
+}
+
+#[test]
+fn every_format_loads_onto_the_gpu_byte_exact() {
+    if !gpu_or_skip("every_format_loads_onto_the_gpu_byte_exact") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let files = [
+        generate(dir.path(), "llama.safetensors", Layout::Llama, Container::Safetensors, 48 << 20, None),
+        generate(
+            dir.path(),
+            "small.safetensors",
+            Layout::ManySmall { tensors: Some(700) },
+            Container::Safetensors,
+            0,
+            None,
+        ),
+        generate(
+            dir.path(),
+            "aligned.safetensors",
+            Layout::ManySmall { tensors: Some(90) },
+            Container::Safetensors,
+            0,
+            Some(4096),
+        ),
+        generate(dir.path(), "llama.gguf", Layout::Llama, Container::Gguf, 24 << 20, None),
+        generate(dir.path(), "small.gguf", Layout::ManySmall { tensors: Some(200) }, Container::Gguf, 0, None),
+        generate(dir.path(), "huge.safetensors", Layout::SingleHuge, Container::Safetensors, (40 << 20) + 12, None),
+    ];
+    let configs = [
+        ("defaults", Config::default()),
+        ("pread", Config { io: Config::default().io.backend(Backend::Pread) }),
+        (
+            "direct, small staging",
+            Config {
+                io: Config::default().io.direct(DirectMode::Always).chunk_bytes(256 << 10).staging_bytes(2 << 20),
+            },
+        ),
+        ("buffered, 1 thread", Config { io: Config::default().io.direct(DirectMode::Never).threads(1).queue_depth(1) }),
+    ];
+    for (name, config) in configs {
+        let mut engine = Engine::new(config).unwrap();
+        for f in &files {
+            let index = weightlift::format::open(std::slice::from_ref(f), None).unwrap();
+            let loaded = engine
+                .load(&index, Device::Cuda(0), &LoadOpts::default())
+                .unwrap_or_else(|e| panic!("{name} {}: {e}", f.display()));
+            check_against_file_and_generator(&index, &loaded, true);
+            assert!(loaded.report.gpu.is_some());
+        }
+        eprintln!("{name}: {} files byte-exact on cuda:0", files.len());
+    }
+}
+
+#[test]
+fn raw_files_and_odd_sizes_on_the_gpu() {
+    if !gpu_or_skip("raw_files_and_odd_sizes_on_the_gpu") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let mut engine = Engine::new(Config::default()).unwrap();
+    for len in [1u64, 4095, 4096, 4097, (64 << 20) + 13] {
+        let path = generate(dir.path(), &format!("raw{len}.bin"), Layout::SingleHuge, Container::Raw, len, None);
+        let index =
+            weightlift::format::open(std::slice::from_ref(&path), Some(RawSpec { dtype: DType::U8, count: None }))
+                .unwrap();
+        let loaded = engine.load(&index, Device::Cuda(0), &LoadOpts::default()).unwrap();
+        check_against_file_and_generator(&index, &loaded, false);
+    }
+    // Several files in one load, tensors at odd offsets.
+    let a =
+        generate(dir.path(), "a.safetensors", Layout::ManySmall { tensors: Some(33) }, Container::Safetensors, 0, None);
+    let b = generate(dir.path(), "b.gguf", Layout::ManySmall { tensors: Some(17) }, Container::Gguf, 0, None);
+    let index = weightlift::format::open(&[a, b], None);
+    // The two generated files reuse tensor names ("small.00"...), which one index cannot hold.
+    assert!(index.is_err());
+}
+
+#[test]
+fn pinned_host_destination() {
+    if !gpu_or_skip("pinned_host_destination") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let f = generate(
+        dir.path(),
+        "p.safetensors",
+        Layout::ManySmall { tensors: Some(120) },
+        Container::Safetensors,
+        0,
+        None,
+    );
+    let index = weightlift::format::open(std::slice::from_ref(&f), None).unwrap();
+    let loaded = Engine::new(Config::default()).unwrap().load(&index, Device::PinnedCpu, &LoadOpts::default()).unwrap();
+    check_against_file_and_generator(&index, &loaded, true);
+}
+
+fn device_used() -> u64 {
+    let gpu = weightlift_cuda::Gpu::open(0).unwrap();
+    gpu.synchronize().unwrap();
+    let (free, total) = gpu.mem_info().unwrap();
+    total - free
+}
+
+fn rss_bytes() -> u64 {
+    let statm = std::fs::read_to_string("/proc/self/statm").unwrap();
+    statm.split_whitespace().nth(1).unwrap().parse::<u64>().unwrap() * 4096
+}
+
+#[test]
+fn out_of_memory_mid_load_is_a_clean_error() {
+    if !gpu_or_skip("out_of_memory_mid_load_is_a_clean_error") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let f = generate(dir.path(), "oom.safetensors", Layout::Llama, Container::Safetensors, 512 << 20, None);
+    let index = weightlift::format::open(std::slice::from_ref(&f), None).unwrap();
+    let gpu = weightlift_cuda::Gpu::open(0).unwrap();
+    let mut engine = Engine::new(Config::default()).unwrap();
+    // Warm the pool and staging so the baseline includes what a successful load keeps.
+    drop(engine.load(&index, Device::Cuda(0), &LoadOpts::default()).unwrap());
+    let before = device_used();
+    let (free, _) = gpu.mem_info().unwrap();
+    // Leave room for about half of the checkpoint.
+    let filler_len = free.saturating_sub(index.total_bytes() / 2) as usize;
+    let stream = gpu.stream(0).unwrap();
+    let filler = weightlift_cuda::DeviceBuffer::alloc(&gpu, filler_len, &stream).unwrap();
+    stream.synchronize().unwrap();
+    let err = engine.load(&index, Device::Cuda(0), &LoadOpts::default()).unwrap_err();
+    assert!(matches!(err, Error::OutOfMemory { what: "device", .. }), "{err}");
+    eprintln!("out-of-memory error as reported: {err}");
+    drop(filler);
+    let after = device_used();
+    assert!(after <= before + (64 << 20), "device memory grew from {before} to {after} after a failed load");
+    // The engine still works.
+    let loaded = engine.load(&index, Device::Cuda(0), &LoadOpts::default()).unwrap();
+    check_against_file_and_generator(&index, &loaded, true);
+}
+
+#[test]
+fn an_io_error_mid_load_leaves_nothing_behind() {
+    if !gpu_or_skip("an_io_error_mid_load_leaves_nothing_behind") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let f = generate(dir.path(), "eio.safetensors", Layout::Llama, Container::Safetensors, 128 << 20, None);
+    let index = weightlift::format::open(std::slice::from_ref(&f), None).unwrap();
+    let mut engine = Engine::new(Config::default()).unwrap();
+    drop(engine.load(&index, Device::Cuda(0), &LoadOpts::default()).unwrap());
+    let before = device_used();
+    let faults = FaultPlan::new(vec![Fault::Eio { file: 0, offset: index.files[0].len / 2 }]);
+    let err =
+        engine.load(&index, Device::Cuda(0), &LoadOpts { faults: Some(&faults), ..LoadOpts::default() }).unwrap_err();
+    assert!(err.to_string().contains("eio.safetensors"), "{err}");
+    assert!(device_used() <= before + (16 << 20));
+}
+
+#[test]
+fn a_hundred_loads_do_not_grow_memory() {
+    if !gpu_or_skip("a_hundred_loads_do_not_grow_memory") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let f = generate(dir.path(), "loop.safetensors", Layout::Llama, Container::Safetensors, 64 << 20, None);
+    let index = weightlift::format::open(std::slice::from_ref(&f), None).unwrap();
+    let mut engine = Engine::new(Config::default()).unwrap();
+    let mut marks = Vec::new();
+    for i in 0..100 {
+        let loaded = engine.load(&index, Device::Cuda(0), &LoadOpts::default()).unwrap();
+        if i == 99 {
+            check_against_file_and_generator(&index, &loaded, true);
+        }
+        drop(loaded);
+        if i == 9 || i == 99 {
+            marks.push((device_used(), rss_bytes()));
+        }
+    }
+    let ((dev10, rss10), (dev100, rss100)) = (marks[0], marks[1]);
+    eprintln!("after 10 loads: device {dev10} B, RSS {rss10} B; after 100: device {dev100} B, RSS {rss100} B");
+    assert!(dev100 <= dev10 + (8 << 20), "device memory grew from {dev10} to {dev100}");
+    assert!(rss100 <= rss10 + (32 << 20), "host RSS grew from {rss10} to {rss100}");
+}
