@@ -56,6 +56,16 @@ pub struct Args {
     /// GPU bench: do not time the Python loaders.
     #[arg(long)]
     pub no_peers: bool,
+    /// GPU bench: run only these cases (comma-separated: cold, warm, tmpfs, small, raw).
+    #[arg(long, value_delimiter = ',')]
+    pub cases: Option<Vec<String>>,
+}
+
+impl Args {
+    /// Whether the case called `name` was asked for.
+    pub fn wants(&self, name: &str) -> bool {
+        self.cases.as_ref().is_none_or(|c| c.iter().any(|w| w == name))
+    }
 }
 
 /// A measured rate: every run's GB/s, best and median.

@@ -135,21 +135,27 @@ pub fn run(args: &Args, ordinal: u32) -> Result<()> {
         cases.push(Case { name, rate, ceiling: ceiling.into(), ceiling_gbps, extra });
     };
     let h2d_best = Some(h2d.best());
-    if let Some(c) = &cold_ceiling {
+    if let Some(c) = cold_ceiling.as_ref().filter(|_| args.wants("cold")) {
         let (rate, detail) = time_loads(&mut engine, &llama_index, device, runs, sums[0], drop_caches)?;
         add("llama, cold disk".into(), rate, "8 × dd iflag=direct", Some(c.best()), detail);
     }
-    let (rate, detail) = time_loads(&mut engine, &llama_index, device, runs, sums[0], || warm(&llama))?;
-    add("llama, warm page cache".into(), rate, "pinned host→device", h2d_best, detail);
-    if let Some(p) = &shm_llama {
+    if args.wants("warm") {
+        let (rate, detail) = time_loads(&mut engine, &llama_index, device, runs, sums[0], || warm(&llama))?;
+        add("llama, warm page cache".into(), rate, "pinned host→device", h2d_best, detail);
+    }
+    if let Some(p) = shm_llama.as_ref().filter(|_| args.wants("tmpfs")) {
         let idx = open(p, None)?;
         let (rate, detail) = time_loads(&mut engine, &idx, device, runs, sums[0], || Ok(()))?;
         add("llama, tmpfs".into(), rate, "pinned host→device", h2d_best, detail);
     }
-    let (rate, detail) = time_loads(&mut engine, &small_index, device, runs, sums[1], || warm(&small))?;
-    add(format!("{} small tensors, warm", args.small_tensors), rate, "pinned host→device", h2d_best, detail);
-    let (rate, detail) = time_loads(&mut engine, &raw_index, device, runs, sums[2], || warm(&raw))?;
-    add(format!("raw {}, warm", units::bytes(args.raw_size)), rate, "pinned host→device", h2d_best, detail);
+    if args.wants("small") {
+        let (rate, detail) = time_loads(&mut engine, &small_index, device, runs, sums[1], || warm(&small))?;
+        add(format!("{} small tensors, warm", args.small_tensors), rate, "pinned host→device", h2d_best, detail);
+    }
+    if args.wants("raw") {
+        let (rate, detail) = time_loads(&mut engine, &raw_index, device, runs, sums[2], || warm(&raw))?;
+        add(format!("raw {}, warm", units::bytes(args.raw_size)), rate, "pinned host→device", h2d_best, detail);
+    }
 
     let peers = if args.no_peers {
         json!({"skipped": "--no-peers"})

@@ -115,7 +115,7 @@ pub const SETTINGS: &[SettingDoc] = &[
     SettingDoc {
         name: "chunk_bytes",
         env: "WEIGHTLIFT_CHUNK_BYTES",
-        default: "4 MiB",
+        default: "1 MiB",
         meaning: "largest single read; also the size of one staging slot",
     },
     SettingDoc {
@@ -165,7 +165,7 @@ impl Default for IoConfig {
     fn default() -> Self {
         let cpus = std::thread::available_parallelism().map_or(4, |n| n.get() as u32);
         IoConfig {
-            chunk_bytes: Setting::default(4 << 20),
+            chunk_bytes: Setting::default(1 << 20),
             queue_depth: Setting::default(4),
             staging_bytes: Setting::default(256 << 20),
             threads: Setting::default(cpus.clamp(1, 16)),

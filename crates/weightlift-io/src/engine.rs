@@ -17,6 +17,8 @@ use crate::uring;
 
 /// Pread lanes issue one read at a time, so they are more numerous than io_uring lanes, up to this many.
 const MAX_PREAD_LANES: usize = 64;
+/// Slots per read in flight for an asynchronous sink: one being read, one being copied.
+const ASYNC_SLOTS_PER_READ: usize = 2;
 /// Reads whose pages are at least this resident are read buffered under `DirectMode::Auto`.
 const RESIDENT_ENOUGH: f64 = 0.5;
 
@@ -131,9 +133,11 @@ pub fn load<S: Sink>(
     .min(plan.ops.len())
     .max(1);
     // A synchronous sink frees a slot as soon as its read is delivered: reads in flight are all the slots it can
-    // use. An asynchronous one (device copies) gets the whole budget to overlap copies with reads.
+    // use. An asynchronous one (device copies) gets as many again, so copies queue behind reads; more staging only
+    // costs set-up time (it is populated and pinned) without keeping the copy engine busier.
     let per_lane_reads = if backend == "uring" { qd } else { 1 };
-    let wanted = if sink.asynchronous() { budget } else { lanes * per_lane_reads };
+    let wanted =
+        if sink.asynchronous() { lanes * per_lane_reads * ASYNC_SLOTS_PER_READ } else { lanes * per_lane_reads };
     let slots = wanted.min(budget).min(plan.ops.len()).max(lanes);
     let staging = pool.acquire(plan.slot_bytes as usize, slots, opts.pinner)?;
     let mut all = staging.slots_mut();

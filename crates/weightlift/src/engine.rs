@@ -2,6 +2,7 @@
 
 use std::collections::HashMap;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::time::Instant;
 
@@ -12,6 +13,7 @@ use weightlift_io::{Extent, HostBuffer, HostSink, IoConfig, IoError, LoadOptions
 
 use crate::device::Device;
 use crate::error::{Error, Result};
+use crate::placement;
 use crate::report::Report;
 
 /// The engine's settings.
@@ -38,12 +40,28 @@ pub struct LoadOpts<'a> {
     pub faults: Option<&'a FaultPlan>,
 }
 
+/// A tensor's bytes inside a device allocation that neighbouring small tensors may share (see `placement`); the
+/// allocation is freed when its last tensor is dropped.
+#[derive(Debug, Clone)]
+pub struct DeviceTensor {
+    pub block: Arc<DeviceBuffer>,
+    pub offset: u64,
+    pub len: u64,
+}
+
+impl DeviceTensor {
+    /// The tensor's device address.
+    pub fn device_ptr(&self) -> weightlift_cuda::CUdeviceptr {
+        self.block.device_ptr() + self.offset
+    }
+}
+
 /// A loaded tensor's bytes.
 #[derive(Debug)]
 pub enum TensorData {
     Host(HostBuffer),
     Pinned(PinnedBuffer),
-    Device(DeviceBuffer),
+    Device(DeviceTensor),
 }
 
 impl TensorData {
@@ -51,7 +69,7 @@ impl TensorData {
         match self {
             TensorData::Host(b) => b.len(),
             TensorData::Pinned(b) => b.len(),
-            TensorData::Device(b) => b.len(),
+            TensorData::Device(d) => d.len as usize,
         }
     }
 
@@ -64,7 +82,12 @@ impl TensorData {
         let host: &[u8] = match self {
             TensorData::Host(b) => b,
             TensorData::Pinned(b) => b,
-            TensorData::Device(b) => return Ok(b.read_back(offset as usize, out)?),
+            TensorData::Device(d) => {
+                if offset + out.len() as u64 > d.len {
+                    return Err(Error::InvalidArgument("read past tensor".into()));
+                }
+                return Ok(d.block.read_back((d.offset + offset) as usize, out)?);
+            }
         };
         let start = offset as usize;
         let src =
@@ -189,30 +212,54 @@ impl Engine {
                 let gpu = self.gpu(n)?;
                 gpu_info = Some(gpu.info().clone());
                 gpu.bind()?;
+                let placement = placement::pack(&entries);
                 let alloc_stream = gpu.stream(0)?;
-                let bufs = dest_lens
+                let blocks = placement
+                    .blocks
                     .iter()
-                    .map(|&n| DeviceBuffer::alloc(&gpu, n as usize, &alloc_stream))
+                    .map(|b| DeviceBuffer::alloc(&gpu, b.len as usize, &alloc_stream))
                     .collect::<Result<Vec<_>, _>>();
-                let bufs = match bufs {
+                let blocks = match blocks {
                     Ok(b) => b,
                     Err(e) => {
-                        // The buffers allocated so far are freed (in stream order) as they drop.
+                        // The blocks allocated so far are freed (in stream order) as they drop.
                         let _ = alloc_stream.synchronize();
                         return Err(e.into());
                     }
                 };
                 let ready = alloc_stream.record_event(None).map_err(|e| Error::Cuda(format!("cuEventRecord: {e}")))?;
                 let alloc_secs = t_alloc.elapsed().as_secs_f64();
-                let dests = bufs.iter().map(|b| (b.device_ptr(), b.len() as u64)).collect();
-                // SAFETY: `bufs` owns every destination and outlives the load below; nothing else uses them.
+                let block_extents: Vec<Extent> = placement
+                    .blocks
+                    .iter()
+                    .enumerate()
+                    .map(|(i, b)| Extent {
+                        file: b.file as u32,
+                        offset: b.start,
+                        len: b.len,
+                        dest: i as u32,
+                        dest_offset: 0,
+                    })
+                    .collect();
+                let block_lens: Vec<u64> = placement.blocks.iter().map(|b| b.len).collect();
+                let dests = blocks.iter().map(|b| (b.device_ptr(), b.len() as u64)).collect();
+                // SAFETY: `blocks` owns every destination and outlives the load below; nothing else uses them.
                 let sink = unsafe {
                     DeviceSink::new(&gpu, dests, MAX_LANES.max(self.config.io.threads.value as usize), Some(ready))
                 };
                 let pinner = CudaPinner::new(&gpu);
-                let io = self.run(&files, &extents, &dest_lens, &sink, opts, Some(&pinner))?;
+                let io = self.run(&files, &block_extents, &block_lens, &sink, opts, Some(&pinner))?;
                 copy_span = Some(sink.copy_span_secs());
-                (bufs.into_iter().map(TensorData::Device).collect(), io, alloc_secs)
+                let blocks: Vec<Arc<DeviceBuffer>> = blocks.into_iter().map(Arc::new).collect();
+                let datas = placement
+                    .tensors
+                    .iter()
+                    .zip(&dest_lens)
+                    .map(|(&(b, offset), &len)| {
+                        TensorData::Device(DeviceTensor { block: blocks[b].clone(), offset, len })
+                    })
+                    .collect();
+                (datas, io, alloc_secs)
             }
         };
         let tensors: Vec<Tensor> = entries

@@ -13,11 +13,12 @@
 mod device;
 mod engine;
 mod error;
+mod placement;
 mod report;
 pub mod verify;
 
 pub use device::Device;
-pub use engine::{Config, Engine, LoadOpts, Loaded, Tensor, TensorData};
+pub use engine::{Config, DeviceTensor, Engine, LoadOpts, Loaded, Tensor, TensorData};
 pub use error::{Error, Result};
 pub use report::Report;
 pub use weightlift_format as format;

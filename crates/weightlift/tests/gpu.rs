@@ -204,19 +204,22 @@ fn a_hundred_loads_do_not_grow_memory() {
     let f = generate(dir.path(), "loop.safetensors", Layout::Llama, Container::Safetensors, 64 << 20, None);
     let index = weightlift::format::open(std::slice::from_ref(&f), None).unwrap();
     let mut engine = Engine::new(Config::default()).unwrap();
+    // Early loads warm up allocator arenas, the device pool and driver caches; what must not happen is growth
+    // that keeps going, so memory is compared between load 40 and load 100.
     let mut marks = Vec::new();
-    for i in 0..100 {
+    for i in 1..=100 {
         let loaded = engine.load(&index, Device::Cuda(0), &LoadOpts::default()).unwrap();
-        if i == 99 {
+        if i == 100 {
             check_against_file_and_generator(&index, &loaded, true);
         }
         drop(loaded);
-        if i == 9 || i == 99 {
-            marks.push((device_used(), rss_bytes()));
+        if i % 20 == 0 {
+            marks.push((i, device_used(), rss_bytes()));
         }
     }
-    let ((dev10, rss10), (dev100, rss100)) = (marks[0], marks[1]);
-    eprintln!("after 10 loads: device {dev10} B, RSS {rss10} B; after 100: device {dev100} B, RSS {rss100} B");
-    assert!(dev100 <= dev10 + (8 << 20), "device memory grew from {dev10} to {dev100}");
-    assert!(rss100 <= rss10 + (32 << 20), "host RSS grew from {rss10} to {rss100}");
+    eprintln!("(load, device bytes used, host RSS bytes): {marks:?}");
+    let (_, dev40, rss40) = marks[1];
+    let (_, dev100, rss100) = marks[4];
+    assert!(dev100 <= dev40 + (8 << 20), "device memory grew from {dev40} to {dev100} between loads 40 and 100");
+    assert!(rss100 <= rss40 + (16 << 20), "host RSS grew from {rss40} to {rss100} between loads 40 and 100");
 }
