@@ -98,6 +98,16 @@ pub fn run(args: &Args, ordinal: u32) -> Result<()> {
     let h2d = Rate { runs: weightlift_cuda::pinned_h2d_gbps(&gpu, 1 << 30, 5)? };
     log(&format!("  ceiling: pinned host→device copy {:.2} GB/s (1 GiB, best of 5)", h2d.best()));
     ceilings.insert("pinned_h2d".into(), h2d.json());
+    // The copy pattern of a load (many chunks over several streams), without reads: what the DMA side allows.
+    let mut patterns = Vec::new();
+    for chunk_mib in [1usize, 2, 4, 8] {
+        for streams in [1usize, 4, 16] {
+            let gbps = weightlift_cuda::chunked_h2d_gbps(&gpu, 1 << 30, chunk_mib << 20, streams, 3)?;
+            patterns.push(json!({"chunk_bytes": chunk_mib << 20, "streams": streams, "gbps": gbps}));
+        }
+    }
+    log(&format!("  copy patterns (1 GiB in chunks over streams): {}", Value::Array(patterns.clone())));
+    ceilings.insert("chunked_h2d".into(), Value::Array(patterns));
     let warm_ceiling = warm_dd(&llama, runs)?;
     ceilings.insert("warm_dd_bs16M".into(), warm_ceiling.json());
     let cold = !args.no_cold && can_drop_caches();

@@ -12,7 +12,7 @@ mod gpu;
 mod memory;
 mod sink;
 
-pub use ceiling::pinned_h2d_gbps;
+pub use ceiling::{chunked_h2d_gbps, pinned_h2d_gbps};
 pub use cudarc::driver::sys::{CUdeviceptr, CUstream};
 pub use driver::DriverInfo;
 pub use error::CudaError;

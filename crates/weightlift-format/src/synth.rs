@@ -304,6 +304,11 @@ fn plan_many_small(size: u64, count: Option<u64>, seed: u64, gguf: bool) -> Vec<
         total += nbytes;
         t.push(Planned { name: format!("small.{:0width$}", t.len()), dtype, shape });
     }
+    // Files written by `safetensors.torch.save_file` order tensors by element size, largest first, so that every
+    // tensor starts aligned to its element size; do the same.
+    if !gguf {
+        t.sort_by_key(|p| std::cmp::Reverse(p.dtype.element_bytes().unwrap_or(1)));
+    }
     t
 }
 

@@ -115,13 +115,13 @@ pub const SETTINGS: &[SettingDoc] = &[
     SettingDoc {
         name: "chunk_bytes",
         env: "WEIGHTLIFT_CHUNK_BYTES",
-        default: "1 MiB",
-        meaning: "largest single read; also the size of one staging slot",
+        default: "2 MiB",
+        meaning: "largest buffered read and host→device copy; O_DIRECT reads take up to 4× this",
     },
     SettingDoc {
         name: "queue_depth",
         env: "WEIGHTLIFT_QUEUE_DEPTH",
-        default: "4",
+        default: "2",
         meaning: "reads in flight per I/O thread",
     },
     SettingDoc {
@@ -165,8 +165,8 @@ impl Default for IoConfig {
     fn default() -> Self {
         let cpus = std::thread::available_parallelism().map_or(4, |n| n.get() as u32);
         IoConfig {
-            chunk_bytes: Setting::default(1 << 20),
-            queue_depth: Setting::default(4),
+            chunk_bytes: Setting::default(2 << 20),
+            queue_depth: Setting::default(2),
             staging_bytes: Setting::default(256 << 20),
             threads: Setting::default(cpus.clamp(1, 16)),
             direct: Setting::default(DirectMode::Auto),

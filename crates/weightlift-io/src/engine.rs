@@ -17,6 +17,10 @@ use crate::uring;
 
 /// Pread lanes issue one read at a time, so they are more numerous than io_uring lanes, up to this many.
 const MAX_PREAD_LANES: usize = 64;
+/// O_DIRECT reads are this many chunks long: cold storage is faster with large requests (measured on a virtio disk:
+/// 4 MiB requests 2.05 GB/s, 1 MiB requests 1.74 GB/s, at the same bytes in flight), page-cache copies with small
+/// ones.
+const DIRECT_CHUNK_FACTOR: u64 = 4;
 /// Slots per read in flight for an asynchronous sink: one being read, one being copied.
 const ASYNC_SLOTS_PER_READ: usize = 2;
 /// Reads whose pages are at least this resident are read buffered under `DirectMode::Auto`.
@@ -108,11 +112,14 @@ pub fn load<S: Sink>(
 
     let staging_cap = config.staging_bytes.value;
     let max_block = req.files.iter().filter(|f| f.supports_direct()).map(|f| f.block).max().unwrap_or(0);
-    let chunk = config.chunk_bytes.value.min(staging_cap.saturating_sub(2 * max_block)).max(4096);
-    let mut plan = make_plan(req, &residency, mode, chunk, true)?;
+    let room = staging_cap.saturating_sub(2 * max_block).max(4096);
+    let chunk = config.chunk_bytes.value.min(room);
+    let direct_chunk = (chunk * DIRECT_CHUNK_FACTOR).min(room);
+    let mut plan = make_plan(req, &residency, mode, chunk, direct_chunk, true)?;
     if plan.slot_bytes > staging_cap {
         // The staging bound is too small to widen reads to the block size: read buffered only.
-        plan = make_plan(req, &residency, mode, staging_cap.next_multiple_of(4096).min(chunk), false)?;
+        let small = (staging_cap / 4096 * 4096).clamp(4096, chunk);
+        plan = make_plan(req, &residency, mode, small, small, false)?;
         report.direct_reason = format!("buffered: the staging bound ({staging_cap} bytes) cannot hold an aligned read");
     }
     report.requested_bytes = plan.requested_bytes;
@@ -139,7 +146,8 @@ pub fn load<S: Sink>(
     let wanted =
         if sink.asynchronous() { lanes * per_lane_reads * ASYNC_SLOTS_PER_READ } else { lanes * per_lane_reads };
     let slots = wanted.min(budget).min(plan.ops.len()).max(lanes);
-    let staging = pool.acquire(plan.slot_bytes as usize, slots, opts.pinner)?;
+    let staging = pool.acquire(plan.slot_bytes as usize, slots, staging_cap, opts.pinner)?;
+    let slot_bytes = staging.slot_bytes() as u64;
     let mut all = staging.slots_mut();
     all.truncate(slots);
     let mut per_lane: Vec<Vec<&mut [u8]>> = (0..lanes).map(|_| Vec::new()).collect();
@@ -149,8 +157,8 @@ pub fn load<S: Sink>(
     report.lanes = lanes;
     report.queue_depth = qd;
     report.slots = slots;
-    report.slot_bytes = plan.slot_bytes;
-    report.peak_staging_bytes = slots as u64 * plan.slot_bytes;
+    report.slot_bytes = slot_bytes;
+    report.peak_staging_bytes = slots as u64 * slot_bytes;
     report.setup_secs = t1.elapsed().as_secs_f64();
 
     let shared = Shared {
@@ -224,6 +232,7 @@ fn make_plan(
     residency: &[Option<Residency>],
     mode: DirectMode,
     chunk: u64,
+    direct_chunk: u64,
     allow_direct: bool,
 ) -> Result<Plan, IoError> {
     let files: Vec<PlanFile> = req
@@ -235,7 +244,7 @@ fn make_plan(
             direct: allow_direct && f.supports_direct() && mode != DirectMode::Never,
         })
         .collect();
-    let opts = PlanOptions { chunk, coalesce_gap: (64 << 10).min(chunk) };
+    let opts = PlanOptions { chunk, direct_chunk, coalesce_gap: (64 << 10).min(chunk) };
     let mut wants_direct = |file: u32, offset: u64, len: u64| match mode {
         DirectMode::Never => false,
         DirectMode::Always => true,

@@ -56,8 +56,10 @@ pub struct PlanFile {
 
 #[derive(Clone, Copy, Debug)]
 pub struct PlanOptions {
-    /// Largest read, before widening to block alignment.
+    /// Largest buffered read.
     pub chunk: u64,
+    /// Largest O_DIRECT read, before widening to block alignment (cold storage prefers larger requests).
+    pub direct_chunk: u64,
     /// Neighbouring extents closer than this are read together (the bytes between are read and dropped).
     pub coalesce_gap: u64,
 }
@@ -67,7 +69,7 @@ pub struct PlanOptions {
 pub struct Plan {
     pub ops: Vec<ReadOp>,
     pub pieces: Vec<Piece>,
-    /// Buffer size that holds any op of this plan.
+    /// Buffer size that holds any op of this plan (a multiple of 4 KiB).
     pub slot_bytes: u64,
     /// Sum of the extents' lengths (the bytes the caller asked for).
     pub requested_bytes: u64,
@@ -104,53 +106,66 @@ pub fn plan(
 ) -> Result<Plan, PlanError> {
     check_destinations(files, extents, dest_lens)?;
     let chunk = opts.chunk.max(1);
-    let mut subs: Vec<Extent> = Vec::with_capacity(extents.len());
+    let direct_chunk = opts.direct_chunk.max(chunk);
+    // Split at absolute multiples of the chunk size that applies where the piece lies: reads of one O_DIRECT
+    // region never mix with buffered ones.
+    let mut subs: Vec<(Extent, bool)> = Vec::with_capacity(extents.len());
     for e in extents.iter().filter(|e| e.len > 0) {
+        let f = files[e.file as usize];
         let end = e.offset + e.len;
         let mut pos = e.offset;
         while pos < end {
-            let next = end.min((pos / chunk + 1) * chunk);
-            subs.push(Extent { offset: pos, len: next - pos, dest_offset: e.dest_offset + (pos - e.offset), ..*e });
+            let region = pos / direct_chunk * direct_chunk;
+            let direct = f.direct && wants_direct(e.file, region, direct_chunk.min(f.len - region));
+            let c = if direct { direct_chunk } else { chunk };
+            let next = end.min((pos / c + 1) * c);
+            subs.push((
+                Extent { offset: pos, len: next - pos, dest_offset: e.dest_offset + (pos - e.offset), ..*e },
+                direct,
+            ));
             pos = next;
         }
     }
-    subs.sort_by_key(|s| (s.file, s.offset, s.dest, s.dest_offset));
+    subs.sort_by_key(|(s, _)| (s.file, s.offset, s.dest, s.dest_offset));
 
     let mut out = Plan { requested_bytes: extents.iter().map(|e| e.len).sum(), ..Plan::default() };
-    let mut max_block = 0u64;
     let mut i = 0;
     while i < subs.len() {
-        let first = subs[i];
+        let (first, direct) = subs[i];
+        let limit = if direct { direct_chunk } else { chunk };
         let (file, start) = (first.file, first.offset);
         let mut end = first.offset + first.len;
         let mut j = i + 1;
         while j < subs.len() {
-            let s = subs[j];
+            let (s, d) = subs[j];
             let s_end = s.offset + s.len;
-            if s.file != file || s.offset > end.saturating_add(opts.coalesce_gap) || s_end.max(end) - start > chunk {
+            if s.file != file
+                || d != direct
+                || s.offset > end.saturating_add(opts.coalesce_gap)
+                || s_end.max(end) - start > limit
+            {
                 break;
             }
             end = end.max(s_end);
             j += 1;
         }
         let f = files[file as usize];
-        let direct = f.direct && wants_direct(file, start, end - start);
         let (offset, len, valid) = if direct {
             let a = start / f.block * f.block;
             let b = end.div_ceil(f.block) * f.block;
-            max_block = max_block.max(f.block);
             (a, b - a, f.len.min(b) - a)
         } else {
             (start, end - start, end - start)
         };
         let first_piece = out.pieces.len();
-        for s in &subs[i..j] {
+        for (s, _) in &subs[i..j] {
             out.pieces.push(Piece { at: s.offset - offset, len: s.len, dest: s.dest, dest_offset: s.dest_offset });
         }
+        out.slot_bytes = out.slot_bytes.max(len);
         out.ops.push(ReadOp { file, offset, len, valid, direct, pieces: first_piece..out.pieces.len() });
         i = j;
     }
-    out.slot_bytes = (chunk + 2 * max_block).next_multiple_of(4096);
+    out.slot_bytes = out.slot_bytes.next_multiple_of(4096);
     Ok(out)
 }
 
@@ -190,7 +205,7 @@ mod tests {
     use proptest::prelude::*;
 
     fn opts(chunk: u64) -> PlanOptions {
-        PlanOptions { chunk, coalesce_gap: 64 }
+        PlanOptions { chunk, direct_chunk: chunk, coalesce_gap: 64 }
     }
 
     #[test]
@@ -250,6 +265,7 @@ mod tests {
             lens in prop::collection::vec(0u64..20_000, 1..30),
             gaps in prop::collection::vec(0u64..3000, 30),
             chunk_kib in 1u64..16,
+            direct_factor in 1u64..4,
             direct_every in 0u32..3,
             block_shift in 9u32..13,
         ) {
@@ -264,7 +280,8 @@ mod tests {
             let files = [PlanFile { len: pos + 7, block, direct: true }, PlanFile { len: pos + 7, block, direct: false }];
             let chunk = chunk_kib * 4096;
             let mut n = 0u32;
-            let p = plan(&files, &extents, &lens, &opts(chunk), &mut |_, _, _| { n += 1; direct_every != 0 && n % direct_every == 0 }).unwrap();
+            let o = PlanOptions { chunk, direct_chunk: chunk * direct_factor, coalesce_gap: 64 };
+            let p = plan(&files, &extents, &lens, &o, &mut |_, _, _| { n += 1; direct_every != 0 && n % direct_every == 0 }).unwrap();
             let mut covered: Vec<Vec<u8>> = lens.iter().map(|&l| vec![0u8; l as usize]).collect();
             let mut last = (0u32, 0u64);
             for op in &p.ops {
@@ -275,6 +292,7 @@ mod tests {
                 if op.direct {
                     prop_assert_eq!(op.offset % block, 0);
                     prop_assert_eq!(op.len % block, 0);
+                    prop_assert!(op.len <= chunk * direct_factor + 2 * block);
                 } else {
                     prop_assert!(op.len <= chunk);
                 }

@@ -37,6 +37,15 @@ struct Cachestat {
     nr_recently_evicted: u64,
 }
 
+/// `TMPFS_MAGIC` of `statfs(2)`.
+const TMPFS_MAGIC: i64 = 0x0102_1994;
+
+// `f_type`'s integer type differs between targets (i64, u32, ...), hence the cast.
+#[allow(clippy::unnecessary_cast)]
+fn is_tmpfs(f_type: libc::__fsword_t) -> bool {
+    f_type as i64 == TMPFS_MAGIC
+}
+
 /// `__NR_cachestat`, the same on every architecture (it postdates the per-architecture tables).
 const SYS_CACHESTAT: libc::c_long = 451;
 
@@ -62,6 +71,10 @@ impl Residency {
     pub fn probe(file: &File, len: u64) -> Option<Residency> {
         if len == 0 {
             return Some(Residency::None);
+        }
+        // tmpfs pages live in memory (or swap), and O_DIRECT there is a memory copy too: count them as cached.
+        if rustix::fs::fstatfs(file).is_ok_and(|st| is_tmpfs(st.f_type)) {
+            return Some(Residency::All { len });
         }
         let page = rustix::param::page_size() as u64;
         let pages = len.div_ceil(page);

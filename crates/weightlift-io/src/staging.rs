@@ -98,15 +98,21 @@ impl StagingPool {
         StagingPool::default()
     }
 
-    /// A region of at least `slots` slots of exactly `slot_bytes`, reusing the cached one when it fits.
+    /// A region of at least `slots` slots of at least `slot_bytes` each and at most `max_bytes` in all, reusing
+    /// the cached one when it fits (a cached region with larger slots serves smaller reads too).
     pub fn acquire(
         &mut self,
         slot_bytes: usize,
         slots: usize,
+        max_bytes: u64,
         pinner: Option<&dyn Pinner>,
     ) -> Result<&mut Staging, IoError> {
         let fits = self.current.as_ref().is_some_and(|s| {
-            s.slot_bytes == slot_bytes && s.slots >= slots && s.slots <= slots * 2 && s.is_pinned() == pinner.is_some()
+            s.slot_bytes >= slot_bytes
+                && s.slots >= slots
+                && s.slots <= slots * 2
+                && s.bytes() <= max_bytes
+                && s.is_pinned() == pinner.is_some()
         });
         if !fits {
             self.current = None;
