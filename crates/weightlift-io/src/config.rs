@@ -115,13 +115,13 @@ pub const SETTINGS: &[SettingDoc] = &[
     SettingDoc {
         name: "chunk_bytes",
         env: "WEIGHTLIFT_CHUNK_BYTES",
-        default: "2 MiB",
+        default: "4 MiB",
         meaning: "largest buffered read and host→device copy; O_DIRECT reads take up to 4× this",
     },
     SettingDoc {
         name: "queue_depth",
         env: "WEIGHTLIFT_QUEUE_DEPTH",
-        default: "2",
+        default: "1",
         meaning: "reads in flight per I/O thread",
     },
     SettingDoc {
@@ -133,7 +133,7 @@ pub const SETTINGS: &[SettingDoc] = &[
     SettingDoc {
         name: "threads",
         env: "WEIGHTLIFT_THREADS",
-        default: "CPU count, at most 16",
+        default: "CPU count, at most 8",
         meaning: "I/O threads, each with its own ring (and CUDA stream)",
     },
     SettingDoc {
@@ -165,10 +165,10 @@ impl Default for IoConfig {
     fn default() -> Self {
         let cpus = std::thread::available_parallelism().map_or(4, |n| n.get() as u32);
         IoConfig {
-            chunk_bytes: Setting::default(2 << 20),
-            queue_depth: Setting::default(2),
+            chunk_bytes: Setting::default(4 << 20),
+            queue_depth: Setting::default(1),
             staging_bytes: Setting::default(256 << 20),
-            threads: Setting::default(cpus.clamp(1, 16)),
+            threads: Setting::default(cpus.clamp(1, 8)),
             direct: Setting::default(DirectMode::Auto),
             backend: Setting::default(Backend::Auto),
         }
