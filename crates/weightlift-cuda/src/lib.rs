@@ -6,6 +6,7 @@
 //! `cuMemHostRegister`ed staging, the device sink).
 
 mod ceiling;
+pub mod cufile;
 mod driver;
 mod error;
 mod gpu;
@@ -17,5 +18,7 @@ pub use cudarc::driver::sys::{CUdeviceptr, CUstream};
 pub use driver::DriverInfo;
 pub use error::CudaError;
 pub use gpu::{Gpu, GpuInfo, available};
-pub use memory::{CudaPinner, DeviceBuffer, LEGACY_STREAM, PinnedBuffer, free_device_memory};
+pub use memory::{
+    CudaPinner, DeviceBuffer, LEGACY_STREAM, PinnedBuffer, copy_device_to_host, free_device_memory, order_after_stream,
+};
 pub use sink::{DeviceSink, PendingCopy};

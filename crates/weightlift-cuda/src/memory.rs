@@ -243,3 +243,46 @@ impl weightlift_io::Pinner for CudaPinner {
         Ok(Box::new(Registration { gpu: self.gpu.clone(), ptr }))
     }
 }
+
+/// Copies `out.len()` bytes from device address `src` of `gpu` into host memory (synchronously).
+///
+/// # Safety
+/// `src..src + out.len()` must be readable device memory of `gpu`.
+pub unsafe fn copy_device_to_host(gpu: &Gpu, src: sys::CUdeviceptr, out: &mut [u8]) -> Result<(), CudaError> {
+    if out.is_empty() {
+        return Ok(());
+    }
+    gpu.bind()?;
+    // SAFETY: per the contract the source is readable; `out` is a writable host buffer of the copied length.
+    unsafe { sys::cuMemcpyDtoH_v2(out.as_mut_ptr().cast(), src, out.len()) }
+        .result()
+        .map_err(CudaError::driver(gpu.ordinal(), "cuMemcpyDtoH"))
+}
+
+/// Makes the legacy default stream wait for the work queued so far on `stream` (so that a free ordered on the
+/// legacy stream cannot overtake a consumer's kernels on a non-blocking stream). Best effort: errors are logged.
+///
+/// # Safety
+/// `stream` must be a live stream of `gpu`'s context.
+pub unsafe fn order_after_stream(gpu: &Gpu, stream: sys::CUstream) {
+    if gpu.bind().is_err() {
+        return;
+    }
+    let mut event: sys::CUevent = std::ptr::null_mut();
+    // SAFETY: valid out-pointer; the event is destroyed below (destruction is deferred by the driver until the
+    // wait that references it has been resolved).
+    let r = unsafe { sys::cuEventCreate(&mut event, sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32) };
+    if r.result().is_err() {
+        tracing::warn!("ordering a free after the consumer stream: cuEventCreate: {r:?}");
+        return;
+    }
+    // SAFETY: `event` was just created in this context; `stream` is live per the contract.
+    unsafe {
+        if let Err(e) = sys::cuEventRecord(event, stream).result() {
+            tracing::warn!("ordering a free after the consumer stream: cuEventRecord: {e}");
+        } else if let Err(e) = sys::cuStreamWaitEvent(LEGACY_STREAM, event, 0).result() {
+            tracing::warn!("ordering a free after the consumer stream: cuStreamWaitEvent: {e}");
+        }
+        let _ = sys::cuEventDestroy_v2(event).result();
+    }
+}

@@ -13,6 +13,7 @@
 
 mod buffer;
 pub mod config;
+pub mod durable;
 mod engine;
 mod error;
 pub mod fault;

@@ -1,7 +1,7 @@
 //! The load pipeline: a checkpoint's index → destinations → the storage engine → tensors, with a report.
 
 use std::collections::HashMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::time::Instant;
@@ -307,4 +307,164 @@ fn open_checked(index: &TensorIndex, io: &IoConfig) -> Result<Vec<OpenFile>> {
         files.push(file);
     }
     Ok(files)
+}
+
+/// A caller-owned destination for [`Engine::read_into`].
+#[derive(Clone, Copy, Debug)]
+pub enum RawDest {
+    /// Host memory (pageable or pinned).
+    Host(*mut u8),
+    /// Memory of CUDA device `ordinal`.
+    Device { ordinal: u32, ptr: weightlift_cuda::CUdeviceptr },
+}
+
+/// A caller-owned source for [`Engine::write_from`].
+#[derive(Clone, Copy, Debug)]
+pub enum RawSrc {
+    Host(*const u8),
+    Device { ordinal: u32, ptr: weightlift_cuda::CUdeviceptr },
+}
+
+/// Host bounce buffer for writes out of device memory.
+const WRITE_CHUNK: usize = 8 << 20;
+
+impl Engine {
+    /// Loads byte ranges `(file, offset, len)` of `paths` as 1-D byte tensors (named `""`), in the order given,
+    /// through one plan: the front ends compute ranges from headers (tensors, slices of tensors, raw files).
+    pub fn load_ranges(
+        &mut self,
+        paths: &[PathBuf],
+        ranges: &[(usize, u64, u64)],
+        device: Device,
+        opts: &LoadOpts<'_>,
+    ) -> Result<Loaded> {
+        let mut files = Vec::with_capacity(paths.len());
+        for p in paths {
+            let len = std::fs::metadata(p).map_err(|cause| Error::Io(IoError::Open { path: p.clone(), cause }))?.len();
+            files.push(weightlift_format::SourceFile {
+                path: p.clone(),
+                format: weightlift_format::Format::Raw,
+                len,
+                data_start: 0,
+                metadata: weightlift_format::Metadata::None,
+                gguf_version: None,
+            });
+        }
+        let mut tensors = Vec::with_capacity(ranges.len());
+        for &(file, offset, len) in ranges {
+            let f = files
+                .get(file)
+                .ok_or_else(|| Error::InvalidArgument(format!("range names file {file} of {}", paths.len())))?;
+            if offset.checked_add(len).is_none_or(|end| end > f.len) {
+                return Err(Error::Io(IoError::PastEnd { path: f.path.clone(), offset, len, file_len: f.len }));
+            }
+            tensors.push(TensorEntry {
+                name: String::new(),
+                dtype: DType::U8,
+                shape: vec![len],
+                file,
+                offset,
+                nbytes: len,
+            });
+        }
+        let index = TensorIndex { files, tensors };
+        self.load(&index, device, opts)
+    }
+
+    /// Reads up to `len` bytes of `path` at `offset` into caller memory, like `pread`: returns the bytes read, fewer
+    /// at the end of the file (none past it).
+    ///
+    /// # Safety
+    /// `dest` must be valid for writes of `len` bytes (device memory of the named device for `Device`) and not be
+    /// accessed by anything else until this returns.
+    pub unsafe fn read_into(&mut self, path: &Path, offset: u64, len: u64, dest: RawDest) -> Result<(u64, Report)> {
+        let start = Instant::now();
+        let file = OpenFile::open(path, self.config.io.direct.value != weightlift_io::DirectMode::Never)?;
+        let n = len.min(file.len.saturating_sub(offset));
+        if n == 0 {
+            let report = Report::new(
+                Device::Cpu,
+                &[path.to_path_buf()],
+                &[],
+                start.elapsed().as_secs_f64(),
+                0.0,
+                Default::default(),
+            );
+            return Ok((0, report));
+        }
+        let files = [file];
+        let extents = [Extent { file: 0, offset, len: n, dest: 0, dest_offset: 0 }];
+        let lens = [n];
+        let opts = LoadOpts::default();
+        let mut gpu_info = None;
+        let io = match dest {
+            RawDest::Host(ptr) => {
+                // SAFETY: the caller guarantees `ptr` is valid for `len >= n` bytes and unaliased during the call.
+                let slice = unsafe { std::slice::from_raw_parts_mut(ptr, n as usize) };
+                let mut dests = [slice];
+                self.run(&files, &extents, &lens, &HostSink::new(&mut dests), &opts, None)?
+            }
+            RawDest::Device { ordinal, ptr } => {
+                let gpu = self.gpu(ordinal)?;
+                gpu_info = Some(gpu.info().clone());
+                // SAFETY: the caller guarantees `ptr` is device memory of `ordinal`, valid for `n` bytes and unused
+                // by anything else until the load (which synchronises its copies) returns.
+                let sink = unsafe {
+                    DeviceSink::new(&gpu, vec![(ptr, n)], MAX_LANES.max(self.config.io.threads.value as usize), None)
+                };
+                let pinner = CudaPinner::new(&gpu);
+                self.run(&files, &extents, &lens, &sink, &opts, Some(&pinner))?
+            }
+        };
+        let device = match dest {
+            RawDest::Host(_) => Device::Cpu,
+            RawDest::Device { ordinal, .. } => Device::Cuda(ordinal),
+        };
+        let mut report = Report::new(device, &[path.to_path_buf()], &[], start.elapsed().as_secs_f64(), 0.0, io);
+        report.bytes = n;
+        report.tensors = 1;
+        report.gpu = gpu_info;
+        Ok((n, report))
+    }
+
+    /// Writes `len` bytes of caller memory into `path` at `offset` (creating the file if needed, never truncating
+    /// it), then `fsync`s it when `durable`. Returns the bytes written.
+    ///
+    /// # Safety
+    /// `src` must be valid for reads of `len` bytes (device memory of the named device for `Device`) and not be
+    /// written by anything else until this returns.
+    pub unsafe fn write_from(&mut self, path: &Path, offset: u64, len: u64, src: RawSrc, durable: bool) -> Result<u64> {
+        use std::os::unix::fs::FileExt;
+        let io_err =
+            |offset: u64, len: u64, cause| Error::Io(IoError::Write { path: path.to_path_buf(), offset, len, cause });
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(path)
+            .map_err(|cause| Error::Io(IoError::Open { path: path.to_path_buf(), cause }))?;
+        match src {
+            RawSrc::Host(ptr) => {
+                // SAFETY: the caller guarantees `ptr` is valid for reads of `len` bytes during the call.
+                let data = unsafe { std::slice::from_raw_parts(ptr, len as usize) };
+                file.write_all_at(data, offset).map_err(|e| io_err(offset, len, e))?;
+            }
+            RawSrc::Device { ordinal, ptr } => {
+                let gpu = self.gpu(ordinal)?;
+                let mut buf = PinnedBuffer::alloc(&gpu, WRITE_CHUNK.min(len as usize))?;
+                let mut done = 0u64;
+                while done < len {
+                    let n = (len - done).min(buf.len() as u64) as usize;
+                    // SAFETY: the caller guarantees the device range is readable; `buf` holds at least `n` bytes.
+                    unsafe { weightlift_cuda::copy_device_to_host(&gpu, ptr + done, &mut buf[..n])? };
+                    file.write_all_at(&buf[..n], offset + done).map_err(|e| io_err(offset + done, n as u64, e))?;
+                    done += n as u64;
+                }
+            }
+        }
+        if durable {
+            file.sync_all().map_err(|e| io_err(offset, len, e))?;
+        }
+        Ok(len)
+    }
 }

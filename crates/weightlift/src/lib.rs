@@ -14,12 +14,19 @@ mod device;
 mod engine;
 mod error;
 mod placement;
+pub mod probe;
 mod report;
 pub mod verify;
 
 pub use device::Device;
-pub use engine::{Config, DeviceTensor, Engine, LoadOpts, Loaded, Tensor, TensorData};
+pub use engine::{Config, DeviceTensor, Engine, LoadOpts, Loaded, RawDest, RawSrc, Tensor, TensorData};
 pub use error::{Error, Result};
 pub use report::Report;
 pub use weightlift_format as format;
 pub use weightlift_io as io;
+
+/// Whether NVIDIA's cuFile library can be loaded here, where from, and what was tried.
+pub fn cufile_status() -> serde_json::Value {
+    let (loc, _) = weightlift_cuda::cufile::locate();
+    serde_json::json!({"found": loc.found.is_some(), "library": loc.found, "tried": loc.tried, "error": loc.error})
+}

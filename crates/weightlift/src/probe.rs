@@ -1,0 +1,77 @@
+//! What this machine offers weightlift, and what it would choose: CUDA devices and their PCIe links, io_uring,
+//! O_DIRECT support and block size of a path's filesystem, how much of a file is in the page cache, cuFile.
+
+use std::path::Path;
+
+use serde_json::{Value, json};
+use weightlift_io::residency::Residency;
+use weightlift_io::{IoConfig, OpenFile};
+
+/// A JSON description of the machine (and of `path`, if given). Never fails: what cannot be probed says why.
+pub fn probe(path: Option<&Path>) -> Value {
+    let cuda = match weightlift_cuda::available() {
+        Ok(d) => {
+            let devices: Vec<Value> = (0..d.devices)
+                .map(|i| match weightlift_cuda::Gpu::open(i) {
+                    Ok(g) => {
+                        let info = g.info();
+                        let (free, total) = g.mem_info().unwrap_or((0, 0));
+                        json!({
+                            "ordinal": i, "name": info.name, "pci_bus_id": info.pci_bus_id, "pcie_link": info.pcie_link,
+                            "compute_capability": format!("{}.{}", info.compute_capability.0, info.compute_capability.1),
+                            "total_bytes": total, "free_bytes": free,
+                        })
+                    }
+                    Err(e) => json!({"ordinal": i, "error": e.to_string()}),
+                })
+                .collect();
+            json!({"available": true, "driver_cuda_version": format!("{}.{}", d.version / 1000, d.version % 1000 / 10), "devices": devices})
+        }
+        Err(why) => json!({"available": false, "reason": why}),
+    };
+    let uring = match weightlift_io::uring_available() {
+        Ok(()) => json!({"available": true}),
+        Err(why) => json!({"available": false, "reason": why}),
+    };
+    let config = IoConfig::from_env();
+    let settings = match &config {
+        Ok(c) => Value::Object(
+            c.describe()
+                .into_iter()
+                .map(|(k, v, s)| (k.to_string(), json!({"value": v, "source": s.to_string()})))
+                .collect(),
+        ),
+        Err(e) => json!({"error": e.to_string()}),
+    };
+    let backend = match (&config, weightlift_io::uring_available()) {
+        (Ok(c), _) if c.backend.value == weightlift_io::Backend::Pread => "pread (requested)".to_string(),
+        (_, Ok(())) => "uring (io_uring available)".to_string(),
+        (_, Err(why)) => format!("pread (io_uring unavailable: {why})"),
+    };
+    let file = path.map(|p| match OpenFile::open(p, true) {
+        Ok(f) => {
+            let resident = Residency::probe(&f.buffered, f.len).map(|r| r.resident_bytes());
+            json!({
+                "path": p, "len": f.len, "o_direct": f.supports_direct(), "o_direct_refused": f.direct_refused,
+                "logical_block_size": f.block, "dio_mem_align": f.mem_align, "resident_bytes": resident,
+                "would_read": match (f.supports_direct(), resident) {
+                    (false, _) => "buffered (no O_DIRECT here)",
+                    (true, Some(r)) if r * 2 >= f.len && f.len > 0 => "buffered (mostly in the page cache)",
+                    (true, _) => "O_DIRECT (mostly not in the page cache)",
+                },
+            })
+        }
+        Err(e) => json!({"path": p, "error": e.to_string()}),
+    });
+    json!({
+        "weightlift": env!("CARGO_PKG_VERSION"),
+        "kernel": std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default().trim(),
+        "cpus": std::thread::available_parallelism().map_or(0, |n| n.get()),
+        "cuda": cuda,
+        "io_uring": uring,
+        "cufile": crate::cufile_status(),
+        "backend": backend,
+        "settings": settings,
+        "file": file,
+    })
+}

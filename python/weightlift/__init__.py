@@ -1,0 +1,88 @@
+"""weightlift: checkpoint tensors from storage to host or GPU memory at the hardware limit.
+
+The APIs of the tools it replaces, with their names, arguments and results:
+
+- safetensors: :func:`load_file`, :class:`safe_open`, :func:`save_file`
+- dstorage-gpu: :class:`Loader` (``load_tensor``, ``load_tensors``, ``load_tensor_timed``), :func:`load_tensor`
+- torch.cuda.gds: :class:`File` (``load_storage``, ``save_storage``, ``pread``, ``pwrite``)
+- GGUF: :func:`load_gguf`
+- :func:`load_into` (weights straight into a ``torch.nn.Module``), :func:`probe`, :func:`last_report`
+
+Settings (keyword arguments of :class:`Loader`, or environment variables) are listed in :data:`SETTINGS`.
+Errors derive from :class:`WeightliftError`.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Union
+
+from . import _native
+from ._errors import (
+    CudaError,
+    FormatError,
+    InvalidArgumentError,
+    IoError,
+    OutOfMemoryError,
+    TensorNotFoundError,
+    WeightliftError,
+    WeightliftFileNotFoundError,
+    WeightliftIsADirectoryError,
+    WeightliftPermissionError,
+)
+from .dstorage import Loader, load_tensor
+from .gds import File, GdsFile
+from .gguf import GGUFCheckpoint, load_gguf
+from .nn import load_into
+from .safetensors import load_file, safe_open, save, save_file
+
+__version__: str = _native.__version__
+
+#: Every engine setting: (keyword, environment variable, default, meaning).
+SETTINGS: list[tuple[str, str, str, str]] = [tuple(s) for s in _native.SETTINGS]
+
+
+def probe(path: Union[str, "os.PathLike[str]", None] = None) -> dict[str, Any]:
+    """What this machine offers: CUDA devices and PCIe links, io_uring, cuFile, O_DIRECT support and block size of
+    ``path``'s filesystem and how much of ``path`` is in the page cache, and the settings weightlift would use."""
+    return _native.probe(os.fspath(path) if path is not None else None)
+
+
+def last_report() -> "dict[str, Any] | None":
+    """The report of the last load in this process: backend and why, bytes, seconds, GB/s, bytes read with
+    O_DIRECT and buffered, staging memory, timings."""
+    return _native.last_report()
+
+
+def cuda_available() -> bool:
+    """Whether weightlift can use a CUDA device here."""
+    return bool(_native.cuda_status()[0])
+
+
+__all__ = [
+    "load_file",
+    "safe_open",
+    "save_file",
+    "save",
+    "Loader",
+    "load_tensor",
+    "File",
+    "GdsFile",
+    "load_gguf",
+    "GGUFCheckpoint",
+    "load_into",
+    "probe",
+    "last_report",
+    "cuda_available",
+    "SETTINGS",
+    "WeightliftError",
+    "FormatError",
+    "IoError",
+    "WeightliftFileNotFoundError",
+    "WeightliftPermissionError",
+    "WeightliftIsADirectoryError",
+    "CudaError",
+    "OutOfMemoryError",
+    "InvalidArgumentError",
+    "TensorNotFoundError",
+]

@@ -1,0 +1,150 @@
+"""Shared machinery of the Python front: the engines, device strings, dtypes, and turning loaded byte buffers into
+typed, shaped torch tensors without copying."""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import TYPE_CHECKING, Any, Iterable, Sequence
+
+from . import _native
+from ._errors import CudaError, InvalidArgumentError
+
+if TYPE_CHECKING:
+    import torch
+
+_torch = None
+
+
+def torch_module():
+    """torch, imported on first use (weightlift itself does not need it to import)."""
+    global _torch
+    if _torch is None:
+        try:
+            import torch as t
+        except ImportError as e:  # pragma: no cover - depends on the environment
+            raise InvalidArgumentError("weightlift's tensor APIs need PyTorch (pip install torch)") from e
+        _torch = t
+    return _torch
+
+
+def torch_dtypes() -> dict[str, "torch.dtype"]:
+    """weightlift / safetensors dtype names → torch dtypes available in this torch."""
+    t = torch_module()
+    table = {
+        "F64": t.float64,
+        "F32": t.float32,
+        "F16": t.float16,
+        "BF16": t.bfloat16,
+        "I64": t.int64,
+        "I32": t.int32,
+        "I16": t.int16,
+        "I8": t.int8,
+        "U8": t.uint8,
+        "BOOL": t.bool,
+        "C64": t.complex64,
+    }
+    for name, attr in [
+        ("F8_E4M3", "float8_e4m3fn"),
+        ("F8_E5M2", "float8_e5m2"),
+        ("F8_E4M3FNUZ", "float8_e4m3fnuz"),
+        ("F8_E5M2FNUZ", "float8_e5m2fnuz"),
+        ("F8_E8M0", "float8_e8m0fnu"),
+        ("U16", "uint16"),
+        ("U32", "uint32"),
+        ("U64", "uint64"),
+    ]:
+        if hasattr(t, attr):
+            table[name] = getattr(t, attr)
+    return table
+
+
+def dtype_name(dtype: "torch.dtype") -> str:
+    for name, d in torch_dtypes().items():
+        if d == dtype:
+            return name
+    raise InvalidArgumentError(f"safetensors has no dtype for {dtype}")
+
+
+def normalize_device(device: Any) -> str:
+    """'cpu', 'cuda', 'cuda:N', torch.device or an int (a CUDA ordinal) → the engine's device string."""
+    if device is None:
+        return "cpu"
+    if isinstance(device, int):
+        return f"cuda:{device}"
+    s = str(device).strip().lower()
+    if s == "cuda":
+        t = torch_module()
+        index = t.cuda.current_device() if t.cuda.is_available() else 0
+        return f"cuda:{index}"
+    if s in ("cpu", "cpu:pinned") or s.startswith("cuda:"):
+        return s
+    raise InvalidArgumentError(f"{device!r} is not a device (cpu, cuda, cuda:N)")
+
+
+_SETTING_NAMES = ("chunk_bytes", "queue_depth", "staging_bytes", "threads", "direct", "io")
+
+
+def check_settings(settings: dict[str, Any]) -> dict[str, Any]:
+    unknown = set(settings) - set(_SETTING_NAMES)
+    if unknown:
+        raise InvalidArgumentError(f"unknown setting(s) {sorted(unknown)}; known: {', '.join(_SETTING_NAMES)}")
+    return settings
+
+
+def new_engine(**settings: Any) -> "_native.NativeEngine":
+    return _native.NativeEngine(**check_settings(settings))
+
+
+_shared_lock = threading.Lock()
+_shared: "_native.NativeEngine | None" = None
+_shared_env: tuple | None = None
+
+
+def shared_engine() -> "_native.NativeEngine":
+    """The process-wide engine behind the module-level functions (re-created if WEIGHTLIFT_* variables change)."""
+    global _shared, _shared_env
+    env = tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith("WEIGHTLIFT_")))
+    with _shared_lock:
+        if _shared is None or env != _shared_env:
+            _shared = _native.NativeEngine()
+            _shared_env = env
+        return _shared
+
+
+def _check_cuda(device: str) -> None:
+    if device.startswith("cuda"):
+        ok, why = _native.cuda_status()
+        if not ok:
+            raise CudaError(f"{device} requested but CUDA is unavailable: {why}")
+
+
+def load_ranges(engine, paths: Sequence[str], ranges: Sequence[tuple[int, int, int]], device: str):
+    _check_cuda(device)
+    return engine.load_ranges([os.fspath(p) for p in paths], list(ranges), device)
+
+
+def as_tensor(buffer, dtype_name_: str, shape: Sequence[int]) -> "torch.Tensor":
+    """A loaded byte buffer as a tensor of `dtype_name_` and `shape`, sharing memory (DLPack, then a dtype view)."""
+    t = torch_module()
+    raw = t.from_dlpack(buffer)
+    shape = tuple(int(d) for d in shape)
+    if dtype_name_ == "U8":
+        return raw.reshape(shape)
+    table = torch_dtypes()
+    if dtype_name_ not in table:
+        raise InvalidArgumentError(f"this torch has no dtype for {dtype_name_}; load it as raw bytes instead")
+    dtype = table[dtype_name_]
+    if raw.numel() == 0:
+        return t.empty(shape, dtype=dtype, device=raw.device)
+    return raw.view(dtype).reshape(shape)
+
+
+def bytes_view(tensor: "torch.Tensor") -> "torch.Tensor":
+    """A contiguous tensor's bytes as a 1-D uint8 tensor (0-dim tensors included)."""
+    t = torch_module()
+    return tensor.reshape(-1).view(t.uint8)
+
+
+def iter_ranges(items: Iterable[tuple[int, int, int]]) -> list[tuple[int, int, int]]:
+    return [(int(f), int(o), int(n)) for f, o, n in items]

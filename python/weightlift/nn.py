@@ -1,0 +1,49 @@
+"""Weights straight into a ``torch.nn.Module`` — what ``model.load_state_dict(load_file(path), assign=True)`` does,
+reading only the tensors the model has and reporting missing and unexpected keys as torch does."""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Sequence, Union
+
+from . import _core, _native
+from .safetensors import _load_tensors, _paths
+
+if TYPE_CHECKING:
+    import torch
+
+PathLike = Union[str, "os.PathLike[str]"]
+
+
+def load_into(
+    model: "torch.nn.Module",
+    path: Union[PathLike, Sequence[PathLike]],
+    strict: bool = True,
+    device: Union[str, int, "torch.device", None] = None,
+    *,
+    engine=None,
+):
+    """Loads the checkpoint's tensors into ``model``'s parameters and buffers (assigning the loaded tensors, so no
+    second copy is made). ``device`` defaults to where the model's parameters are (CPU for a model on the meta
+    device). Returns torch's ``_IncompatibleKeys(missing_keys, unexpected_keys)``; with ``strict`` a mismatch raises
+    the ``RuntimeError`` torch would, before anything is read."""
+    t = _core.torch_module()
+    info = _native.inspect(_paths(path))
+    expected = list(model.state_dict(keep_vars=True).keys())
+    in_file = {name for name, *_ in info["tensors"]}
+    missing = [k for k in expected if k not in in_file]
+    present = set(expected)
+    unexpected = sorted(k for k in in_file if k not in present)
+    if strict and (missing or unexpected):
+        msgs = []
+        if missing:
+            msgs.append("Missing key(s) in state_dict: {}. ".format(", ".join(f'"{k}"' for k in missing)))
+        if unexpected:
+            msgs.append("Unexpected key(s) in state_dict: {}. ".format(", ".join(f'"{k}"' for k in unexpected)))
+        raise RuntimeError("Error(s) in loading state_dict for {}:\n\t{}".format(model.__class__.__name__, "\n\t".join(msgs)))
+    if device is None:
+        first = next(iter(model.parameters()), None)
+        device = "cpu" if first is None or first.device.type == "meta" else first.device
+    tensors = _load_tensors(info, [k for k in expected if k in in_file], _core.normalize_device(device), engine)
+    model.load_state_dict(tensors, strict=False, assign=True)
+    return t.nn.modules.module._IncompatibleKeys(missing, unexpected)

@@ -1,0 +1,352 @@
+"""The Python package against the packages it replaces: every tensor equal in dtype, shape and bytes to what
+`safetensors` (and `gguf`) give, on the CPU and, where a GPU is usable, on cuda:0."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+weightlift = pytest.importorskip("weightlift")
+st = pytest.importorskip("safetensors.torch")
+gguf = pytest.importorskip("gguf")
+
+GPU = torch.cuda.is_available() and weightlift.cuda_available()
+DEVICES = ["cpu"] + (["cuda:0"] if GPU else [])
+if not GPU:
+    print("GPU cases skipped: torch.cuda.is_available() =", torch.cuda.is_available(), "/ weightlift:", weightlift.probe()["cuda"])
+
+
+def raw_bytes(t: "torch.Tensor") -> bytes:
+    return t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+
+
+def assert_same(got: dict, ref: dict, device: str) -> None:
+    assert set(got) == set(ref)
+    for k, r in ref.items():
+        g = got[k]
+        assert g.dtype == r.dtype, k
+        assert tuple(g.shape) == tuple(r.shape), k
+        assert g.device == torch.device(device), k
+        assert raw_bytes(g) == raw_bytes(r), k
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory, wl):
+    d = tmp_path_factory.mktemp("ckpt")
+    out = {}
+    wl.run("generate", d / "small.safetensors", "--layout", "many-small", "--tensors", "300", "--seed", "4")
+    wl.run("generate", d / "llama.safetensors", "--layout", "llama", "--size", "24MiB", "--seed", "5")
+    wl.run("generate", d / "aligned.safetensors", "--layout", "many-small", "--tensors", "60", "--align", "4096", "--seed", "6")
+    wl.run("generate", d / "model.gguf", "--layout", "llama", "--size", "12MiB", "--format", "gguf", "--seed", "7")
+    wl.run("generate", d / "small.gguf", "--layout", "many-small", "--tensors", "80", "--format", "gguf", "--seed", "8")
+    out.update({k: d / f for k, f in [("small", "small.safetensors"), ("llama", "llama.safetensors"), ("aligned", "aligned.safetensors"), ("gguf", "model.gguf"), ("small_gguf", "small.gguf")]})
+    g = torch.Generator().manual_seed(0)
+    upstream = {
+        "f32": torch.randn(3, 5, generator=g),
+        "bf16": torch.randn(7, 3, generator=g).to(torch.bfloat16),
+        "f16": torch.randn(2, 2, 2, generator=g).to(torch.float16),
+        "f64": torch.randn(1, generator=g).to(torch.float64),
+        "i64": torch.randint(-9, 9, (4,), generator=g),
+        "i8": torch.randint(-9, 9, (6,), generator=g, dtype=torch.int8),
+        "u8": torch.randint(0, 255, (9,), generator=g, dtype=torch.uint8),
+        "bool": torch.tensor([True, False, True]),
+        "f8e4m3": torch.randn(4, generator=g).to(torch.float8_e4m3fn),
+        "f8e5m2": torch.randn(4, generator=g).to(torch.float8_e5m2),
+        "scalar": torch.tensor(2.5),
+        "empty": torch.zeros(0, 3),
+        "odd": torch.randn(3, 1, 7, generator=g),
+    }
+    out["upstream"] = d / "upstream.safetensors"
+    st.save_file(upstream, str(out["upstream"]), metadata={"format": "pt", "origin": "test"})
+    shards = {"model-00001-of-00002.safetensors": {"a": torch.randn(4, 4, generator=g)}, "model-00002-of-00002.safetensors": {"b": torch.randn(8, generator=g).to(torch.bfloat16), "c": torch.arange(5)}}
+    wm = {}
+    for fname, ts in shards.items():
+        st.save_file(ts, str(d / fname))
+        wm.update({k: fname for k in ts})
+    out["index"] = d / "model.safetensors.index.json"
+    out["index"].write_text(json.dumps({"metadata": {}, "weight_map": wm}))
+    return out
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("name", ["small", "llama", "aligned", "upstream"])
+def test_load_file_equals_safetensors(files, device, name):
+    path = files[name]
+    got = weightlift.load_file(path, device=device)
+    # Upstream readers also see the padding tensors of 4 KiB-aligned files; weightlift hides them.
+    ref = {k: v for k, v in st.load_file(str(path), device=device).items() if not k.startswith("__weightlift_pad_")}
+    assert_same(got, ref, device)
+    report = weightlift.last_report()
+    assert report["bytes"] == sum(t.numel() * t.element_size() for t in ref.values())
+    assert report["backend"] in ("uring", "pread")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_sharded_checkpoint(files, device):
+    got = weightlift.load_file(files["index"], device=device)
+    ref = {}
+    for f in ("model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"):
+        ref.update(st.load_file(str(files["index"].parent / f), device=device))
+    assert_same(got, ref, device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_safe_open_reads_what_is_asked(files, device):
+    path = files["upstream"]
+    with weightlift.safe_open(path, framework="pt", device=device) as f, st.safe_open(str(path), framework="pt", device=device) as r:
+        assert f.keys() == sorted(r.keys())
+        assert f.metadata() == r.metadata()
+        for k in r.keys():
+            g, e = f.get_tensor(k), r.get_tensor(k)
+            assert g.dtype == e.dtype and g.shape == e.shape and raw_bytes(g) == raw_bytes(e)
+        sl, sr = f.get_slice("odd"), r.get_slice("odd")
+        assert sl.get_shape() == sr.get_shape() and sl.get_dtype() == sr.get_dtype()
+        assert torch.equal(sl[1:3], sr[1:3])
+        assert weightlift.last_report()["bytes"] == 2 * 7 * 4  # two rows of 1×7 floats, not the tensor
+        assert torch.equal(sl[:, :, 2:5], sr[:, :, 2:5])
+        assert torch.equal(sl[2], sr[2])
+        with pytest.raises(KeyError):
+            f.get_tensor("nope")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_save_file_round_trips_through_safetensors(files, tmp_path, device):
+    src = st.load_file(str(files["upstream"]), device=device)
+    out = tmp_path / "saved.safetensors"
+    weightlift.save_file(src, out, metadata={"k": "v"})
+    back = st.load_file(str(out))
+    assert_same(back, {k: v.cpu() for k, v in src.items()}, "cpu")
+    with st.safe_open(str(out), "pt") as f:
+        assert f.metadata() == {"k": "v"}
+    aligned = tmp_path / "aligned.safetensors"
+    weightlift.save_file(src, aligned, align=4096)
+    assert_same(weightlift.load_file(aligned), {k: v.cpu() for k, v in src.items()}, "cpu")
+    upstream_view = st.load_file(str(aligned))
+    assert {k for k in upstream_view if not k.startswith("__weightlift_pad_")} == set(src)
+
+
+def test_save_file_killed_midway_leaves_the_old_file(tmp_path):
+    target = tmp_path / "t.safetensors"
+    weightlift.save_file({"x": torch.arange(10)}, target)
+    before = target.read_bytes()
+    code = (
+        "import torch, weightlift, sys\n"
+        "print('ready', flush=True)\n"
+        f"weightlift.save_file({{'big': torch.ones(512 << 20, dtype=torch.uint8)}}, {str(target)!r})\n"
+    )
+    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE)
+    assert p.stdout.readline().strip() == b"ready"
+    time.sleep(0.3)
+    p.send_signal(signal.SIGKILL)
+    p.wait()
+    assert target.read_bytes() == before
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_dstorage_loader(tmp_path, device):
+    rng = np.random.default_rng(1)
+    paths = []
+    for i, n in enumerate([1, 1000, 4097, 100_003]):
+        p = tmp_path / f"w{i}.bin"
+        rng.standard_normal(n).astype(np.float32).tofile(p)
+        paths.append((p, n))
+    loader = weightlift.Loader(device=device, threads=2)
+    assert loader.settings()["threads"] == {"value": "2", "source": "set by caller"}
+    for p, n in paths:
+        t = loader.load_tensor(p, n)
+        assert t.dtype == torch.float32 and t.shape == (n,) and t.device == torch.device(device)
+        assert np.array_equal(t.cpu().numpy(), np.fromfile(p, dtype=np.float32))
+    many = loader.load_tensors(paths, torch.float32)
+    for (p, n), t in zip(paths, many):
+        assert np.array_equal(t.cpu().numpy(), np.fromfile(p, dtype=np.float32))
+    half = loader.load_tensor(paths[2][0], 3000, torch.int16)
+    assert np.array_equal(half.cpu().numpy(), np.fromfile(paths[2][0], dtype=np.int16, count=3000))
+    t, secs = loader.load_tensor_timed(paths[3][0], 100_003)
+    assert secs > 0 and t.numel() == 100_003
+    t = weightlift.load_tensor(paths[1][0], 1000, device=device)
+    assert np.array_equal(t.cpu().numpy(), np.fromfile(paths[1][0], dtype=np.float32))
+    with pytest.raises(weightlift.FormatError, match="w0.bin"):
+        loader.load_tensor(paths[0][0], 2)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_gds_file(tmp_path, device):
+    data = np.random.default_rng(2).integers(0, 255, size=10_000, dtype=np.uint8)
+    path = tmp_path / "g.bin"
+    data.tofile(path)
+    f = weightlift.File(path, "r")
+    storage = torch.empty(4096, dtype=torch.uint8, device=device).untyped_storage()
+    f.load_storage(storage, offset=100)
+    assert bytes(torch.tensor([], dtype=torch.uint8).new_empty(0).set_(storage).cpu().numpy()) == data[100:4196].tobytes()
+    buf = torch.empty(1000, dtype=torch.uint8, device=device)
+    assert f.pread(buf, 9500) == 500  # short count at the end of the file
+    assert buf[:500].cpu().numpy().tobytes() == data[9500:].tobytes()
+    assert f.pread(buf, 20_000) == 0
+    with pytest.raises(weightlift.IoError):
+        f.load_storage(storage, offset=8000)
+    with pytest.raises(weightlift.InvalidArgumentError):
+        f.pwrite(buf, 0)
+    out = tmp_path / "o.bin"
+    w = weightlift.File(out, "w")
+    src = torch.arange(1000, dtype=torch.float32, device=device)
+    w.save_storage(src.untyped_storage(), offset=0)
+    assert w.pwrite(src[:10], 4000) == 40
+    back = np.fromfile(out, dtype=np.float32)
+    assert np.array_equal(back[:1000], np.arange(1000, dtype=np.float32))
+    assert np.array_equal(back[1000:1010], np.arange(10, dtype=np.float32))
+
+
+def test_gds_file_errors(tmp_path):
+    with pytest.raises(FileNotFoundError):
+        weightlift.File(tmp_path / "missing.bin", "r")
+    ro = tmp_path / "ro.bin"
+    ro.write_bytes(b"x" * 10)
+    ro.chmod(0o444)
+    if os.geteuid() != 0:  # root ignores file permissions
+        with pytest.raises(PermissionError):
+            weightlift.File(ro, "r+")
+    with pytest.raises(weightlift.InvalidArgumentError):
+        weightlift.File(ro, "rw?")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("name", ["gguf", "small_gguf"])
+def test_load_gguf_equals_gguf_package(files, device, name):
+    ck = weightlift.load_gguf(files[name], device=device)
+    reader = gguf.GGUFReader(str(files[name]))
+    assert set(ck.tensors) == {t.name for t in reader.tensors}
+    for t in reader.tensors:
+        got = ck.tensors[t.name]
+        assert got.device == torch.device(device)
+        assert ck.types[t.name] == t.tensor_type.name
+        assert ck.shapes[t.name] == tuple(int(d) for d in reversed(t.shape))
+        if t.tensor_type.name == "BF16":
+            # numpy has no bfloat16: the gguf package shows BF16 rows as bytes; weightlift gives torch.bfloat16.
+            assert got.dtype == torch.bfloat16 and tuple(got.shape) == ck.shapes[t.name], t.name
+        else:
+            assert tuple(got.shape) == tuple(t.data.shape), t.name
+        assert raw_bytes(got) == t.data.tobytes(), t.name
+    assert ck.metadata["general.architecture"] == "llama"
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_load_into_a_module(tmp_path, device):
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.LayerNorm(16), torch.nn.Linear(16, 4))
+    ref = {k: torch.randn_like(v) for k, v in model.state_dict().items()}
+    path = tmp_path / "m.safetensors"
+    st.save_file(ref, str(path))
+    target = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.LayerNorm(16), torch.nn.Linear(16, 4)).to(device)
+    result = weightlift.load_into(target, path)
+    assert result.missing_keys == [] and result.unexpected_keys == []
+    for k, v in target.state_dict().items():
+        assert v.device == torch.device(device) and torch.equal(v.cpu(), ref[k])
+    x = torch.randn(2, 8)
+    target.cpu()
+    model.load_state_dict(ref)
+    assert torch.allclose(target(x), model(x))
+    extra = dict(ref, **{"extra.weight": torch.ones(1)})
+    del extra["2.bias"]
+    st.save_file(extra, str(path))
+    with pytest.raises(RuntimeError, match=r'Missing key\(s\) in state_dict: "2.bias".*\n\tUnexpected key\(s\) in state_dict: "extra.weight"'):
+        weightlift.load_into(target, path)
+    res = weightlift.load_into(target, path, strict=False)
+    assert res.missing_keys == ["2.bias"] and res.unexpected_keys == ["extra.weight"]
+
+
+def test_hostile_and_wrong_inputs_raise_the_right_exceptions(tmp_path, wl_bin):
+    bad = tmp_path / "bad.safetensors"
+    bad.write_bytes((200_000_000).to_bytes(8, "little") + b"{}")
+    with pytest.raises(weightlift.FormatError, match="bad.safetensors.*header length"):
+        weightlift.load_file(bad)
+    with pytest.raises(ValueError):  # FormatError is a ValueError too
+        weightlift.load_file(bad)
+    trunc = tmp_path / "trunc.safetensors"
+    trunc.write_bytes(b"\x40\x00\x00\x00\x00\x00\x00\x00{}")
+    with pytest.raises(weightlift.FormatError, match="past the end"):
+        weightlift.load_file(trunc)
+    with pytest.raises(FileNotFoundError):
+        weightlift.load_file(tmp_path / "nope.safetensors")
+    with pytest.raises(IsADirectoryError):
+        weightlift.load_file(tmp_path)
+    good = tmp_path / "g.safetensors"
+    st.save_file({"x": torch.ones(2)}, str(good))
+    with pytest.raises(weightlift.InvalidArgumentError):
+        weightlift.load_file(good, device="tpu:0")
+    with pytest.raises(weightlift.InvalidArgumentError, match="unknown setting"):
+        weightlift.Loader(device="cpu", bogus=1)
+    with pytest.raises(weightlift.InvalidArgumentError, match="chunk_bytes"):
+        weightlift.Loader(device="cpu", chunk_bytes=1000)
+    with pytest.raises(weightlift.TensorNotFoundError):
+        weightlift.safe_open(good).get_tensor("y")
+    with pytest.raises(weightlift.InvalidArgumentError):
+        weightlift.save_file({"x": torch.ones(2)}, tmp_path / "m.safetensors", metadata={"k": 1})
+    if not GPU:
+        with pytest.raises(weightlift.CudaError, match="unavailable"):
+            weightlift.load_file(good, device="cuda:0")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_eight_threads_at_once(files, device):
+    ref = st.load_file(str(files["small"]))
+    loader = weightlift.Loader(device=device)
+
+    def one(i):
+        if i % 2:
+            return weightlift.load_file(files["small"], device=device)
+        with weightlift.safe_open(files["small"], device=device) as f:
+            return f.get_tensors(list(ref))
+
+    with ThreadPoolExecutor(8) as ex:
+        results = list(ex.map(one, range(16)))
+    for got in results:
+        assert_same(got, {k: v.to(device) for k, v in ref.items()}, device)
+    del loader
+
+
+def test_probe_and_reports(files):
+    p = weightlift.probe(files["llama"])
+    assert {"cuda", "io_uring", "cufile", "settings", "file"} <= set(p)
+    assert p["file"]["len"] == os.path.getsize(files["llama"])
+    assert p["file"]["logical_block_size"] >= 512
+    weightlift.load_file(files["llama"])
+    r = weightlift.last_report()
+    for key in ("bytes", "seconds", "gbps", "backend", "direct_bytes", "buffered_bytes", "peak_staging_bytes"):
+        assert key in r
+    assert [s[0] for s in weightlift.SETTINGS] == ["chunk_bytes", "queue_depth", "staging_bytes", "threads", "direct", "backend"]
+
+
+@pytest.mark.skipif(not GPU, reason="needs a CUDA device")
+def test_gpu_tensors_are_ready_for_kernels_on_the_current_stream(files):
+    ref = st.load_file(str(files["llama"]))
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        got = weightlift.load_file(files["llama"], device="cuda:0")
+        sums = {k: (v.float() * 2).sum() for k, v in got.items()}
+    side.synchronize()
+    for k, v in ref.items():
+        assert torch.equal(got[k].cpu(), v)
+        assert torch.allclose(sums[k].cpu(), (v.float() * 2).sum(), rtol=1e-4, equal_nan=True)
+
+
+@pytest.mark.skipif(not GPU, reason="needs a CUDA device")
+def test_freeing_gpu_tensors_frees_their_memory(files):
+    torch.cuda.synchronize()
+    free0, _ = torch.cuda.mem_get_info()
+    for _ in range(5):
+        got = weightlift.load_file(files["llama"], device="cuda:0")
+        n = sum(t.numel() * t.element_size() for t in got.values())
+        del got
+    torch.cuda.synchronize()
+    free1, _ = torch.cuda.mem_get_info()
+    assert free0 - free1 < max(n, 64 << 20), (free0, free1, n)
