@@ -188,7 +188,7 @@ def test_gds_file(tmp_path, device):
     f = weightlift.File(path, "r")
     storage = torch.empty(4096, dtype=torch.uint8, device=device).untyped_storage()
     f.load_storage(storage, offset=100)
-    assert bytes(torch.tensor([], dtype=torch.uint8).new_empty(0).set_(storage).cpu().numpy()) == data[100:4196].tobytes()
+    assert bytes(torch.empty(0, dtype=torch.uint8, device=device).set_(storage).cpu().numpy()) == data[100:4196].tobytes()
     buf = torch.empty(1000, dtype=torch.uint8, device=device)
     assert f.pread(buf, 9500) == 500  # short count at the end of the file
     assert buf[:500].cpu().numpy().tobytes() == data[9500:].tobytes()
@@ -328,15 +328,16 @@ def test_probe_and_reports(files):
 
 @pytest.mark.skipif(not GPU, reason="needs a CUDA device")
 def test_gpu_tensors_are_ready_for_kernels_on_the_current_stream(files):
+    # The checkpoint holds random bytes (NaNs included), so the kernel works on the bits: XOR as 16-bit integers.
     ref = st.load_file(str(files["llama"]))
     side = torch.cuda.Stream()
     with torch.cuda.stream(side):
         got = weightlift.load_file(files["llama"], device="cuda:0")
-        sums = {k: (v.float() * 2).sum() for k, v in got.items()}
+        flipped = {k: v.view(torch.int16) ^ 0x5A5A for k, v in got.items()}
     side.synchronize()
     for k, v in ref.items():
-        assert torch.equal(got[k].cpu(), v)
-        assert torch.allclose(sums[k].cpu(), (v.float() * 2).sum(), rtol=1e-4, equal_nan=True)
+        assert raw_bytes(got[k]) == raw_bytes(v), k
+        assert torch.equal(flipped[k].cpu(), v.view(torch.int16) ^ 0x5A5A), k
 
 
 @pytest.mark.skipif(not GPU, reason="needs a CUDA device")

@@ -177,6 +177,7 @@ impl NativeEngine {
     }
 
     /// Writes `nbytes` from address `ptr` (host, or device `cuda:N`) into `path` at `offset`; fsyncs when `durable`.
+    #[allow(clippy::too_many_arguments)] // the Python signature: a pwrite plus where the memory lives
     fn write_from(
         &self,
         py: Python<'_>,
