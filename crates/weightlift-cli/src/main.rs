@@ -37,6 +37,18 @@ enum Command {
     Load(load::Args),
     /// Measure the machine's ceilings and weightlift's loads against them, in one run.
     Bench(bench::Args),
+    /// Show what this machine offers (CUDA devices, PCIe links, io_uring, cuFile, O_DIRECT) and what weightlift
+    /// would choose for PATH.
+    Probe(ProbeArgs),
+}
+
+#[derive(clap::Args, Debug)]
+struct ProbeArgs {
+    /// A file (or directory) whose filesystem and page-cache residency to probe.
+    path: Option<PathBuf>,
+    /// Print one JSON object.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(clap::Args, Debug)]
@@ -85,6 +97,7 @@ fn main() -> ExitCode {
         Command::Generate(args) => generate(&args),
         Command::Load(args) => load::run(&args),
         Command::Bench(args) => bench::run(&args),
+        Command::Probe(args) => probe(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -93,6 +106,65 @@ fn main() -> ExitCode {
             ExitCode::from(2)
         }
     }
+}
+
+fn probe(args: &ProbeArgs) -> Result<()> {
+    let v = weightlift::probe::probe(args.path.as_deref());
+    if args.json {
+        println!("{v}");
+        return Ok(());
+    }
+    let s = |v: &serde_json::Value| v.as_str().map(str::to_string).unwrap_or_else(|| v.to_string());
+    println!("weightlift {} on Linux {}, {} CPUs", s(&v["weightlift"]), s(&v["kernel"]), v["cpus"]);
+    if v["cuda"]["available"] == true {
+        println!("CUDA: driver supports CUDA {}", s(&v["cuda"]["driver_cuda_version"]));
+        for d in v["cuda"]["devices"].as_array().into_iter().flatten() {
+            println!(
+                "  cuda:{} {} ({}), PCIe {}, compute {}, {:.1} of {:.1} GiB free",
+                d["ordinal"],
+                s(&d["name"]),
+                s(&d["pci_bus_id"]),
+                s(&d["pcie_link"]),
+                s(&d["compute_capability"]),
+                d["free_bytes"].as_f64().unwrap_or(0.0) / (1u64 << 30) as f64,
+                d["total_bytes"].as_f64().unwrap_or(0.0) / (1u64 << 30) as f64
+            );
+        }
+    } else {
+        println!("CUDA: unavailable ({})", s(&v["cuda"]["reason"]));
+    }
+    let cf = &v["cufile"];
+    if cf["found"] == true {
+        let mode = cf.get("mode").map(s).unwrap_or_else(|| "not opened".into());
+        println!("cuFile: {} — {}", s(&cf["library"]), mode);
+    } else {
+        println!("cuFile: not found (tried {})", cf["tried"].as_array().map_or(0, Vec::len));
+    }
+    match v["io_uring"]["available"].as_bool() {
+        Some(true) => println!("io_uring: available"),
+        _ => println!("io_uring: unavailable ({})", s(&v["io_uring"]["reason"])),
+    }
+    println!("read engine: {}", s(&v["backend"]));
+    if let Some(f) = v["file"].as_object() {
+        if let Some(e) = f.get("error") {
+            println!("{}: {}", s(&f["path"]), s(e));
+        } else {
+            println!(
+                "{}: {} bytes, O_DIRECT {} (logical block {} B), {} bytes in the page cache → {}",
+                s(&f["path"]),
+                f["len"],
+                if f["o_direct"] == true { "yes".to_string() } else { format!("no: {}", s(&f["o_direct_refused"])) },
+                f["logical_block_size"],
+                f["resident_bytes"],
+                s(&f["would_read"])
+            );
+        }
+    }
+    println!("settings:");
+    for (k, val) in v["settings"].as_object().into_iter().flatten() {
+        println!("  {k} = {} ({})", s(&val["value"]), s(&val["source"]));
+    }
+    Ok(())
 }
 
 fn generate(args: &GenerateArgs) -> Result<()> {

@@ -55,6 +55,8 @@ pub enum Backend {
     Auto,
     Uring,
     Pread,
+    /// NVIDIA cuFile (GPUDirect Storage) for loads into GPU memory; host loads use `Auto`.
+    Gds,
 }
 
 impl FromStr for DirectMode {
@@ -76,7 +78,8 @@ impl FromStr for Backend {
             "auto" => Ok(Backend::Auto),
             "uring" | "io_uring" | "io-uring" => Ok(Backend::Uring),
             "pread" => Ok(Backend::Pread),
-            _ => Err("expected auto, uring or pread".into()),
+            "gds" | "cufile" => Ok(Backend::Gds),
+            _ => Err("expected auto, uring, pread or gds".into()),
         }
     }
 }
@@ -97,6 +100,7 @@ impl fmt::Display for Backend {
             Backend::Auto => "auto",
             Backend::Uring => "uring",
             Backend::Pread => "pread",
+            Backend::Gds => "gds",
         })
     }
 }
@@ -146,7 +150,7 @@ pub const SETTINGS: &[SettingDoc] = &[
         name: "backend",
         env: "WEIGHTLIFT_IO",
         default: "auto",
-        meaning: "read engine: auto (io_uring, else pread), uring, pread",
+        meaning: "read engine: auto (io_uring, else pread; cuFile for GPU loads where it runs peer-to-peer), uring, pread, gds (cuFile for GPU loads)",
     },
 ];
 

@@ -144,6 +144,29 @@ impl Engine {
         Ok(g)
     }
 
+    /// Whether GPU loads go through cuFile, and why (or why not).
+    fn gpu_path(&self) -> (Option<weightlift_cuda::cufile::Cufile>, String) {
+        use weightlift_io::Backend;
+        match self.config.io.backend.value {
+            Backend::Gds => match weightlift_cuda::cufile::driver() {
+                Ok(c) => (Some(c), "cuFile requested".into()),
+                Err(e) => (None, format!("cuFile requested but unavailable ({e}); using the io_uring pipeline")),
+            },
+            Backend::Auto => match weightlift_cuda::cufile::driver() {
+                Ok(c) if c.is_peer_to_peer() => (Some(c), "cuFile runs peer-to-peer here".into()),
+                Ok(c) => (
+                    None,
+                    format!(
+                        "GPU path: the io_uring pipeline, since cuFile runs in compat mode here ({:?}), through host bounce buffers the pipeline outruns",
+                        c.mode
+                    ),
+                ),
+                Err(e) => (None, format!("GPU path: the io_uring pipeline (no cuFile: {e})")),
+            },
+            _ => (None, "GPU path: the io_uring pipeline (set by WEIGHTLIFT_IO)".into()),
+        }
+    }
+
     /// Frees the cached staging memory (it is kept between loads otherwise).
     pub fn release_staging(&mut self) {
         self.pool.release();
@@ -242,14 +265,32 @@ impl Engine {
                     })
                     .collect();
                 let block_lens: Vec<u64> = placement.blocks.iter().map(|b| b.len).collect();
-                let dests = blocks.iter().map(|b| (b.device_ptr(), b.len() as u64)).collect();
-                // SAFETY: `blocks` owns every destination and outlives the load below; nothing else uses them.
-                let sink = unsafe {
-                    DeviceSink::new(&gpu, dests, MAX_LANES.max(self.config.io.threads.value as usize), Some(ready))
+                let dests: Vec<(u64, u64)> = blocks.iter().map(|b| (b.device_ptr(), b.len() as u64)).collect();
+                let (cufile, path_reason) = self.gpu_path();
+                let io = match cufile {
+                    Some(cf) => {
+                        ready.synchronize().map_err(|e| Error::Cuda(format!("cuEventSynchronize: {e}")))?;
+                        let paths: Vec<PathBuf> = index.files.iter().map(|f| f.path.clone()).collect();
+                        let threads = self.config.io.threads.value as usize;
+                        crate::gds::load_blocks(&cf, &gpu, &paths, &placement.blocks, &dests, threads, opts.progress)?
+                    }
+                    None => {
+                        // SAFETY: `blocks` owns every destination and outlives the load below; nothing else uses them.
+                        let sink = unsafe {
+                            DeviceSink::new(
+                                &gpu,
+                                dests,
+                                MAX_LANES.max(self.config.io.threads.value as usize),
+                                Some(ready),
+                            )
+                        };
+                        let pinner = CudaPinner::new(&gpu);
+                        let mut io = self.run(&files, &block_extents, &block_lens, &sink, opts, Some(&pinner))?;
+                        copy_span = Some(sink.copy_span_secs());
+                        io.backend_reason = format!("{}; {path_reason}", io.backend_reason);
+                        io
+                    }
                 };
-                let pinner = CudaPinner::new(&gpu);
-                let io = self.run(&files, &block_extents, &block_lens, &sink, opts, Some(&pinner))?;
-                copy_span = Some(sink.copy_span_secs());
                 let blocks: Vec<Arc<DeviceBuffer>> = blocks.into_iter().map(Arc::new).collect();
                 let datas = placement
                     .tensors

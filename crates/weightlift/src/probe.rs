@@ -48,7 +48,13 @@ pub fn probe(path: Option<&Path>) -> Value {
         (_, Ok(())) => "uring (io_uring available)".to_string(),
         (_, Err(why)) => format!("pread (io_uring unavailable: {why})"),
     };
-    let file = path.map(|p| match OpenFile::open(p, true) {
+    // A directory is probed through a small file created in it (its filesystem is what matters).
+    let scratch = path.filter(|p| p.is_dir()).and_then(|d| {
+        let f = d.join(format!(".weightlift-probe-{}", std::process::id()));
+        std::fs::write(&f, [0u8; 4096]).ok().map(|()| f)
+    });
+    let target = scratch.as_deref().or(path);
+    let file = target.map(|p| match OpenFile::open(p, true) {
         Ok(f) => {
             let resident = Residency::probe(&f.buffered, f.len).map(|r| r.resident_bytes());
             json!({
@@ -63,6 +69,15 @@ pub fn probe(path: Option<&Path>) -> Value {
         }
         Err(e) => json!({"path": p, "error": e.to_string()}),
     });
+    let file = match (scratch.as_ref(), file) {
+        (Some(s), Some(mut f)) => {
+            let _ = std::fs::remove_file(s);
+            f["path"] = json!(path);
+            f["probed_with"] = json!("a 4 KiB file created and removed in the directory");
+            Some(f)
+        }
+        (_, f) => f,
+    };
     json!({
         "weightlift": env!("CARGO_PKG_VERSION"),
         "kernel": std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default().trim(),
