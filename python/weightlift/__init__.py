@@ -6,6 +6,8 @@ The APIs of the tools it replaces, with their names, arguments and results:
 - dstorage-gpu: :class:`Loader` (``load_tensor``, ``load_tensors``, ``load_tensor_timed``), :func:`load_tensor`
 - torch.cuda.gds: :class:`File` (``load_storage``, ``save_storage``, ``pread``, ``pwrite``)
 - GGUF: :func:`load_gguf`
+- cuFile (GPUDirect Storage): :mod:`weightlift.cufile` (``Session``: handles, buffers, read/write, async, batch,
+  vectored I/O)
 - :func:`load_into` (weights straight into a ``torch.nn.Module``), :func:`probe`, :func:`last_report`
 
 Settings (keyword arguments of :class:`Loader`, or environment variables) are listed in :data:`SETTINGS`.
@@ -17,7 +19,7 @@ from __future__ import annotations
 import os
 from typing import Any, Union
 
-from . import _native
+from . import _native, cufile
 from ._errors import (
     CudaError,
     FormatError,
@@ -69,6 +71,7 @@ __all__ = [
     "File",
     "GdsFile",
     "load_gguf",
+    "cufile",
     "GGUFCheckpoint",
     "load_into",
     "probe",

@@ -167,6 +167,49 @@ pub fn run(args: &Args, ordinal: u32) -> Result<()> {
         add(format!("raw {}, warm", units::bytes(args.raw_size)), rate, "pinned host→device", h2d_best, detail);
     }
 
+    // cuFile on this machine: its load rate beside the pipeline's, which is what `auto` weighs.
+    let gds = weightlift_cuda::cufile::driver();
+    if args.wants("gds") {
+        match &gds {
+            Ok(cf) => {
+                let config = args.engine.config()?;
+                let mut gds_engine =
+                    Engine::new(weightlift::Config { io: config.io.backend(weightlift::io::Backend::Gds) })?;
+                let (rate, detail) = time_loads(&mut gds_engine, &llama_index, device, runs, sums[0], || warm(&llama))?;
+                let mode = if cf.is_peer_to_peer() { "peer-to-peer" } else { "compat mode" };
+                add(format!("llama, warm page cache, cuFile ({mode})"), rate, "pinned host→device", h2d_best, detail);
+            }
+            Err(e) => log(&format!("  cuFile case skipped: {e}")),
+        }
+    }
+    if args.wants("write") {
+        let target = dir.join("write-test.bin");
+        let ceiling = dd_write_direct(&target, args.raw_size, runs)?;
+        log(&format!("  ceiling: dd oflag=direct bs=16M write {:.2} GB/s", ceiling.best()));
+        ceilings.insert("dd_write_direct".into(), ceiling.json());
+        let loaded = engine.load(&raw_index, device, &LoadOpts::default())?;
+        let data = &loaded.tensors[0].data;
+        let mut rates = Vec::new();
+        for _ in 0..runs {
+            let _ = std::fs::remove_file(&target);
+            let t = Instant::now();
+            let n = engine.write_tensor(&target, 0, data, true)?;
+            rates.push(n as f64 / t.elapsed().as_secs_f64() / 1e9);
+        }
+        let written = weightlift::format::open(std::slice::from_ref(&target), Some(RawSpec { dtype: DType::U8, count: None }))?;
+        if file_checksum(&written)? != sums[2] {
+            anyhow::bail!("the written file differs from the raw file it came from");
+        }
+        add(
+            format!("write {} cuda → disk (O_DIRECT, fsync)", units::bytes(args.raw_size)),
+            Rate { runs: rates },
+            "dd oflag=direct",
+            Some(ceiling.best()),
+            json!({}),
+        );
+        let _ = std::fs::remove_file(&target);
+    }
+
     let peers = if args.no_peers {
         json!({"skipped": "--no-peers"})
     } else {
@@ -213,10 +256,40 @@ pub fn run(args: &Args, ordinal: u32) -> Result<()> {
         "settings": args.engine.config()?.io.describe().iter().map(|(k, v, s)| json!({"name": k, "value": v, "source": s.to_string()})).collect::<Vec<_>>(),
         "ceilings": ceilings,
         "engine_setup": setup,
+        "cufile": weightlift::cufile_status(),
+        "gpu_path_auto": match &gds {
+            Ok(c) if c.is_peer_to_peer() => "cuFile (peer-to-peer)".to_string(),
+            Ok(c) => format!("io_uring pipeline: cuFile runs in compat mode ({:?})", c.mode),
+            Err(e) => format!("io_uring pipeline: no cuFile ({e})"),
+        },
         "cases": cases.iter().map(Case::json).collect::<Vec<_>>(),
         "peers": peers,
     });
     finish(args, &result, &cases)
+}
+
+/// `dd if=/dev/zero of=PATH bs=16M count=… oflag=direct`: the disk's direct write rate.
+fn dd_write_direct(path: &Path, bytes: u64, runs: usize) -> Result<Rate> {
+    let count = bytes.div_ceil(16 << 20);
+    let mut r = Vec::new();
+    for _ in 0..runs {
+        let _ = std::fs::remove_file(path);
+        let t = Instant::now();
+        let ok = Command::new("dd")
+            .args(["if=/dev/zero", "bs=16M", "oflag=direct"])
+            .arg(format!("of={}", path.display()))
+            .arg(format!("count={count}"))
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .status()?
+            .success();
+        if !ok {
+            anyhow::bail!("dd oflag=direct failed on {}", path.display());
+        }
+        r.push((count << 24) as f64 / t.elapsed().as_secs_f64() / 1e9);
+    }
+    let _ = std::fs::remove_file(path);
+    Ok(Rate { runs: r })
 }
 
 fn describe(path: &Path, index: &TensorIndex) -> Value {

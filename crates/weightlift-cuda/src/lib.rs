@@ -9,6 +9,7 @@ mod ceiling;
 pub mod cufile;
 mod driver;
 mod error;
+pub mod gate;
 mod gpu;
 mod memory;
 mod sink;

@@ -25,6 +25,7 @@ pub mod residency;
 pub mod sink;
 pub mod staging;
 mod uring;
+pub mod write;
 
 pub use buffer::{HOST_ALIGN, HostBuffer};
 pub use config::{Backend, DirectMode, IoConfig, Setting, Source};

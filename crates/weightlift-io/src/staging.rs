@@ -112,7 +112,8 @@ impl StagingPool {
                 && s.slots >= slots
                 && s.slots <= slots * 2
                 && s.bytes() <= max_bytes
-                && s.is_pinned() == pinner.is_some()
+                // Pinned memory serves unpinned requests as well.
+                && (s.is_pinned() || pinner.is_none())
         });
         if !fits {
             self.current = None;

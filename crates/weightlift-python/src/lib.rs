@@ -202,6 +202,170 @@ impl NativeEngine {
     }
 }
 
+/// A cuFile-style session (see `weightlift.cufile`).
+#[pyclass(module = "weightlift._native", frozen)]
+struct NativeSession {
+    session: std::sync::Arc<weightlift::cufile_api::Session>,
+}
+
+fn op_of(s: &str) -> PyResult<weightlift::cufile_api::Op> {
+    match s {
+        "read" => Ok(weightlift::cufile_api::Op::Read),
+        "write" => Ok(weightlift::cufile_api::Op::Write),
+        _ => Err(errors::invalid_argument(&format!("operation {s:?}: expected \"read\" or \"write\""))),
+    }
+}
+
+#[pymethods]
+impl NativeSession {
+    #[new]
+    #[pyo3(signature = (use_cufile=false))]
+    fn new(use_cufile: bool) -> PyResult<NativeSession> {
+        let config = Config::from_env().map_err(to_py)?;
+        let session = weightlift::cufile_api::Session::open(config, use_cufile).map_err(to_py)?;
+        Ok(NativeSession { session: std::sync::Arc::new(session) })
+    }
+
+    fn backend(&self) -> String {
+        self.session.backend()
+    }
+
+    fn close(&self) {
+        self.session.close();
+    }
+
+    fn handle_register(&self, path: PathBuf, mode: &str) -> PyResult<u64> {
+        let mode = weightlift::cufile_api::FileMode::parse(mode).map_err(to_py)?;
+        self.session.handle_register(&path, mode).map_err(to_py)
+    }
+
+    fn handle_deregister(&self, fh: u64) -> PyResult<()> {
+        self.session.handle_deregister(fh).map_err(to_py)
+    }
+
+    fn buf_register(&self, base: u64, len: u64, device: &str) -> PyResult<()> {
+        let device = parse_device(device)?;
+        // SAFETY: the Python layer registers the data of a tensor it keeps referenced until deregistration.
+        unsafe { self.session.buf_register(base, len, device) }.map_err(to_py)
+    }
+
+    fn buf_deregister(&self, base: u64) -> PyResult<()> {
+        self.session.buf_deregister(base).map_err(to_py)
+    }
+
+    #[allow(clippy::too_many_arguments)] // cuFile's argument list
+    fn io(
+        &self,
+        py: Python<'_>,
+        op: &str,
+        fh: u64,
+        base: u64,
+        size: u64,
+        file_offset: u64,
+        buf_offset: u64,
+    ) -> PyResult<u64> {
+        let op = op_of(op)?;
+        py.detach(|| match op {
+            weightlift::cufile_api::Op::Read => self.session.read(fh, base, size, file_offset, buf_offset),
+            weightlift::cufile_api::Op::Write => self.session.write(fh, base, size, file_offset, buf_offset),
+        })
+        .map_err(to_py)
+    }
+
+    #[allow(clippy::too_many_arguments)] // pread's arguments plus where the memory lives
+    fn pio(
+        &self,
+        py: Python<'_>,
+        op: &str,
+        fh: u64,
+        addr: u64,
+        size: u64,
+        file_offset: u64,
+        device: &str,
+    ) -> PyResult<u64> {
+        let (op, device) = (op_of(op)?, parse_device(device)?);
+        py.detach(|| {
+            // SAFETY: the Python layer passes the data of a live, contiguous tensor it holds for the call.
+            unsafe {
+                match op {
+                    weightlift::cufile_api::Op::Read => self.session.pread(fh, addr, size, file_offset, device),
+                    weightlift::cufile_api::Op::Write => self.session.pwrite(fh, addr, size, file_offset, device),
+                }
+            }
+        })
+        .map_err(to_py)
+    }
+
+    /// Runs every entry `(op, fh, base, size, file_offset, buf_offset)`; each gets its byte count or its exception.
+    fn batch(&self, py: Python<'_>, entries: Vec<(String, u64, u64, u64, u64, u64)>) -> PyResult<Vec<Py<PyAny>>> {
+        let mut parsed = Vec::with_capacity(entries.len());
+        for (op, fh, base, size, file_offset, buf_offset) in entries {
+            parsed.push(weightlift::cufile_api::BatchEntry {
+                op: op_of(&op)?,
+                fh,
+                base,
+                size,
+                file_offset,
+                buf_offset,
+            });
+        }
+        let results = py.detach(|| self.session.batch(&parsed));
+        results
+            .into_iter()
+            .map(|r| match r {
+                Ok(n) => Ok(n.into_pyobject(py)?.into_any().unbind()),
+                Err(e) => Ok(to_py(e).into_value(py).into_any()),
+            })
+            .collect()
+    }
+
+    fn vectored(&self, py: Python<'_>, op: &str, fh: u64, file_offset: u64, bufs: Vec<(u64, u64)>) -> PyResult<u64> {
+        let op = op_of(op)?;
+        py.detach(|| match op {
+            weightlift::cufile_api::Op::Read => self.session.readv(fh, file_offset, &bufs),
+            weightlift::cufile_api::Op::Write => self.session.writev(fh, file_offset, &bufs),
+        })
+        .map_err(to_py)
+    }
+
+    #[allow(clippy::too_many_arguments)] // cuFile's argument list, plus the stream
+    #[pyo3(signature = (op, fh, base, size, file_offset, buf_offset, stream=None))]
+    fn submit_async(
+        &self,
+        op: &str,
+        fh: u64,
+        base: u64,
+        size: u64,
+        file_offset: u64,
+        buf_offset: u64,
+        stream: Option<usize>,
+    ) -> PyResult<NativeAsync> {
+        let op = op_of(op)?;
+        let stream = stream.map(|s| s as weightlift_cuda::CUstream);
+        // SAFETY: the Python layer passes a stream handle of the tensor's device that PyTorch keeps alive.
+        let io =
+            unsafe { self.session.submit_async(op, fh, base, size, file_offset, buf_offset, stream) }.map_err(to_py)?;
+        Ok(NativeAsync { io: Mutex::new(io) })
+    }
+}
+
+/// An asynchronous cuFile-style operation.
+#[pyclass(module = "weightlift._native", frozen)]
+struct NativeAsync {
+    io: Mutex<weightlift::cufile_api::AsyncIo>,
+}
+
+#[pymethods]
+impl NativeAsync {
+    fn done(&self) -> bool {
+        self.io.lock().unwrap_or_else(|p| p.into_inner()).is_done()
+    }
+
+    fn wait(&self, py: Python<'_>) -> PyResult<u64> {
+        py.detach(|| self.io.lock().unwrap_or_else(|p| p.into_inner()).wait()).map_err(to_py)
+    }
+}
+
 /// A raw address crossing into a GIL-free section; the Python caller keeps the memory alive meanwhile.
 struct SendPtr<T>(T);
 // SAFETY: the wrapped value is an address, used only by the call it is passed to while its owner stays alive.
@@ -347,6 +511,8 @@ fn cuda_status() -> (bool, String) {
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<NativeEngine>()?;
     m.add_class::<NativeBuffer>()?;
+    m.add_class::<NativeSession>()?;
+    m.add_class::<NativeAsync>()?;
     m.add_function(wrap_pyfunction!(inspect, m)?)?;
     m.add_function(wrap_pyfunction!(save_safetensors, m)?)?;
     m.add_function(wrap_pyfunction!(probe, m)?)?;

@@ -366,9 +366,6 @@ pub enum RawSrc {
     Device { ordinal: u32, ptr: weightlift_cuda::CUdeviceptr },
 }
 
-/// Host bounce buffer for writes out of device memory.
-const WRITE_CHUNK: usize = 8 << 20;
-
 impl Engine {
     /// Loads byte ranges `(file, offset, len)` of `paths` as 1-D byte tensors (named `""`), in the order given,
     /// through one plan: the front ends compute ranges from headers (tensors, slices of tensors, raw files).
@@ -468,6 +465,17 @@ impl Engine {
         Ok((n, report))
     }
 
+    /// Writes a loaded tensor's bytes into `path` at `offset` (durably when asked); returns the bytes written.
+    pub fn write_tensor(&mut self, path: &Path, offset: u64, data: &TensorData, durable: bool) -> Result<u64> {
+        let src = match data {
+            TensorData::Host(b) => RawSrc::Host(b.as_ptr()),
+            TensorData::Pinned(b) => RawSrc::Host(b.as_ptr()),
+            TensorData::Device(d) => RawSrc::Device { ordinal: d.block.gpu().ordinal(), ptr: d.device_ptr() },
+        };
+        // SAFETY: `data` is borrowed for the whole call: its memory stays allocated and unmodified meanwhile.
+        unsafe { self.write_from(path, offset, data.len() as u64, src, durable) }
+    }
+
     /// Writes `len` bytes of caller memory into `path` at `offset` (creating the file if needed, never truncating
     /// it), then `fsync`s it when `durable`. Returns the bytes written.
     ///
@@ -475,37 +483,31 @@ impl Engine {
     /// `src` must be valid for reads of `len` bytes (device memory of the named device for `Device`) and not be
     /// written by anything else until this returns.
     pub unsafe fn write_from(&mut self, path: &Path, offset: u64, len: u64, src: RawSrc, durable: bool) -> Result<u64> {
-        use std::os::unix::fs::FileExt;
-        let io_err =
-            |offset: u64, len: u64, cause| Error::Io(IoError::Write { path: path.to_path_buf(), offset, len, cause });
-        let file = std::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(path)
-            .map_err(|cause| Error::Io(IoError::Open { path: path.to_path_buf(), cause }))?;
-        match src {
+        use weightlift_io::write::{HostSource, WriteRequest, WriteSource, write_at};
+        let req = WriteRequest { path, offset, len, durable };
+        let report = match src {
             RawSrc::Host(ptr) => {
                 // SAFETY: the caller guarantees `ptr` is valid for reads of `len` bytes during the call.
                 let data = unsafe { std::slice::from_raw_parts(ptr, len as usize) };
-                file.write_all_at(data, offset).map_err(|e| io_err(offset, len, e))?;
+                write_at(&self.config.io, &req, &HostSource(data), &mut self.pool, None)?
             }
             RawSrc::Device { ordinal, ptr } => {
                 let gpu = self.gpu(ordinal)?;
-                let mut buf = PinnedBuffer::alloc(&gpu, WRITE_CHUNK.min(len as usize))?;
-                let mut done = 0u64;
-                while done < len {
-                    let n = (len - done).min(buf.len() as u64) as usize;
-                    // SAFETY: the caller guarantees the device range is readable; `buf` holds at least `n` bytes.
-                    unsafe { weightlift_cuda::copy_device_to_host(&gpu, ptr + done, &mut buf[..n])? };
-                    file.write_all_at(&buf[..n], offset + done).map_err(|e| io_err(offset + done, n as u64, e))?;
-                    done += n as u64;
+                /// Device memory copied out chunk by chunk into (pinned) staging slots.
+                struct DeviceSource<'a> {
+                    gpu: &'a Gpu,
+                    ptr: weightlift_cuda::CUdeviceptr,
                 }
+                impl WriteSource for DeviceSource<'_> {
+                    fn fill(&self, offset: u64, buf: &mut [u8]) -> Result<(), weightlift_io::SinkError> {
+                        // SAFETY: `write_from`'s caller guarantees the device range is readable; `buf` lies within it.
+                        Ok(unsafe { weightlift_cuda::copy_device_to_host(self.gpu, self.ptr + offset, buf) }?)
+                    }
+                }
+                let pinner = CudaPinner::new(&gpu);
+                write_at(&self.config.io, &req, &DeviceSource { gpu: &gpu, ptr }, &mut self.pool, Some(&pinner))?
             }
-        }
-        if durable {
-            file.sync_all().map_err(|e| io_err(offset, len, e))?;
-        }
-        Ok(len)
+        };
+        Ok(report.bytes)
     }
 }

@@ -10,6 +10,7 @@
 //! # Ok::<(), weightlift::Error>(())
 //! ```
 
+pub mod cufile_api;
 mod device;
 mod engine;
 mod error;
