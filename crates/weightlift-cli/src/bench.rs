@@ -244,6 +244,8 @@ pub fn time_loads(
     let mut last = None;
     for _ in 0..runs {
         before()?;
+        // The previous load's memory is freed first, as an application reloading a model would.
+        drop(last.take());
         let loaded = engine.load(index, device, &LoadOpts::default())?;
         rates.push(loaded.report.gbps());
         last = Some(loaded);

@@ -196,7 +196,8 @@ pub fn run(args: &Args, ordinal: u32) -> Result<()> {
             let n = engine.write_tensor(&target, 0, data, true)?;
             rates.push(n as f64 / t.elapsed().as_secs_f64() / 1e9);
         }
-        let written = weightlift::format::open(std::slice::from_ref(&target), Some(RawSpec { dtype: DType::U8, count: None }))?;
+        let written =
+            weightlift::format::open(std::slice::from_ref(&target), Some(RawSpec { dtype: DType::U8, count: None }))?;
         if file_checksum(&written)? != sums[2] {
             anyhow::bail!("the written file differs from the raw file it came from");
         }

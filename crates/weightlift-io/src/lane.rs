@@ -87,6 +87,52 @@ impl LaneStats {
     }
 }
 
+/// Reads per `readv` at most (the kernel's IOV_MAX).
+const MAX_IOVECS: usize = 1024;
+
+/// Where a buffered op's bytes go when they can be read straight into the sink's host destinations: pieces that
+/// follow each other without gaps or overlaps and cover the whole op, each with a host address.
+pub(crate) fn in_place_targets<S: Sink>(plan: &Plan, op: &ReadOp, sink: &S) -> Option<Vec<(*mut u8, usize)>> {
+    if op.direct {
+        return None;
+    }
+    let pieces = plan.pieces_of(op);
+    if pieces.len() > MAX_IOVECS {
+        return None;
+    }
+    let mut pos = 0;
+    let mut out = Vec::with_capacity(pieces.len());
+    for p in pieces {
+        if p.at != pos {
+            return None;
+        }
+        out.push((sink.host_destination(p)?, p.len as usize));
+        pos += p.len;
+    }
+    (pos == op.valid).then_some(out)
+}
+
+/// The iovecs covering bytes `[from, from + len)` of an op read in place.
+pub(crate) fn iovecs(parts: &[(*mut u8, usize)], from: u64, len: u64) -> Vec<libc::iovec> {
+    let (mut skip, mut left) = (from as usize, len as usize);
+    let mut out = Vec::new();
+    for &(ptr, n) in parts {
+        if left == 0 {
+            break;
+        }
+        if skip >= n {
+            skip -= n;
+            continue;
+        }
+        let take = (n - skip).min(left);
+        // SAFETY: `skip < n`, so the address stays inside this destination range.
+        out.push(libc::iovec { iov_base: unsafe { ptr.add(skip) }.cast(), iov_len: take });
+        left -= take;
+        skip = 0;
+    }
+    out
+}
+
 /// A read in progress in one slot.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Reading {

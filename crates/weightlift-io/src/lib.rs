@@ -27,7 +27,7 @@ pub mod staging;
 mod uring;
 pub mod write;
 
-pub use buffer::{HOST_ALIGN, HostBuffer};
+pub use buffer::{HOST_ALIGN, HostBuffer, host_cache_bytes, host_cache_limit};
 pub use config::{Backend, DirectMode, IoConfig, Setting, Source};
 pub use engine::{IoReport, LoadOptions, LoadRequest, load};
 pub use error::IoError;

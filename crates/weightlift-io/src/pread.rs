@@ -6,7 +6,7 @@ use std::os::unix::fs::FileExt;
 use std::time::Instant;
 
 use crate::error::IoError;
-use crate::lane::{LaneStats, Next, Reading, Shared};
+use crate::lane::{LaneStats, Next, Reading, Shared, in_place_targets, iovecs};
 use crate::sink::Sink;
 
 pub(crate) fn run_lane<S: Sink>(
@@ -45,6 +45,38 @@ pub(crate) fn run_lane<S: Sink>(
             let (base, slot_len) = ptrs[slot];
             let mut reading = Reading::start(op_idx, op.direct && file.direct.is_some());
             stats.ops += 1;
+            if let Some(targets) = in_place_targets(shared.plan, op, shared.sink) {
+                // Straight into the destinations: no slot, no delivery.
+                free.push(slot);
+                loop {
+                    let req = reading.request(op);
+                    if let Some(f) = shared.faults {
+                        f.before_read(op.file, &file.path, req.offset, req.len);
+                    }
+                    let iov = iovecs(&targets, req.offset - op.offset, req.len);
+                    let t = Instant::now();
+                    // SAFETY: the iovecs cover destination ranges of the sink that only this op writes (the plan
+                    // has no overlapping destinations) and that outlive the load; the descriptor is open.
+                    let r = unsafe {
+                        libc::preadv(
+                            std::os::fd::AsRawFd::as_raw_fd(&file.buffered),
+                            iov.as_ptr(),
+                            iov.len() as i32,
+                            req.offset as i64,
+                        )
+                    };
+                    stats.io_wait += t.elapsed();
+                    let mut result = if r < 0 { Err(std::io::Error::last_os_error()) } else { Ok(r as usize) };
+                    if let Some(f) = shared.faults {
+                        result = f.after_read(op.file, req.offset, req.len, result);
+                    }
+                    if let Next::Complete = reading.on_result(op, file, result, &mut stats)? {
+                        break;
+                    }
+                }
+                shared.add_progress(op.valid);
+                continue;
+            }
             loop {
                 let req = reading.request(op);
                 if let Some(f) = shared.faults {

@@ -23,6 +23,12 @@ pub trait Sink: Sync {
         false
     }
 
+    /// The host address where `piece`'s bytes go, when this sink's destinations are host memory that reads may
+    /// target directly (then a buffered read lands in place, with no staging copy). `None` by default.
+    fn host_destination(&self, _piece: &Piece) -> Option<*mut u8> {
+        None
+    }
+
     /// Called on each lane's thread before its first delivery.
     fn begin_lane(&self, _lane: usize) -> Result<(), SinkError> {
         Ok(())
@@ -71,6 +77,13 @@ impl<'a> HostSink<'a> {
 
 impl Sink for HostSink<'_> {
     type Pending = ();
+
+    fn host_destination(&self, p: &Piece) -> Option<*mut u8> {
+        let (dst, cap) = *self.dests.get(p.dest as usize)?;
+        let end = p.dest_offset.checked_add(p.len)?;
+        // SAFETY: `dest_offset + len <= cap` (checked), so the address stays inside the destination.
+        (end <= cap as u64).then(|| unsafe { dst.add(p.dest_offset as usize) })
+    }
 
     fn deliver(&self, _lane: usize, pieces: &[Piece], data: &[u8]) -> Result<Option<()>, SinkError> {
         for p in pieces {

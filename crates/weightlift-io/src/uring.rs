@@ -11,7 +11,7 @@ use std::time::Instant;
 use io_uring::{IoUring, opcode, squeue, types};
 
 use crate::error::IoError;
-use crate::lane::{LaneStats, Next, Reading, Request, Shared};
+use crate::lane::{LaneStats, Next, Reading, Request, Shared, in_place_targets, iovecs};
 use crate::sink::Sink;
 
 /// Whether this process may use io_uring: `Ok` or the reason it may not. Probed once.
@@ -74,7 +74,15 @@ pub(crate) fn run_lane<S: Sink>(
         Ok(()) => RingInfo { fixed_buffers: true, fixed_refusal: None },
         Err(e) => RingInfo { fixed_buffers: false, fixed_refusal: Some(e.to_string()) },
     };
-    let mut lane_state = Lane { ring, ptrs, fixed: info.fixed_buffers, inflight: 0, stats: LaneStats::default() };
+    let n = ptrs.len();
+    let mut lane_state = Lane {
+        ring,
+        ptrs,
+        fixed: info.fixed_buffers,
+        inflight: 0,
+        stats: LaneStats::default(),
+        in_place: (0..n).map(|_| None).collect(),
+    };
     let result = lane_state.run(shared, lane, qd);
     let drained = lane_state.drain();
     match (result, drained) {
@@ -92,6 +100,9 @@ struct Lane {
     fixed: bool,
     inflight: usize,
     stats: LaneStats,
+    /// Per slot, for an op read straight into host destinations: the destinations, and the iovecs of the read in
+    /// flight (kept here until its completion, since the kernel reads them).
+    in_place: Vec<Option<(Vec<(*mut u8, usize)>, Vec<libc::iovec>)>>,
 }
 
 impl Lane {
@@ -148,6 +159,7 @@ impl Lane {
                 let op = &plan.ops[op_idx];
                 let reading = Reading::start(op_idx, op.direct);
                 state[slot] = SlotState::Reading(reading);
+                self.in_place[slot] = in_place_targets(plan, op, shared.sink).map(|t| (t, Vec::new()));
                 self.stats.ops += 1;
                 self.push(shared, slot, op_idx, reading.request(op))?;
                 self.inflight += 1;
@@ -190,6 +202,12 @@ impl Lane {
                         self.push(shared, slot, reading.op, req)?;
                         self.inflight += 1;
                     }
+                    Next::Complete if self.in_place[slot].take().is_some() => {
+                        // The bytes are already in their destinations.
+                        shared.add_progress(op.valid);
+                        state[slot] = SlotState::Free;
+                        free.push(slot);
+                    }
                     Next::Complete => {
                         state[slot] = SlotState::Delivering;
                         let (ptr, _) = self.ptrs[slot];
@@ -226,22 +244,34 @@ impl Lane {
         if let Some(f) = shared.faults {
             f.before_read(op.file, &shared.files[op.file as usize].path, offset, len);
         }
+        let fd = types::Fixed(op.file * 2 + u32::from(direct));
+        let at = offset - op.offset;
+        if let Some((targets, iov)) = self.in_place[slot].as_mut() {
+            *iov = iovecs(targets, at, len);
+            let entry =
+                opcode::Readv::new(fd, iov.as_ptr(), iov.len() as u32).offset(offset).build().user_data(slot as u64);
+            return self.push_entry(entry);
+        }
         let (base, slot_len) = self.ptrs[slot];
-        let at = (offset - op.offset) as usize;
+        let at = at as usize;
         let len = len.min((slot_len - at) as u64) as u32;
         // SAFETY: `at < slot_len` because `offset - op.offset < op.len <= slot_len`.
         let buf = unsafe { base.add(at) };
-        let fd = types::Fixed(op.file * 2 + u32::from(direct));
         let entry: squeue::Entry = if self.fixed {
             opcode::ReadFixed::new(fd, buf, len, slot as u16).offset(offset).build()
         } else {
             opcode::Read::new(fd, buf, len).offset(offset).build()
         };
-        let entry = entry.user_data(slot as u64);
+        self.push_entry(entry.user_data(slot as u64))
+    }
+
+    fn push_entry(&mut self, entry: squeue::Entry) -> Result<(), IoError> {
         loop {
-            // SAFETY: `buf..buf + len` lies inside a slot this lane owns and does not touch until the completion
-            // carrying `slot` arrives; the fixed file index refers to a descriptor registered above (for direct
-            // reads only when the file has an O_DIRECT descriptor, since planning marks only those reads direct).
+            // SAFETY: the entry reads into a slot this lane owns, or (in place) into destination ranges of the sink
+            // whose iovecs live in `in_place` — neither is touched until the completion carrying the slot arrives,
+            // and the sink's destinations outlive the load; the fixed file index refers to a descriptor registered
+            // above (for direct reads only when the file has an O_DIRECT descriptor, since planning marks only
+            // those reads direct).
             let pushed = unsafe { self.ring.submission().push(&entry) };
             if pushed.is_ok() {
                 return Ok(());

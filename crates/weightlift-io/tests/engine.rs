@@ -63,7 +63,7 @@ fn load_into_host(
 ) -> Result<(Vec<HostBuffer>, IoReport), IoError> {
     let files = open_all(paths, config.direct.value != DirectMode::Never)?;
     let dest_lens: Vec<u64> = extents.iter().map(|e| e.len).collect();
-    let mut bufs: Vec<HostBuffer> = dest_lens.iter().map(|&l| HostBuffer::zeroed(l as usize).unwrap()).collect();
+    let mut bufs: Vec<HostBuffer> = dest_lens.iter().map(|&l| HostBuffer::new(l as usize).unwrap()).collect();
     let report = {
         let sink = HostSink::new(&mut bufs);
         let req = LoadRequest { files: &files, extents, dest_lens: &dest_lens };
@@ -272,7 +272,7 @@ fn cancellation_stops_the_load() {
     let path = write(dir.path(), "f", 8 << 20, 1);
     let files = open_all(std::slice::from_ref(&path), false).unwrap();
     let extents = [Extent { file: 0, offset: 0, len: 8 << 20, dest: 0, dest_offset: 0 }];
-    let mut bufs = vec![HostBuffer::zeroed(8 << 20).unwrap()];
+    let mut bufs = vec![HostBuffer::new(8 << 20).unwrap()];
     let sink = HostSink::new(&mut bufs);
     let cancel = AtomicBool::new(true);
     let req = LoadRequest { files: &files, extents: &extents, dest_lens: &[8 << 20] };

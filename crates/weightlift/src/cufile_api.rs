@@ -43,7 +43,9 @@ impl FileMode {
             "r+" => FileMode { read: true, write: true, ..FileMode::default() },
             "w+" => FileMode { read: true, write: true, create: true, truncate: true, ..FileMode::default() },
             _ => {
-                return Err(Error::InvalidArgument(format!("mode {s:?}: expected r, w, r+ or w+ (add d for O_DIRECT)")));
+                return Err(Error::InvalidArgument(format!(
+                    "mode {s:?}: expected r, w, r+ or w+ (add d for O_DIRECT)"
+                )));
             }
         };
         Ok(FileMode { direct, ..m })

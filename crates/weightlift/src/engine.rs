@@ -212,7 +212,7 @@ impl Engine {
                 let mut bufs = dest_lens
                     .iter()
                     .map(|&n| {
-                        HostBuffer::zeroed(n as usize).map_err(|_| Error::OutOfMemory {
+                        HostBuffer::new(n as usize).map_err(|_| Error::OutOfMemory {
                             what: "host",
                             bytes: n,
                             detail: String::new(),

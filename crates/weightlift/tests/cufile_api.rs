@@ -16,7 +16,7 @@ fn session() -> std::sync::Arc<Session> {
 }
 
 fn buf(len: usize) -> HostBuffer {
-    HostBuffer::zeroed(len).unwrap()
+    HostBuffer::new(len).unwrap()
 }
 
 fn register(s: &Session, b: &mut HostBuffer) -> u64 {

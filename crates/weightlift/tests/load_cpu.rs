@@ -80,23 +80,3 @@ fn a_file_that_changed_since_parsing_is_refused() {
     let err = Engine::new(Config::default()).unwrap().load(&index, Device::Cpu, &LoadOpts::default()).unwrap_err();
     assert!(err.to_string().contains("g.safetensors"), "{err}");
 }
-
-#[test]
-fn repeated_host_loads_do_not_grow_rss() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = generate(dir.path(), "r.safetensors", Layout::Llama, Container::Safetensors, None);
-    let index = weightlift::format::open(std::slice::from_ref(&path), None).unwrap();
-    let mut engine = Engine::new(Config::default()).unwrap();
-    let rss = || {
-        std::fs::read_to_string("/proc/self/statm").unwrap().split_whitespace().nth(1).unwrap().parse::<u64>().unwrap()
-            * 4096
-    };
-    let mut marks = Vec::new();
-    for i in 1..=60 {
-        drop(engine.load(&index, Device::Cpu, &LoadOpts::default()).unwrap());
-        if i % 20 == 0 {
-            marks.push(rss());
-        }
-    }
-    assert!(marks[2] <= marks[0] + (8 << 20), "host RSS keeps growing: {marks:?}");
-}
