@@ -100,10 +100,13 @@ struct Lane {
     fixed: bool,
     inflight: usize,
     stats: LaneStats,
-    /// Per slot, for an op read straight into host destinations: the destinations, and the iovecs of the read in
-    /// flight (kept here until its completion, since the kernel reads them).
-    in_place: Vec<Option<(Vec<(*mut u8, usize)>, Vec<libc::iovec>)>>,
+    /// Per slot, for an op read straight into host destinations.
+    in_place: Vec<Option<InPlace>>,
 }
+
+/// An op read straight into host destinations: the destinations, and the iovecs of the read in flight (kept here
+/// until its completion, since the kernel reads them).
+type InPlace = (Vec<(*mut u8, usize)>, Vec<libc::iovec>);
 
 impl Lane {
     fn run<S: Sink>(&mut self, shared: &Shared<'_, S>, lane: usize, qd: usize) -> Result<(), IoError> {
