@@ -145,12 +145,12 @@ impl Engine {
     }
 
     /// Whether GPU loads go through cuFile, and why (or why not).
-    fn gpu_path(&self) -> (Option<weightlift_cuda::cufile::Cufile>, String) {
+    fn gpu_path(&self) -> Result<(Option<weightlift_cuda::cufile::Cufile>, String)> {
         use weightlift_io::Backend;
-        match self.config.io.backend.value {
+        Ok(match self.config.io.backend.value {
             Backend::Gds => match weightlift_cuda::cufile::driver() {
                 Ok(c) => (Some(c), "cuFile requested".into()),
-                Err(e) => (None, format!("cuFile requested but unavailable ({e}); using the io_uring pipeline")),
+                Err(e) => return Err(Error::Cuda(format!("cuFile was requested (backend gds) but is unavailable: {e}"))),
             },
             Backend::Auto => match weightlift_cuda::cufile::driver() {
                 Ok(c) if c.is_peer_to_peer() => (Some(c), "cuFile runs peer-to-peer here".into()),
@@ -164,7 +164,7 @@ impl Engine {
                 Err(e) => (None, format!("GPU path: the io_uring pipeline (no cuFile: {e})")),
             },
             _ => (None, "GPU path: the io_uring pipeline (set by WEIGHTLIFT_IO)".into()),
-        }
+        })
     }
 
     /// Frees the cached staging memory (it is kept between loads otherwise).
@@ -266,7 +266,7 @@ impl Engine {
                     .collect();
                 let block_lens: Vec<u64> = placement.blocks.iter().map(|b| b.len).collect();
                 let dests: Vec<(u64, u64)> = blocks.iter().map(|b| (b.device_ptr(), b.len() as u64)).collect();
-                let (cufile, path_reason) = self.gpu_path();
+                let (cufile, path_reason) = self.gpu_path()?;
                 let io = match cufile {
                     Some(cf) => {
                         ready.synchronize().map_err(|e| Error::Cuda(format!("cuEventSynchronize: {e}")))?;
