@@ -461,23 +461,9 @@ impl GgufLayout {
         &self,
         out: &mut W,
         piece: usize,
-        mut fill: impl FnMut(usize, u64, &mut [u8]) -> io::Result<()>,
+        fill: impl FnMut(usize, u64, &mut [u8]) -> io::Result<()>,
     ) -> io::Result<()> {
-        out.write_all(&self.header)?;
-        let mut pos = self.header.len() as u64;
-        let mut buf = vec![0u8; piece.max(1)];
-        for (i, t) in self.tensors.iter().enumerate() {
-            io::copy(&mut io::repeat(0).take(t.offset - pos), out)?;
-            let mut done = 0u64;
-            while done < t.nbytes {
-                let n = (t.nbytes - done).min(buf.len() as u64) as usize;
-                fill(i, done, &mut buf[..n])?;
-                out.write_all(&buf[..n])?;
-                done += n as u64;
-            }
-            pos = t.end();
-        }
-        Ok(())
+        crate::safetensors::write_file(out, &self.header, &self.tensors, self.file_len, piece, fill)
     }
 }
 

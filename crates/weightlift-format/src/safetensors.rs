@@ -7,7 +7,7 @@
 
 use std::collections::{BTreeMap, HashSet};
 use std::fmt;
-use std::io::{self, Write};
+use std::io::{self, Read, Write};
 use std::path::Path;
 
 use serde::de::{Deserializer, MapAccess, Visitor};
@@ -331,38 +331,37 @@ impl Layout {
         &self,
         out: &mut W,
         piece: usize,
-        mut fill: impl FnMut(usize, u64, &mut [u8]) -> io::Result<()>,
+        fill: impl FnMut(usize, u64, &mut [u8]) -> io::Result<()>,
     ) -> io::Result<()> {
-        out.write_all(&self.header)?;
-        let mut pos = self.header.len() as u64;
-        let mut buf = vec![0u8; piece.max(1)];
-        for (i, t) in self.tensors.iter().enumerate() {
-            if t.offset > pos {
-                write_zeros(out, t.offset - pos)?;
-            }
-            let mut done = 0u64;
-            while done < t.nbytes {
-                let n = (t.nbytes - done).min(buf.len() as u64) as usize;
-                fill(i, done, &mut buf[..n])?;
-                out.write_all(&buf[..n])?;
-                done += n as u64;
-            }
-            pos = t.end();
-        }
-        if self.file_len > pos {
-            write_zeros(out, self.file_len - pos)?;
-        }
-        Ok(())
+        write_file(out, &self.header, &self.tensors, self.file_len, piece, fill)
     }
 }
 
-fn write_zeros<W: Write>(out: &mut W, mut n: u64) -> io::Result<()> {
-    let zeros = [0u8; 4096];
-    while n > 0 {
-        let k = n.min(zeros.len() as u64) as usize;
-        out.write_all(&zeros[..k])?;
-        n -= k as u64;
+/// Writes `header`, then each tensor's bytes at its offset (zeros in between and up to `file_len`), the bytes coming
+/// from `fill` in pieces of at most `piece` bytes. Shared by the safetensors and GGUF writers.
+pub(crate) fn write_file<W: Write>(
+    out: &mut W,
+    header: &[u8],
+    tensors: &[TensorEntry],
+    file_len: u64,
+    piece: usize,
+    mut fill: impl FnMut(usize, u64, &mut [u8]) -> io::Result<()>,
+) -> io::Result<()> {
+    out.write_all(header)?;
+    let mut pos = header.len() as u64;
+    let mut buf = vec![0u8; piece.max(1)];
+    for (i, t) in tensors.iter().enumerate() {
+        io::copy(&mut io::repeat(0).take(t.offset.saturating_sub(pos)), out)?;
+        let mut done = 0u64;
+        while done < t.nbytes {
+            let n = (t.nbytes - done).min(buf.len() as u64) as usize;
+            fill(i, done, &mut buf[..n])?;
+            out.write_all(&buf[..n])?;
+            done += n as u64;
+        }
+        pos = t.end();
     }
+    io::copy(&mut io::repeat(0).take(file_len.saturating_sub(pos)), out)?;
     Ok(())
 }
 
