@@ -351,3 +351,12 @@ def test_freeing_gpu_tensors_frees_their_memory(files):
     torch.cuda.synchronize()
     free1, _ = torch.cuda.mem_get_info()
     assert free0 - free1 < max(n, 64 << 20), (free0, free1, n)
+
+
+@pytest.mark.skipif(not GPU, reason="needs a CUDA device")
+def test_gpu_initiated_nvme_backend(files):
+    ref = st.load_file(str(files["small"]))
+    got = weightlift.load_file(files["small"], device="cuda:0", backend="nvme-sim")
+    report = weightlift.last_report()
+    assert report["backend"] == "nvme-sim" and report["nvme"]["commands"] > 0
+    assert_same(got, {k: v.to("cuda:0") for k, v in ref.items()}, "cuda:0")

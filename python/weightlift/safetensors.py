@@ -25,12 +25,16 @@ def load_file(
     filename: Union[PathLike, Sequence[PathLike]],
     device: Union[str, int, "torch.device"] = "cpu",
     *,
+    backend: "str | None" = None,
     engine: "_native.NativeEngine | None" = None,
 ) -> dict[str, "torch.Tensor"]:
     """Loads every tensor of a safetensors checkpoint — one file, several shards, or a
     ``model.safetensors.index.json`` — onto ``device`` ("cpu", "cuda", "cuda:N"), as ``safetensors.torch.load_file``
-    does. Tensors on a GPU are ready for work on the current stream when this returns."""
+    does. Tensors on a GPU are ready for work on the current stream when this returns. ``backend`` picks the read
+    engine for this call ("auto", "uring", "pread", "gds", "nvme-sim"; default: ``WEIGHTLIFT_IO`` or auto)."""
     dev = _core.normalize_device(device)
+    if backend is not None and engine is None:
+        engine = _core.new_engine(io=backend)
     info = _native.inspect(_paths(filename))
     if info["format"] not in ("safetensors",):
         raise FormatError(f"{filename}: not a safetensors checkpoint (it is {info['format']}); use load_gguf for GGUF")

@@ -182,6 +182,63 @@ pub fn run(args: &Args, ordinal: u32) -> Result<()> {
             Err(e) => log(&format!("  cuFile case skipped: {e}")),
         }
     }
+    if args.wants("nvme") {
+        // GPU-initiated NVMe against the software controller, beside the io_uring pipeline: sequential (the raw
+        // file) and 4 KiB random reads (IOPS).
+        let config = args.engine.config()?;
+        let mut nvme =
+            Engine::new(weightlift::Config { io: config.io.clone().backend(weightlift::io::Backend::NvmeSim) })?;
+        let (rate, detail) = time_loads(&mut nvme, &raw_index, device, runs, sums[2], || warm(&raw))?;
+        add(
+            format!("raw {}, warm, GPU-initiated NVMe (software controller)", units::bytes(args.raw_size)),
+            rate,
+            "pinned host→device",
+            h2d_best,
+            detail,
+        );
+        let reads: u64 = 20_000;
+        let span = args.raw_size / 4096;
+        let mut x = 0x2545_F491_4F6C_DD1Du64;
+        let ranges: Vec<(usize, u64, u64, u64)> = (0..reads)
+            .map(|i| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                (0, (x % span) * 4096, 4096, i * 4096)
+            })
+            .collect();
+        let stream = gpu.stream(0)?;
+        let mut dest = weightlift_cuda::DeviceBuffer::alloc(&gpu, (reads * 4096) as usize, &stream)?;
+        for (label, engine) in [("io_uring pipeline", &mut engine), ("GPU-initiated NVMe", &mut nvme)] {
+            warm(&raw)?;
+            let mut iops = Vec::new();
+            let mut last = Value::Null;
+            for _ in 0..runs {
+                let r = engine.read_ranges_into(std::slice::from_ref(&raw), &ranges, &mut dest)?;
+                iops.push(reads as f64 / r.seconds);
+                last = r.to_json();
+            }
+            // Every byte of the last run, against the file.
+            let file = std::fs::read(&raw)?;
+            let mut got = vec![0u8; (reads * 4096) as usize];
+            dest.read_back(0, &mut got)?;
+            for &(_, off, len, at) in &ranges {
+                if got[at as usize..(at + len) as usize] != file[off as usize..(off + len) as usize] {
+                    anyhow::bail!("{label}: a 4 KiB read at offset {off} differs from the file");
+                }
+            }
+            let best = iops.iter().copied().fold(0.0, f64::max);
+            log(&format!("  4 KiB random reads, {label}: {best:.0} IOPS"));
+            let rate = Rate { runs: iops.iter().map(|i| i * 4096.0 / 1e9).collect() };
+            add(
+                format!("4 KiB random reads → cuda, {label} ({best:.0} IOPS)"),
+                rate,
+                "none",
+                None,
+                json!({"iops_runs": iops, "last": last}),
+            );
+        }
+    }
     if args.wants("write") {
         let target = dir.join("write-test.bin");
         let ceiling = dd_write_direct(&target, args.raw_size, runs)?;

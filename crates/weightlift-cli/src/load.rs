@@ -35,8 +35,8 @@ pub struct EngineArgs {
     /// O_DIRECT policy: auto, always, never [env: WEIGHTLIFT_DIRECT].
     #[arg(long, value_parser = parse_direct)]
     pub direct: Option<DirectMode>,
-    /// Read engine: auto, uring, pread [env: WEIGHTLIFT_IO].
-    #[arg(long = "io", value_parser = parse_backend)]
+    /// Read engine: auto, uring, pread, gds, nvme-sim [env: WEIGHTLIFT_IO].
+    #[arg(long = "io", visible_alias = "backend", value_parser = parse_backend)]
     pub backend: Option<Backend>,
 }
 

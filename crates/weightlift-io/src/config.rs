@@ -57,6 +57,9 @@ pub enum Backend {
     Pread,
     /// NVIDIA cuFile (GPUDirect Storage) for loads into GPU memory; host loads use `Auto`.
     Gds,
+    /// GPU-initiated NVMe commands against weightlift's software controller (the checkpoint file is the
+    /// namespace's backing store), for loads into GPU memory; host loads use `Auto`.
+    NvmeSim,
 }
 
 impl FromStr for DirectMode {
@@ -79,7 +82,8 @@ impl FromStr for Backend {
             "uring" | "io_uring" | "io-uring" => Ok(Backend::Uring),
             "pread" => Ok(Backend::Pread),
             "gds" | "cufile" => Ok(Backend::Gds),
-            _ => Err("expected auto, uring, pread or gds".into()),
+            "nvme-sim" | "nvme_sim" => Ok(Backend::NvmeSim),
+            _ => Err("expected auto, uring, pread, gds or nvme-sim".into()),
         }
     }
 }
@@ -101,6 +105,7 @@ impl fmt::Display for Backend {
             Backend::Uring => "uring",
             Backend::Pread => "pread",
             Backend::Gds => "gds",
+            Backend::NvmeSim => "nvme-sim",
         })
     }
 }
@@ -150,7 +155,7 @@ pub const SETTINGS: &[SettingDoc] = &[
         name: "backend",
         env: "WEIGHTLIFT_IO",
         default: "auto",
-        meaning: "read engine: auto (io_uring, else pread; cuFile for GPU loads where it runs peer-to-peer), uring, pread, gds (cuFile for GPU loads)",
+        meaning: "read engine: auto (io_uring, else pread; cuFile for GPU loads where it runs peer-to-peer), uring, pread, gds (cuFile for GPU loads), nvme-sim (GPU-initiated NVMe against the software controller, GPU loads)",
     },
 ];
 

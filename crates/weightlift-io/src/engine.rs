@@ -269,8 +269,9 @@ fn choose_backend(config: &IoConfig) -> Result<(&'static str, String), IoError> 
             Ok(()) => Ok(("uring", format!("io_uring chosen by {origin}"))),
             Err(e) => Err(IoError::Uring(format!("requested by {origin} but unavailable: {e}"))),
         },
-        // cuFile is the engine crate's business (GPU loads); for the host pipeline `gds` means `auto`.
-        Backend::Auto | Backend::Gds => match uring::available() {
+        // cuFile and GPU-initiated NVMe are the engine crate's business (GPU loads); for the host pipeline they
+        // mean `auto`.
+        Backend::Auto | Backend::Gds | Backend::NvmeSim => match uring::available() {
             Ok(()) => Ok(("uring", "io_uring available".into())),
             Err(e) => Ok(("pread", format!("io_uring unavailable ({e}); using pread threads"))),
         },

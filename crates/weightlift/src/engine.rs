@@ -150,7 +150,9 @@ impl Engine {
         Ok(match self.config.io.backend.value {
             Backend::Gds => match weightlift_cuda::cufile::driver() {
                 Ok(c) => (Some(c), "cuFile requested".into()),
-                Err(e) => return Err(Error::Cuda(format!("cuFile was requested (backend gds) but is unavailable: {e}"))),
+                Err(e) => {
+                    return Err(Error::Cuda(format!("cuFile was requested (backend gds) but is unavailable: {e}")));
+                }
             },
             Backend::Auto => match weightlift_cuda::cufile::driver() {
                 Ok(c) if c.is_peer_to_peer() => (Some(c), "cuFile runs peer-to-peer here".into()),
@@ -207,6 +209,7 @@ impl Engine {
         let t_alloc = Instant::now();
         let mut copy_span = None;
         let mut gpu_info = None;
+        let mut nvme = None;
         let (datas, io, alloc_secs) = match device {
             Device::Cpu => {
                 let mut bufs = dest_lens
@@ -267,28 +270,47 @@ impl Engine {
                 let block_lens: Vec<u64> = placement.blocks.iter().map(|b| b.len).collect();
                 let dests: Vec<(u64, u64)> = blocks.iter().map(|b| (b.device_ptr(), b.len() as u64)).collect();
                 let (cufile, path_reason) = self.gpu_path()?;
-                let io = match cufile {
-                    Some(cf) => {
-                        ready.synchronize().map_err(|e| Error::Cuda(format!("cuEventSynchronize: {e}")))?;
-                        let paths: Vec<PathBuf> = index.files.iter().map(|f| f.path.clone()).collect();
-                        let threads = self.config.io.threads.value as usize;
-                        crate::gds::load_blocks(&cf, &gpu, &paths, &placement.blocks, &dests, threads, opts.progress)?
-                    }
-                    None => {
-                        // SAFETY: `blocks` owns every destination and outlives the load below; nothing else uses them.
-                        let sink = unsafe {
-                            DeviceSink::new(
+                let mut blocks = blocks;
+                let io = if self.config.io.backend.value == weightlift_io::Backend::NvmeSim {
+                    ready.synchronize().map_err(|e| Error::Cuda(format!("cuEventSynchronize: {e}")))?;
+                    let paths: Vec<PathBuf> = index.files.iter().map(|f| f.path.clone()).collect();
+                    let threads = self.config.io.threads.value as usize;
+                    let (io, stats) =
+                        crate::nvme_sim::load_blocks(&gpu, &paths, &placement.blocks, &mut blocks, threads)?;
+                    nvme = Some(stats);
+                    io
+                } else {
+                    match cufile {
+                        Some(cf) => {
+                            ready.synchronize().map_err(|e| Error::Cuda(format!("cuEventSynchronize: {e}")))?;
+                            let paths: Vec<PathBuf> = index.files.iter().map(|f| f.path.clone()).collect();
+                            let threads = self.config.io.threads.value as usize;
+                            crate::gds::load_blocks(
+                                &cf,
                                 &gpu,
-                                dests,
-                                MAX_LANES.max(self.config.io.threads.value as usize),
-                                Some(ready),
-                            )
-                        };
-                        let pinner = CudaPinner::new(&gpu);
-                        let mut io = self.run(&files, &block_extents, &block_lens, &sink, opts, Some(&pinner))?;
-                        copy_span = Some(sink.copy_span_secs());
-                        io.backend_reason = format!("{}; {path_reason}", io.backend_reason);
-                        io
+                                &paths,
+                                &placement.blocks,
+                                &dests,
+                                threads,
+                                opts.progress,
+                            )?
+                        }
+                        None => {
+                            // SAFETY: `blocks` owns every destination and outlives the load below; nothing else uses them.
+                            let sink = unsafe {
+                                DeviceSink::new(
+                                    &gpu,
+                                    dests,
+                                    MAX_LANES.max(self.config.io.threads.value as usize),
+                                    Some(ready),
+                                )
+                            };
+                            let pinner = CudaPinner::new(&gpu);
+                            let mut io = self.run(&files, &block_extents, &block_lens, &sink, opts, Some(&pinner))?;
+                            copy_span = Some(sink.copy_span_secs());
+                            io.backend_reason = format!("{}; {path_reason}", io.backend_reason);
+                            io
+                        }
                     }
                 };
                 let blocks: Vec<Arc<DeviceBuffer>> = blocks.into_iter().map(Arc::new).collect();
@@ -313,6 +335,7 @@ impl Engine {
         let mut report = Report::new(device, &files_list, &tensors, seconds, alloc_secs, io);
         report.copy_span_secs = copy_span;
         report.gpu = gpu_info;
+        report.nvme = nvme;
         Ok(Loaded { tensors, report })
     }
 
@@ -509,5 +532,77 @@ impl Engine {
             }
         };
         Ok(report.bytes)
+    }
+}
+
+impl Engine {
+    /// Reads byte ranges `(file, offset, len, dest_offset)` of `paths` into one device buffer, through the
+    /// configured GPU path (the io_uring pipeline, or GPU-initiated NVMe with backend `nvme-sim`). For paged or
+    /// scattered reads (KV caches, expert weights) and for IOPS measurements.
+    pub fn read_ranges_into(
+        &mut self,
+        paths: &[PathBuf],
+        ranges: &[(usize, u64, u64, u64)],
+        dest: &mut DeviceBuffer,
+    ) -> Result<Report> {
+        let start = Instant::now();
+        let gpu = dest.gpu().clone();
+        gpu.bind()?;
+        let cap = dest.len() as u64;
+        for &(file, offset, len, dest_offset) in ranges {
+            if file >= paths.len() || dest_offset.checked_add(len).is_none_or(|e| e > cap) {
+                return Err(Error::InvalidArgument(format!(
+                    "range ({file}, {offset}, {len}, {dest_offset}) does not fit {} file(s) and a {cap}-byte buffer",
+                    paths.len()
+                )));
+            }
+        }
+        let mut nvme = None;
+        let io = if self.config.io.backend.value == weightlift_io::Backend::NvmeSim {
+            let blocks_by_file: Vec<Vec<(u64, u64, u64)>> = (0..paths.len())
+                .map(|f| ranges.iter().filter(|r| r.0 == f).map(|&(_, o, l, d)| (o, l, d)).collect())
+                .collect();
+            let (io, stats) = crate::nvme_sim::load_ranges(
+                &gpu,
+                paths,
+                &blocks_by_file,
+                dest,
+                self.config.io.threads.value as usize,
+            )?;
+            nvme = Some(stats);
+            io
+        } else {
+            let want_direct = self.config.io.direct.value != weightlift_io::DirectMode::Never;
+            let files =
+                paths.iter().map(|p| OpenFile::open(p, want_direct)).collect::<std::result::Result<Vec<_>, _>>()?;
+            let extents: Vec<Extent> = ranges
+                .iter()
+                .map(|&(file, offset, len, dest_offset)| Extent {
+                    file: file as u32,
+                    offset,
+                    len,
+                    dest: 0,
+                    dest_offset,
+                })
+                .collect();
+            // SAFETY: `dest` is borrowed mutably for the whole load, so the device range stays allocated and unused
+            // by anything else; extents were checked to lie inside it.
+            let sink = unsafe {
+                DeviceSink::new(
+                    &gpu,
+                    vec![(dest.device_ptr(), cap)],
+                    MAX_LANES.max(self.config.io.threads.value as usize),
+                    None,
+                )
+            };
+            let pinner = CudaPinner::new(&gpu);
+            self.run(&files, &extents, &[cap], &sink, &LoadOpts::default(), Some(&pinner))?
+        };
+        let mut report = Report::new(Device::Cuda(gpu.ordinal()), paths, &[], start.elapsed().as_secs_f64(), 0.0, io);
+        report.bytes = ranges.iter().map(|r| r.2).sum();
+        report.tensors = ranges.len();
+        report.nvme = nvme;
+        report.gpu = Some(gpu.info().clone());
+        Ok(report)
     }
 }

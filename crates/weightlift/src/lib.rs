@@ -15,6 +15,7 @@ mod device;
 mod engine;
 mod error;
 mod gds;
+mod nvme_sim;
 mod placement;
 pub mod probe;
 mod report;

@@ -29,6 +29,8 @@ pub struct Report {
     pub copy_span_secs: Option<f64>,
     /// The pinned host→device copy rate measured on this machine (GB/s), when measured.
     pub ceiling_gbps: Option<f64>,
+    /// For GPU-initiated NVMe loads: commands issued and kernel time.
+    pub nvme: Option<crate::nvme_sim::NvmeStats>,
 }
 
 impl Report {
@@ -52,6 +54,7 @@ impl Report {
             gpu: None,
             copy_span_secs: None,
             ceiling_gbps: None,
+            nvme: None,
         }
     }
 
@@ -109,6 +112,11 @@ impl Report {
             "copy_span_secs": self.copy_span_secs,
             "ceiling_gbps": self.ceiling_gbps,
             "ratio_to_ceiling": self.ceiling_gbps.map(|c| self.gbps() / c),
+            "nvme": self.nvme.map(|n| json!({
+                "commands": n.commands, "bytes_transferred": n.transferred, "kernel_secs": n.kernel_secs,
+                "iops": if n.kernel_secs > 0.0 { n.commands as f64 / n.kernel_secs } else { 0.0 },
+                "gbps": if n.kernel_secs > 0.0 { n.transferred as f64 / n.kernel_secs / 1e9 } else { 0.0 },
+            })),
         })
     }
 

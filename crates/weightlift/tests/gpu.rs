@@ -223,3 +223,37 @@ fn a_hundred_loads_do_not_grow_memory() {
     assert!(dev100 <= dev40 + (8 << 20), "device memory grew from {dev40} to {dev100} between loads 40 and 100");
     assert!(rss100 <= rss40 + (16 << 20), "host RSS grew from {rss40} to {rss100} between loads 40 and 100");
 }
+
+#[test]
+fn gpu_initiated_nvme_loads_byte_exact() {
+    if !gpu_or_skip("gpu_initiated_nvme_loads_byte_exact") {
+        return;
+    }
+    if let Err(why) = weightlift_nvme::gpu::nvrtc_available() {
+        eprintln!("skipping gpu_initiated_nvme_loads_byte_exact: {why}");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = Config::default();
+    config.io = config.io.backend(Backend::NvmeSim);
+    let mut engine = Engine::new(config).unwrap();
+    for f in [
+        generate(dir.path(), "n.safetensors", Layout::Llama, Container::Safetensors, 24 << 20, None),
+        generate(
+            dir.path(),
+            "n-small.safetensors",
+            Layout::ManySmall { tensors: Some(150) },
+            Container::Safetensors,
+            0,
+            None,
+        ),
+    ] {
+        let index = weightlift::format::open(std::slice::from_ref(&f), None).unwrap();
+        let loaded = engine.load(&index, Device::Cuda(0), &LoadOpts::default()).unwrap();
+        assert_eq!(loaded.report.io.backend, "nvme-sim");
+        let n = loaded.report.nvme.expect("nvme statistics");
+        assert!(n.commands > 0);
+        eprintln!("{}: {} commands, {}", f.display(), n.commands, loaded.report.summary().lines().next().unwrap_or(""));
+        check_against_file_and_generator(&index, &loaded, true);
+    }
+}
