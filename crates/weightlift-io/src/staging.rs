@@ -99,7 +99,7 @@ impl StagingPool {
     }
 
     /// A region of at least `slots` slots of at least `slot_bytes` each and at most `max_bytes` in all, reusing
-    /// the cached one when it fits (a cached region with larger slots serves smaller reads too).
+    /// the cached one when it fits.
     pub fn acquire(
         &mut self,
         slot_bytes: usize,
@@ -108,7 +108,11 @@ impl StagingPool {
         pinner: Option<&dyn Pinner>,
     ) -> Result<&mut Staging, IoError> {
         let fits = self.current.as_ref().is_some_and(|s| {
+            // Larger slots serve smaller reads, but not much larger ones: a bigger staging footprint falls out of
+            // the CPU caches the copies run through (measured: 256 MiB of 16 MiB slots, left by a cold load, cost a
+            // following warm load about 4% against 64 MiB of 4 MiB slots).
             s.slot_bytes >= slot_bytes
+                && s.slot_bytes <= slot_bytes * 2
                 && s.slots >= slots
                 && s.slots <= slots * 2
                 && s.bytes() <= max_bytes
