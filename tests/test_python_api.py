@@ -323,7 +323,7 @@ def test_probe_and_reports(files):
     r = weightlift.last_report()
     for key in ("bytes", "seconds", "gbps", "backend", "direct_bytes", "buffered_bytes", "peak_staging_bytes"):
         assert key in r
-    assert [s[0] for s in weightlift.SETTINGS] == ["chunk_bytes", "queue_depth", "staging_bytes", "threads", "direct", "backend"]
+    assert [s[0] for s in weightlift.SETTINGS] == ["chunk_bytes", "queue_depth", "staging_bytes", "threads", "direct", "host_cache_bytes", "backend"]
 
 
 @pytest.mark.skipif(not GPU, reason="needs a CUDA device")

@@ -152,6 +152,12 @@ pub const SETTINGS: &[SettingDoc] = &[
         meaning: "O_DIRECT policy: auto (cached ranges buffered, others direct), always, never",
     },
     SettingDoc {
+        name: "host_cache_bytes",
+        env: "WEIGHTLIFT_HOST_CACHE_BYTES",
+        default: "1 GiB",
+        meaning: "freed host buffers kept for reuse (fresh pages cost more to fault in than to fill); process-wide",
+    },
+    SettingDoc {
         name: "backend",
         env: "WEIGHTLIFT_IO",
         default: "auto",
