@@ -175,6 +175,17 @@ impl Report {
                 self.copy_span_secs.unwrap_or(0.0)
             );
         }
+        if let Some(n) = self.nvme {
+            let (iops, gbps) = if n.kernel_secs > 0.0 {
+                (n.commands as f64 / n.kernel_secs, n.transferred as f64 / n.kernel_secs / 1e9)
+            } else {
+                (0.0, 0.0)
+            };
+            s += &format!(
+                "\n  GPU-initiated NVMe: {} commands, {iops:.0} IOPS, {gbps:.2} GB/s while the kernels ran ({:.3} s)",
+                n.commands, n.kernel_secs
+            );
+        }
         if let Some(c) = self.ceiling_gbps {
             s += &format!(
                 "\n  pinned host→device ceiling measured now: {c:.2} GB/s; this load reached {:.3} of it",
