@@ -14,17 +14,11 @@ use weightlift_nvme::{
 
 const WAIT: Duration = Duration::from_secs(20);
 
-/// Deterministic non-zero bytes.
+/// Deterministic pseudo-random bytes: the synthetic-checkpoint generator's, so every test shares one.
 fn pattern(len: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x >> 24) as u8
-        })
-        .collect()
+    let mut v = vec![0u8; len];
+    weightlift_format::synth::tensor_bytes(seed, 0, 0, &mut v);
+    v
 }
 
 fn backing(dir: &Path, len: usize, seed: u64) -> PathBuf {
