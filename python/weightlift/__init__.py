@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 from typing import Any, Union
 
-from . import _native, cufile
+from . import _errors, _native, cufile
 from ._errors import (
     CudaError,
     FormatError,
@@ -78,14 +78,5 @@ __all__ = [
     "last_report",
     "cuda_available",
     "SETTINGS",
-    "WeightliftError",
-    "FormatError",
-    "IoError",
-    "WeightliftFileNotFoundError",
-    "WeightliftPermissionError",
-    "WeightliftIsADirectoryError",
-    "CudaError",
-    "OutOfMemoryError",
-    "InvalidArgumentError",
-    "TensorNotFoundError",
+    *_errors.__all__,
 ]
