@@ -4,11 +4,11 @@
 //! the load writes it (from several I/O threads at once), where `alloc_zeroed` with a 64-byte alignment would
 //! memset the whole buffer up front on one thread. Faulting fresh pages in still costs more than copying into them
 //! (measured on a 2-vCPU VM: 1–2 GB/s into fresh pages, 11–17 GB/s into reused ones), so the mappings of freed
-//! buffers are kept for reuse, up to `WEIGHTLIFT_HOST_CACHE_BYTES` (default 1 GiB) in all.
+//! buffers are kept for reuse in a [`HostCache`], up to the engine's `host_cache_bytes` setting.
 
 use std::alloc::{self, Layout};
 use std::ptr::NonNull;
-use std::sync::{Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 
 use memmap2::MmapMut;
 
@@ -16,47 +16,65 @@ use crate::error::IoError;
 
 /// Mapped buffers are sized in multiples of this, so that freed ones fit later requests.
 const MAP_GRAIN: usize = 2 << 20;
-const DEFAULT_HOST_CACHE: usize = 1 << 30;
 
-struct Cache {
+/// Mappings of freed host buffers, kept for reuse by later buffers of the same cache, up to a bound. Each engine
+/// has one (its `host_cache_bytes` setting); buffers return their mapping to the cache they came from, which lives
+/// as long as any of its buffers.
+#[derive(Debug)]
+pub struct HostCache {
+    limit: usize,
+    maps: Mutex<CachedMaps>,
+}
+
+#[derive(Debug, Default)]
+struct CachedMaps {
     maps: Vec<MmapMut>,
     bytes: usize,
 }
 
-static CACHE: Mutex<Cache> = Mutex::new(Cache { maps: Vec::new(), bytes: 0 });
-
-/// The bound on cached mappings (`WEIGHTLIFT_HOST_CACHE_BYTES`, read once).
-pub fn host_cache_limit() -> usize {
-    static LIMIT: OnceLock<usize> = OnceLock::new();
-    *LIMIT.get_or_init(|| {
-        std::env::var("WEIGHTLIFT_HOST_CACHE_BYTES")
-            .ok()
-            .and_then(|v| crate::config::parse_bytes(&v).ok())
-            .map_or(DEFAULT_HOST_CACHE, |b| b as usize)
-    })
-}
-
-/// A cached mapping of exactly `cap` bytes, if one is there.
-fn take_cached(cap: usize) -> Option<MmapMut> {
-    let mut c = CACHE.lock().unwrap_or_else(|p| p.into_inner());
-    let i = c.maps.iter().position(|m| m.len() == cap)?;
-    let m = c.maps.swap_remove(i);
-    c.bytes -= m.len();
-    Some(m)
-}
-
-fn give_back(map: MmapMut) {
-    let limit = host_cache_limit();
-    let mut c = CACHE.lock().unwrap_or_else(|p| p.into_inner());
-    if c.bytes + map.len() <= limit {
-        c.bytes += map.len();
-        c.maps.push(map);
+impl HostCache {
+    /// A cache keeping at most `limit` bytes of freed mappings (0 keeps none).
+    pub fn new(limit: u64) -> Arc<HostCache> {
+        Arc::new(HostCache { limit: usize::try_from(limit).unwrap_or(usize::MAX), maps: Mutex::default() })
     }
-}
 
-/// Bytes of freed host buffers currently kept for reuse.
-pub fn host_cache_bytes() -> usize {
-    CACHE.lock().unwrap_or_else(|p| p.into_inner()).bytes
+    fn lock(&self) -> std::sync::MutexGuard<'_, CachedMaps> {
+        self.maps.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A cached mapping of exactly `cap` bytes, if one is there.
+    fn take(&self, cap: usize) -> Option<MmapMut> {
+        let mut c = self.lock();
+        let i = c.maps.iter().position(|m| m.len() == cap)?;
+        let m = c.maps.swap_remove(i);
+        c.bytes -= m.len();
+        Some(m)
+    }
+
+    fn give_back(&self, map: MmapMut) {
+        let mut c = self.lock();
+        if c.bytes + map.len() <= self.limit {
+            c.bytes += map.len();
+            c.maps.push(map);
+        }
+    }
+
+    /// Bytes of freed host buffers currently kept for reuse.
+    pub fn cached_bytes(&self) -> usize {
+        self.lock().bytes
+    }
+
+    /// The bound on cached bytes.
+    pub fn limit(&self) -> usize {
+        self.limit
+    }
+
+    /// Frees every cached mapping.
+    pub fn clear(&self) {
+        let mut c = self.lock();
+        c.maps.clear();
+        c.bytes = 0;
+    }
 }
 
 /// Alignment of every host buffer: a cache line, enough for any element type and for vector loads.
@@ -70,7 +88,7 @@ const MAP_THRESHOLD: usize = 1 << 20;
 pub struct HostBuffer {
     ptr: NonNull<u8>,
     len: usize,
-    map: Option<MmapMut>,
+    map: Option<(MmapMut, Option<Arc<HostCache>>)>,
 }
 
 // SAFETY: HostBuffer owns its allocation exclusively, like Vec<u8>.
@@ -80,28 +98,27 @@ unsafe impl Sync for HostBuffer {}
 
 impl HostBuffer {
     /// Allocates `len` bytes (contents unspecified, see the type); an allocation failure is an error, not an
-    /// abort.
-    pub fn new(len: usize) -> Result<HostBuffer, IoError> {
+    /// abort. Large buffers come from, and return to, `cache` when one is given.
+    pub fn new(len: usize, cache: Option<&Arc<HostCache>>) -> Result<HostBuffer, IoError> {
         if len == 0 {
             return Ok(HostBuffer { ptr: NonNull::<[u8; HOST_ALIGN]>::dangling().cast(), len: 0, map: None });
         }
-        let oom =
-            |detail: String| IoError::Staging { bytes: len as u64, reason: format!("out of host memory{detail}") };
+        let oom = |cause: Option<std::io::Error>| IoError::OutOfMemory { what: "host", bytes: len as u64, cause };
         if len >= MAP_THRESHOLD {
             // No MADV_HUGEPAGE: where the kernel's THP defrag policy is "madvise" (a common default), a fault in
             // an advised region may stall for direct compaction, which was seen to slow loads tenfold.
             let cap = len.next_multiple_of(MAP_GRAIN);
-            let mut map = match take_cached(cap) {
+            let mut map = match cache.and_then(|c| c.take(cap)) {
                 Some(m) => m,
-                None => MmapMut::map_anon(cap).map_err(|e| oom(format!(": {e}")))?,
+                None => MmapMut::map_anon(cap).map_err(|e| oom(Some(e)))?,
             };
-            let ptr = NonNull::new(map.as_mut_ptr()).ok_or_else(|| oom(String::new()))?;
-            return Ok(HostBuffer { ptr, len, map: Some(map) });
+            let ptr = NonNull::new(map.as_mut_ptr()).ok_or_else(|| oom(None))?;
+            return Ok(HostBuffer { ptr, len, map: Some((map, cache.cloned())) });
         }
-        let layout = Layout::from_size_align(len, HOST_ALIGN).map_err(|_| oom(String::new()))?;
+        let layout = Layout::from_size_align(len, HOST_ALIGN).map_err(|_| oom(None))?;
         // SAFETY: the layout has a non-zero size.
         let ptr = unsafe { alloc::alloc_zeroed(layout) };
-        NonNull::new(ptr).map(|ptr| HostBuffer { ptr, len, map: None }).ok_or_else(|| oom(String::new()))
+        NonNull::new(ptr).map(|ptr| HostBuffer { ptr, len, map: None }).ok_or_else(|| oom(None))
     }
 
     pub fn len(&self) -> usize {
@@ -139,8 +156,10 @@ impl std::ops::DerefMut for HostBuffer {
 
 impl Drop for HostBuffer {
     fn drop(&mut self) {
-        if let Some(map) = self.map.take() {
-            give_back(map);
+        if let Some((map, cache)) = self.map.take() {
+            if let Some(c) = cache {
+                c.give_back(map);
+            }
             return;
         }
         if self.len > 0 {

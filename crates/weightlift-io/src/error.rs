@@ -9,6 +9,8 @@ use std::path::PathBuf;
 pub enum IoError {
     #[error("{}: cannot open: {cause}", path.display())]
     Open { path: PathBuf, cause: io::Error },
+    #[error("{}: {}", path.display(), node.refusal())]
+    NotAFile { path: PathBuf, node: weightlift_format::regular::NodeKind },
     #[error("{}: read of {len} bytes at offset {offset} failed: {cause}", path.display())]
     Read { path: PathBuf, offset: u64, len: u64, cause: io::Error },
     #[error("{}: write of {len} bytes at offset {offset} failed: {cause}", path.display())]
@@ -19,10 +21,24 @@ pub enum IoError {
     PastEnd { path: PathBuf, offset: u64, len: u64, file_len: u64 },
     #[error("setting {name}={value:?}: {reason}")]
     Setting { name: &'static str, value: String, reason: String },
-    #[error("staging memory of {bytes} bytes: {reason}")]
-    Staging { bytes: u64, reason: String },
-    #[error("io_uring: {0}")]
-    Uring(String),
+    /// Pinning staging memory for device DMA failed (the cause keeps the driver's error).
+    #[error("pinning {bytes} bytes of staging memory: {cause}")]
+    Staging { bytes: u64, cause: Box<dyn std::error::Error + Send + Sync> },
+    /// Host memory ran out.
+    #[error("out of host memory allocating {bytes} bytes for {what}{}", cause.as_ref().map(|c| format!(" ({c})")).unwrap_or_default())]
+    OutOfMemory { what: &'static str, bytes: u64, cause: Option<io::Error> },
+    /// An io_uring call failed.
+    #[error("io_uring {call}: {cause}")]
+    Uring { call: &'static str, cause: io::Error },
+    /// io_uring was asked for but this kernel or sandbox refuses it.
+    #[error("io_uring was requested by {origin} but is unavailable: {reason}")]
+    UringUnavailable { origin: String, reason: String },
+    /// An I/O thread could not be started.
+    #[error("cannot start an I/O thread: {0}")]
+    Thread(io::Error),
+    /// An I/O thread panicked (a bug; the load is abandoned cleanly).
+    #[error("an I/O thread panicked: {0}")]
+    Panicked(String),
     #[error("invalid destinations: {0}")]
     Destinations(String),
     #[error("{0}")]
@@ -35,9 +51,11 @@ impl IoError {
     /// The OS error number behind this error, if any.
     pub fn raw_os_error(&self) -> Option<i32> {
         match self {
-            IoError::Open { cause, .. } | IoError::Read { cause, .. } | IoError::Write { cause, .. } => {
-                cause.raw_os_error()
-            }
+            IoError::Open { cause, .. }
+            | IoError::Read { cause, .. }
+            | IoError::Write { cause, .. }
+            | IoError::Uring { cause, .. }
+            | IoError::Thread(cause) => cause.raw_os_error(),
             _ => None,
         }
     }

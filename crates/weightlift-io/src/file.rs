@@ -1,12 +1,15 @@
 //! Input files opened twice where the filesystem allows it: one buffered descriptor and one O_DIRECT descriptor,
 //! with the alignment O_DIRECT needs there.
 
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io;
-use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::io::Seek;
+use std::os::unix::fs::{FileExt, FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
 
 use rustix::fs::{AtFlags, StatxFlags};
+use weightlift_format::regular::{self, OpenError};
+pub use weightlift_format::regular::{Access, NodeKind};
 
 use crate::error::IoError;
 
@@ -30,15 +33,28 @@ pub struct OpenFile {
 }
 
 impl OpenFile {
-    /// Opens `path` for reading, probing O_DIRECT unless `want_direct` is false.
+    /// Opens the regular file `path` for reading, probing O_DIRECT unless `want_direct` is false. Anything else
+    /// (FIFO, socket, device, directory) is refused at once, without blocking.
     pub fn open(path: &Path, want_direct: bool) -> Result<OpenFile, IoError> {
+        Self::open_as(path, want_direct, Access::READ)
+    }
+
+    /// As [`OpenFile::open`], but a block device is accepted too: for reads by LBA and for probes, where the caller
+    /// means the device itself. Its length is the device's size.
+    pub fn open_device(path: &Path, want_direct: bool) -> Result<OpenFile, IoError> {
+        Self::open_as(path, want_direct, Access { block_devices: true, ..Access::READ })
+    }
+
+    fn open_as(path: &Path, want_direct: bool, access: Access) -> Result<OpenFile, IoError> {
         let open_err = |cause| IoError::Open { path: path.to_path_buf(), cause };
-        let buffered = File::open(path).map_err(open_err)?;
+        let buffered = open_checked(path, access)?;
         let meta = buffered.metadata().map_err(open_err)?;
-        if meta.is_dir() {
-            return Err(open_err(io::Error::new(io::ErrorKind::IsADirectory, "is a directory")));
-        }
-        let len = meta.len();
+        // A block device's size is not in its inode: it is where its end is.
+        let len = if meta.file_type().is_block_device() {
+            (&buffered).seek(io::SeekFrom::End(0)).map_err(open_err)?
+        } else {
+            meta.len()
+        };
         let mut f = OpenFile {
             path: path.to_path_buf(),
             buffered,
@@ -68,7 +84,10 @@ impl OpenFile {
                 }
             }
         }
-        match OpenOptions::new().read(true).custom_flags(libc::O_DIRECT).open(path) {
+        match open_checked(path, access.direct()) {
+            Ok(direct) if !same_file(&direct, &f.buffered) => {
+                f.direct_refused = Some("the path named another file when opened again for O_DIRECT".into());
+            }
             Ok(direct) => match probe_direct_read(&direct, f.block, len) {
                 Ok(()) => f.direct = Some(direct),
                 Err(e) => f.direct_refused = Some(format!("O_DIRECT read refused: {e}")),
@@ -84,6 +103,23 @@ impl OpenFile {
 
     pub fn supports_direct(&self) -> bool {
         self.direct.is_some()
+    }
+}
+
+/// Opens `path` only if it is a regular file, without ever blocking on a FIFO or device (see
+/// [`weightlift_format::regular`]); anything else is an [`IoError::NotAFile`] naming what it is.
+pub fn open_checked(path: &Path, access: Access) -> Result<File, IoError> {
+    regular::open(path, access).map_err(|e| match e {
+        OpenError::Io(cause) => IoError::Open { path: path.to_path_buf(), cause },
+        OpenError::NotAFile(node) => IoError::NotAFile { path: path.to_path_buf(), node },
+    })
+}
+
+/// Whether two descriptors refer to one file: a path opened twice may have been replaced in between.
+pub(crate) fn same_file(a: &File, b: &File) -> bool {
+    match (a.metadata(), b.metadata()) {
+        (Ok(a), Ok(b)) => (a.dev(), a.ino()) == (b.dev(), b.ino()),
+        _ => false,
     }
 }
 
@@ -112,8 +148,8 @@ fn probe_direct_read(direct: &File, block: u64, len: u64) -> io::Result<()> {
 }
 
 /// Opens several files; `want_direct` says whether O_DIRECT descriptors are wanted at all.
-pub fn open_all(paths: &[PathBuf], want_direct: bool) -> Result<Vec<OpenFile>, IoError> {
-    paths.iter().map(|p| OpenFile::open(p, want_direct)).collect()
+pub fn open_all(paths: &[PathBuf], want_direct: bool) -> Result<Vec<std::sync::Arc<OpenFile>>, IoError> {
+    paths.iter().map(|p| OpenFile::open(p, want_direct).map(std::sync::Arc::new)).collect()
 }
 
 #[cfg(test)]
@@ -132,5 +168,64 @@ mod tests {
         let missing = OpenFile::open(&dir.path().join("missing"), true).unwrap_err();
         assert!(matches!(missing, IoError::Open { .. }));
         assert!(missing.to_string().contains("missing"));
+    }
+
+    #[test]
+    fn block_devices_open_only_when_meant() {
+        let Some(dev) = ["/dev/vda", "/dev/sda", "/dev/nvme0n1", "/dev/loop0"]
+            .into_iter()
+            .map(Path::new)
+            .find(|p| std::fs::metadata(p).is_ok_and(|m| m.file_type().is_block_device()))
+        else {
+            println!("skipped: no block device node here");
+            return;
+        };
+        let err = OpenFile::open(dev, true).unwrap_err();
+        assert!(matches!(err, IoError::NotAFile { node: NodeKind::BlockDevice, .. }), "{err}");
+        assert!(err.to_string().contains("LBA reads"), "{err}");
+        match OpenFile::open_device(dev, true) {
+            Ok(f) => {
+                assert!(f.block.is_power_of_two() && f.block >= 512, "{}", f.block);
+                if f.len == 0 {
+                    println!("{}: a block device of size 0 (an unattached loop device?)", dev.display());
+                }
+            }
+            Err(IoError::Open { cause, .. }) => println!("skipped: {} cannot be opened here: {cause}", dev.display()),
+            Err(e) => panic!("{}: {e}", dev.display()),
+        }
+    }
+
+    #[test]
+    fn fifos_sockets_devices_and_directories_are_refused_without_blocking() {
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("fifo");
+        rustix::fs::mkfifoat(rustix::fs::CWD, &fifo, rustix::fs::Mode::from_raw_mode(0o600)).unwrap();
+        let sock = dir.path().join("sock");
+        let _listener = std::os::unix::net::UnixListener::bind(&sock).unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let paths = [fifo, sock, PathBuf::from("/dev/null"), dir.path().to_path_buf()];
+        let expected = [Some(NodeKind::Fifo), Some(NodeKind::Socket), Some(NodeKind::CharDevice), None];
+        let probe = paths.clone();
+        // On another thread, so that a blocking open fails the test instead of hanging it.
+        std::thread::spawn(move || {
+            for path in &probe {
+                for direct in [false, true] {
+                    let _ = tx.send((path.clone(), OpenFile::open(path, direct).map(|_| ())));
+                }
+            }
+        });
+        for (path, kind) in paths.iter().zip(expected) {
+            for _ in 0..2 {
+                let (got, result) = rx.recv_timeout(std::time::Duration::from_secs(5)).expect("an open blocked");
+                assert_eq!(&got, path);
+                let err = result.expect_err("a non-regular file was opened");
+                match (kind, &err) {
+                    (Some(kind), IoError::NotAFile { node, .. }) => assert_eq!(*node, kind),
+                    (None, IoError::Open { cause, .. }) => assert_eq!(cause.kind(), io::ErrorKind::IsADirectory),
+                    _ => panic!("{}: {err}", path.display()),
+                }
+                assert!(err.to_string().starts_with(&*path.to_string_lossy()), "{err}");
+            }
+        }
     }
 }

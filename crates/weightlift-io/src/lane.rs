@@ -1,60 +1,16 @@
-//! What every I/O thread ("lane") shares, whichever backend submits its reads: the op queue, cancellation, the
-//! one place where a read's result is interpreted (retry, short read, end of file, error), and its counters.
+//! What every I/O thread ("lane") does the same whichever kernel interface submits its reads: the one place where a
+//! read's result is interpreted (retry, short read, end of file, error), in-place targets, and the counters.
 
 use std::io;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use crate::error::IoError;
-use crate::fault::FaultPlan;
 use crate::file::OpenFile;
 use crate::plan::{Plan, ReadOp};
-use crate::sink::{Sink, SinkError};
+use crate::sink::Sink;
 
 /// Transient errors are retried this many times per read before giving up.
 const MAX_RETRIES: u32 = 1000;
-
-pub(crate) struct Shared<'a, S: Sink> {
-    pub plan: &'a Plan,
-    pub files: &'a [OpenFile],
-    pub sink: &'a S,
-    pub queue_depth: usize,
-    pub next: AtomicUsize,
-    pub abort: AtomicBool,
-    pub cancel: Option<&'a AtomicBool>,
-    pub progress: Option<&'a AtomicU64>,
-    pub faults: Option<&'a FaultPlan>,
-}
-
-impl<S: Sink> Shared<'_, S> {
-    /// The next read to issue, in plan order, unless the load is stopping.
-    pub fn next_op(&self) -> Option<usize> {
-        if self.stopping() {
-            return None;
-        }
-        let i = self.next.fetch_add(1, Ordering::Relaxed);
-        (i < self.plan.ops.len()).then_some(i)
-    }
-
-    pub fn stopping(&self) -> bool {
-        self.abort.load(Ordering::Relaxed) || self.cancel.is_some_and(|c| c.load(Ordering::Relaxed))
-    }
-
-    pub fn fail(&self) {
-        self.abort.store(true, Ordering::Relaxed);
-    }
-
-    pub fn add_progress(&self, bytes: u64) {
-        if let Some(p) = self.progress {
-            p.fetch_add(bytes, Ordering::Relaxed);
-        }
-    }
-
-    pub fn sink_error(&self, e: SinkError) -> IoError {
-        self.fail();
-        IoError::Sink(e)
-    }
-}
 
 /// Counters of one lane, summed into the load's report.
 #[derive(Clone, Debug, Default)]
@@ -92,10 +48,11 @@ const MAX_IOVECS: usize = 1024;
 
 /// Where a buffered op's bytes go when they can be read straight into the sink's host destinations: pieces that
 /// follow each other without gaps or overlaps and cover the whole op, each with a host address.
-pub(crate) fn in_place_targets<S: Sink>(plan: &Plan, op: &ReadOp, sink: &S) -> Option<Vec<(*mut u8, usize)>> {
+pub(crate) fn in_place_targets(plan: &Plan, op: &ReadOp, sink: &dyn Sink) -> Option<Vec<(*mut u8, usize)>> {
     if op.direct {
         return None;
     }
+    let sink = sink.in_place()?;
     let pieces = plan.pieces_of(op);
     if pieces.len() > MAX_IOVECS {
         return None;
@@ -133,10 +90,17 @@ pub(crate) fn iovecs(parts: &[(*mut u8, usize)], from: u64, len: u64) -> Vec<lib
     out
 }
 
-/// A read in progress in one slot.
+/// Which way a transfer moves bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Dir {
+    Read,
+    Write,
+}
+
+/// A read (or write) in progress in one slot.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Reading {
-    pub op: usize,
+    pub dir: Dir,
     /// Bytes of the op already in the slot.
     pub done: u64,
     /// Whether the next read of this op goes through the O_DIRECT descriptor.
@@ -162,8 +126,21 @@ pub(crate) enum Next {
 }
 
 impl Reading {
-    pub fn start(op: usize, direct: bool) -> Reading {
-        Reading { op, done: 0, direct, retries: 0 }
+    pub fn start(direct: bool) -> Reading {
+        Reading { dir: Dir::Read, done: 0, direct, retries: 0 }
+    }
+
+    /// A write (of an op's `valid` bytes, from the slot to the file).
+    pub fn start_write(direct: bool) -> Reading {
+        Reading { dir: Dir::Write, done: 0, direct, retries: 0 }
+    }
+
+    fn failure(&self, file: &OpenFile, offset: u64, len: u64, cause: io::Error) -> IoError {
+        let path = file.path.clone();
+        match self.dir {
+            Dir::Read => IoError::Read { path, offset, len, cause },
+            Dir::Write => IoError::Write { path, offset, len, cause },
+        }
     }
 
     /// The read to issue now for this op.
@@ -172,10 +149,11 @@ impl Reading {
         Request { offset: op.offset + self.done, len, direct: self.direct }
     }
 
-    /// Interprets the result of the read last issued for this op. This is the only place results are read:
+    /// Interprets the result of the read (or write) last issued for this op. This is the only place results are
+    /// read (copy this pattern: one state machine per transfer, fed every result, deciding what comes next):
     /// transient errors retry, short reads continue where they stopped (through the buffered descriptor when the
     /// position is no longer block-aligned), an early end of file is a truncation, anything else an error naming
-    /// the file and offset.
+    /// the file and offset. A write that returns 0 is an error (the device is full or refuses).
     pub fn on_result(
         &mut self,
         op: &ReadOp,
@@ -189,12 +167,7 @@ impl Reading {
                 self.retries += 1;
                 stats.retries += 1;
                 if self.retries > MAX_RETRIES {
-                    return Err(IoError::Read {
-                        path: file.path.clone(),
-                        offset: at,
-                        len: op.valid - self.done,
-                        cause: e,
-                    });
+                    return Err(self.failure(file, at, op.valid - self.done, e));
                 }
             }
             Err(e) if self.direct && e.raw_os_error() == Some(libc::EINVAL) => {
@@ -202,8 +175,10 @@ impl Reading {
                 self.direct = false;
                 stats.direct_fallbacks += 1;
             }
-            Err(e) => {
-                return Err(IoError::Read { path: file.path.clone(), offset: at, len: op.valid - self.done, cause: e });
+            Err(e) => return Err(self.failure(file, at, op.valid - self.done, e)),
+            Ok(0) if self.done < op.valid && self.dir == Dir::Write => {
+                let cause = io::Error::new(io::ErrorKind::WriteZero, "write returned 0");
+                return Err(self.failure(file, at, op.valid - self.done, cause));
             }
             Ok(0) if self.done < op.valid => {
                 return Err(IoError::Truncated {
@@ -254,7 +229,7 @@ mod tests {
         let op = ReadOp { file: 0, offset: 0, len: 8192, valid: 8192, direct: true, pieces: 0..0 };
         let f = file();
         let mut st = LaneStats::default();
-        let mut r = Reading::start(0, true);
+        let mut r = Reading::start(true);
         assert_eq!(
             r.on_result(&op, &f, Ok(4096), &mut st).unwrap(),
             Next::Read(Request { offset: 4096, len: 4096, direct: true })
@@ -273,7 +248,7 @@ mod tests {
         let op = ReadOp { file: 0, offset: 500, len: 100, valid: 100, direct: false, pieces: 0..0 };
         let f = file();
         let mut st = LaneStats::default();
-        let mut r = Reading::start(0, false);
+        let mut r = Reading::start(false);
         let again = r.on_result(&op, &f, Err(io::Error::from_raw_os_error(libc::EAGAIN)), &mut st).unwrap();
         assert_eq!(again, Next::Read(Request { offset: 500, len: 100, direct: false }));
         assert_eq!(st.retries, 1);

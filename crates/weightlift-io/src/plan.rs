@@ -54,14 +54,28 @@ pub struct PlanFile {
     pub direct: bool,
 }
 
+/// How a region of a file is read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReadKind {
+    /// Buffered, in chunks (the pages are cached: a memory copy).
+    Cached,
+    /// O_DIRECT, in large block-aligned requests.
+    Direct,
+    /// Buffered, in large requests (cold pages read through the page cache, which keeps them).
+    ColdBuffered,
+}
+
 #[derive(Clone, Copy, Debug)]
 pub struct PlanOptions {
-    /// Largest buffered read.
+    /// Largest buffered read of cached pages.
     pub chunk: u64,
-    /// Largest O_DIRECT read, before widening to block alignment (cold storage prefers larger requests).
+    /// Largest read of cold pages (O_DIRECT before widening to block alignment, or buffered): cold storage prefers
+    /// larger requests.
     pub direct_chunk: u64,
     /// Neighbouring extents closer than this are read together (the bytes between are read and dropped).
     pub coalesce_gap: u64,
+    /// Never put two destinations in one read (a streaming load decides per destination what to read).
+    pub separate_destinations: bool,
 }
 
 /// The reads of one load.
@@ -95,33 +109,36 @@ pub enum PlanError {
     Destination(String),
 }
 
-/// Plans the reads for `extents`. `wants_direct(file, offset, len)` is asked for each read on a file that allows
-/// O_DIRECT; a buffered read is planned where it answers false.
+/// Plans the reads for `extents`. `kind(file, offset, len)` says how each region of `direct_chunk` bytes is read;
+/// `Direct` is honoured only on files that allow O_DIRECT (buffered in large requests elsewhere).
 pub fn plan(
     files: &[PlanFile],
     extents: &[Extent],
     dest_lens: &[u64],
     opts: &PlanOptions,
-    wants_direct: &mut dyn FnMut(u32, u64, u64) -> bool,
+    kind: &mut dyn FnMut(u32, u64, u64) -> ReadKind,
 ) -> Result<Plan, PlanError> {
     check_destinations(files, extents, dest_lens)?;
     let chunk = opts.chunk.max(1);
     let direct_chunk = opts.direct_chunk.max(chunk);
     // Split at absolute multiples of the chunk size that applies where the piece lies: reads of one O_DIRECT
     // region never mix with buffered ones.
-    let mut subs: Vec<(Extent, bool)> = Vec::with_capacity(extents.len());
+    let mut subs: Vec<(Extent, ReadKind)> = Vec::with_capacity(extents.len());
     for e in extents.iter().filter(|e| e.len > 0) {
         let f = files[e.file as usize];
         let end = e.offset + e.len;
         let mut pos = e.offset;
         while pos < end {
             let region = pos / direct_chunk * direct_chunk;
-            let direct = f.direct && wants_direct(e.file, region, direct_chunk.min(f.len - region));
-            let c = if direct { direct_chunk } else { chunk };
+            let k = match kind(e.file, region, direct_chunk.min(f.len - region)) {
+                ReadKind::Direct if !f.direct => ReadKind::ColdBuffered,
+                k => k,
+            };
+            let c = if k == ReadKind::Cached { chunk } else { direct_chunk };
             let next = end.min((pos / c + 1) * c);
             subs.push((
                 Extent { offset: pos, len: next - pos, dest_offset: e.dest_offset + (pos - e.offset), ..*e },
-                direct,
+                k,
             ));
             pos = next;
         }
@@ -131,8 +148,9 @@ pub fn plan(
     let mut out = Plan { requested_bytes: extents.iter().map(|e| e.len).sum(), ..Plan::default() };
     let mut i = 0;
     while i < subs.len() {
-        let (first, direct) = subs[i];
-        let limit = if direct { direct_chunk } else { chunk };
+        let (first, k) = subs[i];
+        let direct = k == ReadKind::Direct;
+        let limit = if k == ReadKind::Cached { chunk } else { direct_chunk };
         let (file, start) = (first.file, first.offset);
         let mut end = first.offset + first.len;
         let mut j = i + 1;
@@ -140,7 +158,8 @@ pub fn plan(
             let (s, d) = subs[j];
             let s_end = s.offset + s.len;
             if s.file != file
-                || d != direct
+                || d != k
+                || (opts.separate_destinations && s.dest != first.dest)
                 || s.offset > end.saturating_add(opts.coalesce_gap)
                 || s_end.max(end) - start > limit
             {
@@ -205,7 +224,7 @@ mod tests {
     use proptest::prelude::*;
 
     fn opts(chunk: u64) -> PlanOptions {
-        PlanOptions { chunk, direct_chunk: chunk, coalesce_gap: 64 }
+        PlanOptions { chunk, direct_chunk: chunk, coalesce_gap: 64, separate_destinations: false }
     }
 
     #[test]
@@ -216,7 +235,7 @@ mod tests {
             Extent { file: 0, offset: 110, len: 50, dest: 1, dest_offset: 0 },
             Extent { file: 0, offset: 200, len: 30_000, dest: 2, dest_offset: 0 },
         ];
-        let p = plan(&files, &ex, &[100, 50, 30_000], &opts(16_384), &mut |_, _, _| false).unwrap();
+        let p = plan(&files, &ex, &[100, 50, 30_000], &opts(16_384), &mut |_, _, _| ReadKind::Cached).unwrap();
         // [10,16384) holds the first two and the head of the third; the rest splits at 16384 and 32768.
         assert_eq!(p.ops.len(), 2);
         assert_eq!((p.ops[0].offset, p.ops[0].len), (10, 16_374));
@@ -229,7 +248,7 @@ mod tests {
     fn direct_reads_are_widened_to_blocks_and_clamped_to_the_file() {
         let files = [PlanFile { len: 10_000, block: 4096, direct: true }];
         let ex = [Extent { file: 0, offset: 5000, len: 4999, dest: 0, dest_offset: 0 }];
-        let p = plan(&files, &ex, &[4999], &opts(1 << 20), &mut |_, _, _| true).unwrap();
+        let p = plan(&files, &ex, &[4999], &opts(1 << 20), &mut |_, _, _| ReadKind::Direct).unwrap();
         let op = &p.ops[0];
         assert!(op.direct);
         assert_eq!((op.offset, op.len, op.valid), (4096, 8192, 10_000 - 4096));
@@ -241,12 +260,12 @@ mod tests {
         let files = [PlanFile { len: 100, block: 512, direct: false }];
         let past = [Extent { file: 0, offset: 90, len: 20, dest: 0, dest_offset: 0 }];
         assert!(matches!(
-            plan(&files, &past, &[20], &opts(4096), &mut |_, _, _| false),
+            plan(&files, &past, &[20], &opts(4096), &mut |_, _, _| ReadKind::Cached),
             Err(PlanError::PastEnd { .. })
         ));
         let overflow = [Extent { file: 0, offset: 0, len: 20, dest: 0, dest_offset: 5 }];
         assert!(matches!(
-            plan(&files, &overflow, &[20], &opts(4096), &mut |_, _, _| false),
+            plan(&files, &overflow, &[20], &opts(4096), &mut |_, _, _| ReadKind::Cached),
             Err(PlanError::Destination(_))
         ));
         let overlap = [
@@ -254,7 +273,7 @@ mod tests {
             Extent { file: 0, offset: 20, len: 10, dest: 0, dest_offset: 5 },
         ];
         assert!(matches!(
-            plan(&files, &overlap, &[20], &opts(4096), &mut |_, _, _| false),
+            plan(&files, &overlap, &[20], &opts(4096), &mut |_, _, _| ReadKind::Cached),
             Err(PlanError::Destination(_))
         ));
     }
@@ -280,8 +299,16 @@ mod tests {
             let files = [PlanFile { len: pos + 7, block, direct: true }, PlanFile { len: pos + 7, block, direct: false }];
             let chunk = chunk_kib * 4096;
             let mut n = 0u32;
-            let o = PlanOptions { chunk, direct_chunk: chunk * direct_factor, coalesce_gap: 64 };
-            let p = plan(&files, &extents, &lens, &o, &mut |_, _, _| { n += 1; direct_every != 0 && n % direct_every == 0 }).unwrap();
+            let o = PlanOptions { chunk, direct_chunk: chunk * direct_factor, coalesce_gap: 64, separate_destinations: direct_every == 2 };
+            let p = plan(&files, &extents, &lens, &o, &mut |_, _, _| {
+                n += 1;
+                match (direct_every, n % 3) {
+                    (0, _) => ReadKind::Cached,
+                    (_, 0) => ReadKind::ColdBuffered,
+                    _ if n % direct_every == 0 => ReadKind::Direct,
+                    _ => ReadKind::Cached,
+                }
+            }).unwrap();
             let mut covered: Vec<Vec<u8>> = lens.iter().map(|&l| vec![0u8; l as usize]).collect();
             let mut last = (0u32, 0u64);
             for op in &p.ops {
@@ -294,7 +321,7 @@ mod tests {
                     prop_assert_eq!(op.len % block, 0);
                     prop_assert!(op.len <= chunk * direct_factor + 2 * block);
                 } else {
-                    prop_assert!(op.len <= chunk);
+                    prop_assert!(op.len <= chunk * direct_factor);
                 }
                 for piece in p.pieces_of(op) {
                     prop_assert!(piece.at + piece.len <= op.valid);

@@ -1,109 +1,152 @@
-//! Where completed reads go. The engine hands each completed read's bytes to a sink, which copies the pieces to
-//! their destinations (host memory here; device memory in the CUDA crate).
+//! Where completed reads go. The lanes hand each completed read's bytes to a sink, which copies the pieces to their
+//! destinations (host memory here; device memory in the CUDA crate).
 
 use std::fmt;
-use std::marker::PhantomData;
 
 use crate::plan::Piece;
 
 pub type SinkError = Box<dyn std::error::Error + Send + Sync>;
 
+/// A delivery that may still be reading its staging slot (an asynchronous device copy).
+pub trait Pending: Send {
+    /// Whether the delivery has finished reading its slot.
+    fn poll(&mut self) -> Result<bool, SinkError>;
+    /// Blocks until the delivery has finished reading its slot.
+    fn wait(self: Box<Self>) -> Result<(), SinkError>;
+}
+
 /// A destination for loaded bytes, used from several I/O threads ("lanes") at once.
 ///
-/// Contract the engine keeps: the memory behind `data` in [`Sink::deliver`] is neither written nor freed until the
-/// returned pending delivery (if any) has been reported done by [`Sink::poll`] or [`Sink::wait`]. A sink may
-/// therefore keep reading `data` asynchronously (a DMA copy) after `deliver` returns.
-pub trait Sink: Sync {
-    /// An asynchronous delivery still reading from a staging slot.
-    type Pending: Send;
-
-    /// Whether deliveries can stay pending (keep reading their slot after `deliver` returns). Synchronous sinks
-    /// need no more slots than reads in flight; asynchronous ones get spare slots to overlap copies with reads.
+/// Contract the lanes keep: the memory behind `data` in [`Sink::deliver`] is neither written nor freed until the
+/// returned [`Pending`] (if any) has reported completion. A sink may therefore keep reading `data` asynchronously
+/// (a DMA copy) after `deliver` returns.
+pub trait Sink: Send + Sync {
+    /// Whether deliveries can stay pending. Synchronous sinks need no more slots than reads in flight; asynchronous
+    /// ones get spare slots to overlap copies with reads.
     fn asynchronous(&self) -> bool {
         false
     }
 
-    /// The host address where `piece`'s bytes go, when this sink's destinations are host memory that reads may
-    /// target directly (then a buffered read lands in place, with no staging copy). `None` by default.
-    fn host_destination(&self, _piece: &Piece) -> Option<*mut u8> {
+    /// Destinations that reads may target directly, when this sink's destinations are host memory (then a buffered
+    /// read lands in place, with no staging copy).
+    fn in_place(&self) -> Option<&dyn InPlace> {
         None
     }
 
-    /// Called on each lane's thread before its first delivery.
+    /// Called on a lane's thread before its first delivery of a load.
     fn begin_lane(&self, _lane: usize) -> Result<(), SinkError> {
         Ok(())
     }
 
     /// Delivers a completed read: `data[p.at..p.at + p.len]` goes to destination `p.dest` at `p.dest_offset`.
-    fn deliver(&self, lane: usize, pieces: &[Piece], data: &[u8]) -> Result<Option<Self::Pending>, SinkError>;
+    fn deliver(&self, lane: usize, pieces: &[Piece], data: &[u8]) -> Result<Option<Box<dyn Pending>>, SinkError>;
 
-    /// Whether a pending delivery has finished reading its slot.
-    fn poll(&self, pending: &Self::Pending) -> Result<bool, SinkError>;
+    /// Called once `pieces` are in their destinations (after a synchronous delivery, a pending one's completion, or
+    /// an in-place read). Streaming loads count landed bytes per destination here.
+    fn landed(&self, _pieces: &[Piece]) {}
 
-    /// Blocks until a pending delivery has finished reading its slot.
-    fn wait(&self, pending: Self::Pending) -> Result<(), SinkError>;
-
-    /// Called on each lane's thread after its last delivery has completed.
+    /// Called on a lane's thread after its last delivery of a load has completed.
     fn end_lane(&self, _lane: usize) -> Result<(), SinkError> {
         Ok(())
     }
 }
 
-/// Copies pieces into caller-owned host byte buffers (one per destination id).
-pub struct HostSink<'a> {
-    dests: Vec<(*mut u8, usize)>,
-    _borrow: PhantomData<&'a mut [u8]>,
+/// Host destinations that reads may write straight into.
+///
+/// # Safety
+/// Implementors guarantee that an address returned for a piece is valid for writes of `piece.len` bytes, that no
+/// other piece of the same load maps to any of those bytes, and that the memory stays valid and untouched by
+/// anything else until the load using the sink has returned. The lanes hand such addresses to the kernel.
+pub unsafe trait InPlace: Sync {
+    /// The host address where `piece`'s bytes go, if this piece may be read in place.
+    fn host_destination(&self, piece: &Piece) -> Option<*mut u8>;
 }
 
-impl fmt::Debug for HostSink<'_> {
+/// Copies pieces into host memory (one range per destination id).
+pub struct HostSink {
+    dests: Vec<(*mut u8, usize)>,
+}
+
+impl fmt::Debug for HostSink {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("HostSink").field("dests", &self.dests.len()).finish()
     }
 }
 
-// SAFETY: the raw pointers come from `&'a mut` borrows held for the sink's lifetime; deliveries from different
-// threads write disjoint ranges (the planner rejects overlapping destination ranges) after a bounds check.
-unsafe impl Sync for HostSink<'_> {}
-// SAFETY: as above; the sink owns nothing and only writes through the borrowed pointers.
-unsafe impl Send for HostSink<'_> {}
+// SAFETY: the ranges are valid for the sink's use by `HostSink::new`'s contract; deliveries from different threads
+// write disjoint ranges (the planner rejects overlapping destination ranges) after a bounds check.
+unsafe impl Sync for HostSink {}
+// SAFETY: as above; the sink owns nothing and only writes through the pointers it was given.
+unsafe impl Send for HostSink {}
 
-impl<'a> HostSink<'a> {
-    /// A sink writing into `buffers`, destination id `i` being `buffers[i]`.
-    pub fn new<B: std::ops::DerefMut<Target = [u8]>>(buffers: &'a mut [B]) -> HostSink<'a> {
-        let dests = buffers.iter_mut().map(|b| (b.as_mut_ptr(), b.len())).collect();
-        HostSink { dests, _borrow: PhantomData }
+impl HostSink {
+    /// A sink writing into `dests`, destination id `i` being the `dests[i].1` bytes at `dests[i].0`.
+    ///
+    /// # Safety
+    /// Each range must be valid for writes, not overlap another, and not be accessed by anything else until every
+    /// load using this sink has returned.
+    pub unsafe fn new(dests: Vec<(*mut u8, usize)>) -> HostSink {
+        HostSink { dests }
     }
-}
 
-impl Sink for HostSink<'_> {
-    type Pending = ();
+    /// A sink over borrowed buffers (the borrow outlives the sink, so the ranges stay valid).
+    pub fn borrowing<B: std::ops::DerefMut<Target = [u8]>>(buffers: &mut [B]) -> BorrowedHostSink<'_> {
+        let dests = buffers.iter_mut().map(|b| (b.as_mut_ptr(), b.len())).collect();
+        // SAFETY: the buffers are borrowed mutably for the returned sink's lifetime, are distinct slices, and cannot
+        // be touched by anyone else while the borrow lasts.
+        BorrowedHostSink { sink: unsafe { HostSink::new(dests) }, _borrow: std::marker::PhantomData }
+    }
 
-    fn host_destination(&self, p: &Piece) -> Option<*mut u8> {
+    fn target(&self, p: &Piece) -> Option<*mut u8> {
         let (dst, cap) = *self.dests.get(p.dest as usize)?;
         let end = p.dest_offset.checked_add(p.len)?;
         // SAFETY: `dest_offset + len <= cap` (checked), so the address stays inside the destination.
         (end <= cap as u64).then(|| unsafe { dst.add(p.dest_offset as usize) })
     }
+}
 
-    fn deliver(&self, _lane: usize, pieces: &[Piece], data: &[u8]) -> Result<Option<()>, SinkError> {
+// SAFETY: `target` returns addresses inside the destination ranges only (bounds-checked), which `HostSink::new`'s
+// contract makes valid and exclusive for the load; the planner gives every destination byte to one piece.
+unsafe impl InPlace for HostSink {
+    fn host_destination(&self, piece: &Piece) -> Option<*mut u8> {
+        self.target(piece)
+    }
+}
+
+impl Sink for HostSink {
+    fn in_place(&self) -> Option<&dyn InPlace> {
+        Some(self)
+    }
+
+    fn deliver(&self, _lane: usize, pieces: &[Piece], data: &[u8]) -> Result<Option<Box<dyn Pending>>, SinkError> {
         for p in pieces {
-            let (dst, cap) = *self.dests.get(p.dest as usize).ok_or_else(|| format!("no destination {}", p.dest))?;
-            let (at, len, off) = (p.at as usize, p.len as usize, p.dest_offset as usize);
-            if at.checked_add(len).is_none_or(|e| e > data.len()) || off.checked_add(len).is_none_or(|e| e > cap) {
-                return Err(format!("piece {p:?} out of bounds (read {} bytes, destination {cap})", data.len()).into());
-            }
+            let fits = p.at.checked_add(p.len).is_some_and(|e| e <= data.len() as u64);
+            let dst = self.target(p).filter(|_| fits).ok_or_else(|| {
+                format!("piece {p:?} out of bounds (read {} bytes, {} destinations)", data.len(), self.dests.len())
+            })?;
             // SAFETY: both ranges were bounds-checked just above; the destination range is written by this piece
             // alone (the plan has no overlapping destination ranges) and the source is a completed read.
-            unsafe { std::ptr::copy_nonoverlapping(data.as_ptr().add(at), dst.add(off), len) };
+            unsafe { std::ptr::copy_nonoverlapping(data.as_ptr().add(p.at as usize), dst, p.len as usize) };
         }
         Ok(None)
     }
+}
 
-    fn poll(&self, _pending: &()) -> Result<bool, SinkError> {
-        Ok(true)
+/// A [`HostSink`] over buffers borrowed for its lifetime.
+pub struct BorrowedHostSink<'a> {
+    sink: HostSink,
+    _borrow: std::marker::PhantomData<&'a mut [u8]>,
+}
+
+impl fmt::Debug for BorrowedHostSink<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.sink.fmt(f)
     }
+}
 
-    fn wait(&self, _pending: ()) -> Result<(), SinkError> {
-        Ok(())
+impl std::ops::Deref for BorrowedHostSink<'_> {
+    type Target = HostSink;
+    fn deref(&self) -> &HostSink {
+        &self.sink
     }
 }

@@ -7,17 +7,19 @@ use std::fmt;
 use memmap2::{Advice, MmapMut};
 
 use crate::error::IoError;
+use crate::sink::SinkError;
 
 /// Keeps a memory range pinned for device DMA while it lives (unpins on drop).
 pub trait PinGuard: Send + Sync + fmt::Debug {}
 
-/// Pins host memory for device DMA (the CUDA crate implements this with `cuMemHostRegister`).
+/// Pins host memory for device DMA (the CUDA crate implements this with `cuMemHostRegister`). Pinned memory must
+/// serve every device (the CUDA implementation pins it as portable).
 pub trait Pinner: Send + Sync + fmt::Debug {
     /// Pins `len` bytes at `ptr`.
     ///
     /// # Safety
     /// `ptr..ptr + len` must be a live mapping that outlives the returned guard.
-    unsafe fn pin(&self, ptr: *mut u8, len: usize) -> Result<Box<dyn PinGuard>, String>;
+    unsafe fn pin(&self, ptr: *mut u8, len: usize) -> Result<Box<dyn PinGuard>, SinkError>;
 }
 
 /// A staging region of `slots` slots of `slot_bytes` each.
@@ -45,10 +47,13 @@ impl Staging {
     pub fn new(slot_bytes: usize, slots: usize, pinner: Option<&dyn Pinner>) -> Result<Staging, IoError> {
         let bytes = slot_bytes.checked_mul(slots).filter(|&b| b > 0);
         let Some(bytes) = bytes else {
-            return Err(IoError::Staging { bytes: 0, reason: format!("{slots} slots of {slot_bytes} bytes") });
+            return Err(IoError::Destinations(format!("staging of {slots} slots of {slot_bytes} bytes")));
         };
-        let err = |reason: String| IoError::Staging { bytes: bytes as u64, reason };
-        let mut map = MmapMut::map_anon(bytes).map_err(|e| err(format!("mmap: {e}")))?;
+        let mut map = MmapMut::map_anon(bytes).map_err(|e| IoError::OutOfMemory {
+            what: "staging",
+            bytes: bytes as u64,
+            cause: Some(e),
+        })?;
         // No MADV_HUGEPAGE: under the common THP defrag policy "madvise" it can stall in direct compaction.
         // Fault everything in now, in one call where the kernel has MADV_POPULATE_WRITE (5.14+), page by page
         // otherwise: page faults during a load would stall the reads.
@@ -57,12 +62,35 @@ impl Staging {
                 page[0] = 0;
             }
         }
-        let pin = match pinner {
+        let mut s = Staging { pin: None, map, slot_bytes, slots };
+        if let Some(p) = pinner {
+            s.pin(p)?;
+        }
+        Ok(s)
+    }
+
+    /// Pins the region for device DMA, unless it is pinned already.
+    pub fn pin(&mut self, pinner: &dyn Pinner) -> Result<(), IoError> {
+        if self.pin.is_none() {
+            let bytes = self.map.len();
             // SAFETY: the mapping lives in `Staging` and the guard is dropped before it (field order).
-            Some(p) => Some(unsafe { p.pin(map.as_mut_ptr(), bytes) }.map_err(|e| err(format!("pinning: {e}")))?),
-            None => None,
-        };
-        Ok(Staging { pin, map, slot_bytes, slots })
+            let guard = unsafe { pinner.pin(self.map.as_mut_ptr(), bytes) }
+                .map_err(|cause| IoError::Staging { bytes: bytes as u64, cause })?;
+            self.pin = Some(guard);
+        }
+        Ok(())
+    }
+
+    /// The whole region (for registration with the kernel).
+    pub fn region(&mut self) -> (*mut u8, usize) {
+        (self.map.as_mut_ptr(), self.map.len())
+    }
+
+    /// Slot `i`'s address and length.
+    pub fn slot_ptr(&mut self, i: usize) -> (*mut u8, usize) {
+        debug_assert!(i < self.slots);
+        // SAFETY: `i < slots`, so the slot lies inside the mapping of `slots × slot_bytes` bytes.
+        (unsafe { self.map.as_mut_ptr().add(i * self.slot_bytes) }, self.slot_bytes)
     }
 
     pub fn slot_bytes(&self) -> usize {
@@ -87,7 +115,7 @@ impl Staging {
     }
 }
 
-/// Keeps the last staging region for reuse by the next load of the same shape (pinning is not free).
+/// Keeps the last staging region for reuse by the next write of the same shape (pinning is not free).
 #[derive(Debug, Default)]
 pub struct StagingPool {
     current: Option<Staging>,
@@ -123,7 +151,7 @@ impl StagingPool {
             self.current = None;
             self.current = Some(Staging::new(slot_bytes, slots, pinner)?);
         }
-        self.current.as_mut().ok_or_else(|| IoError::Staging { bytes: 0, reason: "unavailable".into() })
+        self.current.as_mut().ok_or_else(|| IoError::Destinations("no staging region".into()))
     }
 
     /// Frees the cached region.

@@ -2,17 +2,18 @@
 //! slots to the file with io_uring writes — O_DIRECT for block-aligned chunks where the filesystem allows, buffered
 //! for the rest — several in flight, short writes resumed, then an optional fsync.
 
-use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::fd::AsRawFd;
-use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::Path;
 use std::time::Instant;
 
 use io_uring::{IoUring, opcode, squeue, types};
 
-use crate::config::{Backend, DirectMode, IoConfig};
 use crate::error::IoError;
+use crate::file::{Access, OpenFile, open_checked, same_file};
+use crate::lane::{LaneStats, Next, Reading};
+use crate::params::{DirectMode, IoParams, ReadEngine};
+use crate::plan::ReadOp;
 use crate::sink::SinkError;
 use crate::staging::{Pinner, StagingPool};
 
@@ -61,7 +62,7 @@ pub struct WriteRequest<'a> {
 
 /// Writes `req.len` bytes of `source` as `req` says.
 pub fn write_at(
-    config: &IoConfig,
+    params: &IoParams,
     req: &WriteRequest<'_>,
     source: &dyn WriteSource,
     pool: &mut StagingPool,
@@ -69,43 +70,49 @@ pub fn write_at(
 ) -> Result<WriteReport, IoError> {
     let WriteRequest { path, offset, len, durable } = *req;
     let t0 = Instant::now();
-    let open_err = |cause| IoError::Open { path: path.to_path_buf(), cause };
-    let buffered = OpenOptions::new().write(true).create(true).truncate(false).open(path).map_err(open_err)?;
-    let want_direct = config.direct.value != DirectMode::Never;
-    let direct =
-        if want_direct { OpenOptions::new().write(true).custom_flags(libc::O_DIRECT).open(path).ok() } else { None };
+    let buffered = open_checked(path, Access::WRITE_CREATE)?;
+    let want_direct = params.direct != DirectMode::Never;
+    let direct = if want_direct {
+        open_checked(path, Access { write: true, direct: true, ..Access::READ })
+            .ok()
+            .filter(|f| same_file(f, &buffered))
+    } else {
+        None
+    };
     let block =
         direct.as_ref().map_or(4096, |_| crate::file::OpenFile::open(path, true).map(|f| f.block).unwrap_or(4096));
-    let chunk = config.chunk_bytes.value.max(block).next_multiple_of(block);
+    let chunk = params.chunk_bytes.max(block).next_multiple_of(block);
     let mut report = WriteReport { bytes: len, ..WriteReport::default() };
+    let target = OpenFile {
+        path: path.to_path_buf(),
+        buffered,
+        direct,
+        direct_refused: None,
+        len: offset + len,
+        block,
+        mem_align: block,
+    };
     if len > 0 {
         let slots = WRITE_SLOTS.min(len.div_ceil(chunk) as usize).max(1);
-        let staging = pool.acquire(chunk as usize, slots, config.staging_bytes.value.max(chunk), pinner)?;
-        let use_uring = config.backend.value != Backend::Pread && crate::uring::available().is_ok();
-        let mut w = Writer {
-            path,
-            buffered: &buffered,
-            direct: direct.as_ref(),
-            block,
-            offset,
-            len,
-            chunk,
-            source,
-            report: &mut report,
-        };
+        let staging = pool.acquire(chunk as usize, slots, params.staging_bytes.max(chunk), pinner)?;
+        let use_uring = params.engine != ReadEngine::Pread && crate::uring::available().is_ok();
+        let w = Writer { target: &target, offset, len, chunk, source };
+        let mut stats = LaneStats::default();
+        let ptrs: Vec<(*mut u8, usize)> = (0..slots).map(|i| staging.slot_ptr(i)).collect();
         if use_uring {
-            w.report.backend = "uring";
-            w.run_uring(staging.slots_mut().into_iter().take(slots).collect())?;
+            report.backend = "uring";
+            w.run_uring(&ptrs, &mut stats)?;
         } else {
-            w.report.backend = "pwrite";
-            let mut slots = staging.slots_mut();
-            let slot = slots.first_mut().ok_or_else(|| IoError::Staging { bytes: chunk, reason: "no slot".into() })?;
-            w.run_pwrite(slot)?;
+            report.backend = "pwrite";
+            w.run_pwrite(ptrs[0], &mut stats)?;
         }
+        report.direct_bytes = stats.direct_bytes;
+        report.buffered_bytes = stats.buffered_bytes;
+        report.ops = stats.ops;
     }
     if durable {
         let t = Instant::now();
-        buffered.sync_all().map_err(|cause| IoError::Write { path: path.to_path_buf(), offset, len, cause })?;
+        target.buffered.sync_all().map_err(|cause| IoError::Write { path: path.to_path_buf(), offset, len, cause })?;
         report.fsync_secs = t.elapsed().as_secs_f64();
     }
     report.seconds = t0.elapsed().as_secs_f64();
@@ -113,176 +120,167 @@ pub fn write_at(
 }
 
 struct Writer<'a> {
-    path: &'a Path,
-    buffered: &'a File,
-    direct: Option<&'a File>,
-    block: u64,
+    target: &'a OpenFile,
     offset: u64,
     len: u64,
     chunk: u64,
     source: &'a dyn WriteSource,
-    report: &'a mut WriteReport,
+}
+
+/// A chunk being written from a slot: its state machine and the op it writes (file offset, bytes, O_DIRECT).
+struct InFlight {
+    writing: Reading,
+    op: ReadOp,
 }
 
 impl Writer<'_> {
-    fn err(&self, offset: u64, len: u64, cause: io::Error) -> IoError {
-        IoError::Write { path: self.path.to_path_buf(), offset, len, cause }
+    /// The op writing `n` bytes at position `pos` of the write: O_DIRECT when aligned and allowed.
+    fn op(&self, pos: u64, n: u64) -> ReadOp {
+        let at = self.offset + pos;
+        let direct = self.target.direct.is_some() && at % self.target.block == 0 && n % self.target.block == 0;
+        ReadOp { file: 0, offset: at, len: n, valid: n, direct, pieces: 0..0 }
     }
 
-    /// Whether `[at, at + n)` of the file can be written with O_DIRECT.
-    fn aligned(&self, at: u64, n: u64) -> bool {
-        self.direct.is_some() && at % self.block == 0 && n % self.block == 0
+    fn fd(&self, direct: bool) -> i32 {
+        match (&self.target.direct, direct) {
+            (Some(d), true) => d.as_raw_fd(),
+            _ => self.target.buffered.as_raw_fd(),
+        }
     }
 
-    fn fill(&self, pos: u64, buf: &mut [u8]) -> Result<(), IoError> {
+    fn fill(&self, pos: u64, slot: (*mut u8, usize), n: u64) -> Result<(), IoError> {
+        // SAFETY: the slot is free (no write in flight reads it) and holds at least `chunk >= n` bytes.
+        let buf = unsafe { std::slice::from_raw_parts_mut(slot.0, n as usize) };
         self.source.fill(pos, buf).map_err(IoError::Sink)
     }
 
-    fn run_pwrite(&mut self, slot: &mut [u8]) -> Result<(), IoError> {
+    fn run_pwrite(&self, slot: (*mut u8, usize), stats: &mut LaneStats) -> Result<(), IoError> {
         let mut pos = 0;
         while pos < self.len {
             let n = (self.len - pos).min(self.chunk);
-            let at = self.offset + pos;
-            self.fill(pos, &mut slot[..n as usize])?;
-            let direct = self.aligned(at, n);
-            let f = if direct { self.direct.unwrap_or(self.buffered) } else { self.buffered };
-            let r = f.write_all_at(&slot[..n as usize], at);
-            let r = match r {
-                Err(e) if direct && e.raw_os_error() == Some(libc::EINVAL) => {
-                    self.buffered.write_all_at(&slot[..n as usize], at).map(|()| false)
+            self.fill(pos, slot, n)?;
+            let op = self.op(pos, n);
+            let mut w = Reading::start_write(op.direct);
+            loop {
+                let req = w.request(&op);
+                let from = (req.offset - op.offset) as usize;
+                // SAFETY: `from + req.len <= n`, inside the slot filled above; the descriptor is open.
+                let r = unsafe {
+                    libc::pwrite(self.fd(req.direct), slot.0.add(from).cast(), req.len as usize, req.offset as i64)
+                };
+                let result = if r < 0 { Err(io::Error::last_os_error()) } else { Ok(r as usize) };
+                if let Next::Complete = w.on_result(&op, self.target, result, stats)? {
+                    break;
                 }
-                other => other.map(|()| direct),
-            };
-            let direct = r.map_err(|e| self.err(at, n, e))?;
-            if direct {
-                self.report.direct_bytes += n;
-            } else {
-                self.report.buffered_bytes += n;
             }
-            self.report.ops += 1;
+            stats.ops += 1;
             pos += n;
         }
         Ok(())
     }
 
-    fn run_uring(&mut self, slots: Vec<&mut [u8]>) -> Result<(), IoError> {
-        let uring_err = |what: &str, e: io::Error| IoError::Uring(format!("{what}: {e}"));
+    /// Keeps up to one write per slot in flight. On an error, stops filling slots and drains what is in flight
+    /// before returning it: no write may still read a slot once this returns.
+    fn run_uring(&self, slots: &[(*mut u8, usize)], stats: &mut LaneStats) -> Result<(), IoError> {
+        let n_slots = slots.len();
         let mut ring: IoUring = IoUring::builder()
-            .build((slots.len() * 2).next_power_of_two() as u32)
-            .map_err(|e| uring_err("setup", e))?;
-        let fds = [self.buffered.as_raw_fd(), self.direct.map_or(-1, |d| d.as_raw_fd())];
-        ring.submitter().register_files(&fds).map_err(|e| uring_err("registering files", e))?;
-        let ptrs: Vec<(*mut u8, usize)> = slots.into_iter().map(|s| (s.as_mut_ptr(), s.len())).collect();
-        // State per slot: (file position relative to the write, bytes in the slot, bytes done, direct).
-        let mut state: Vec<Option<(u64, u64, u64, bool)>> = vec![None; ptrs.len()];
-        let mut free: Vec<usize> = (0..ptrs.len()).rev().collect();
-        let mut pos = 0u64;
-        let mut inflight = 0usize;
+            .build((n_slots * 2).next_power_of_two() as u32)
+            .map_err(|cause| IoError::Uring { call: "setup", cause })?;
+        let mut state: Vec<Option<InFlight>> = (0..n_slots).map(|_| None).collect();
+        let mut free: Vec<usize> = (0..n_slots).rev().collect();
+        let (mut pos, mut inflight) = (0u64, 0usize);
         let mut first_err: Option<IoError> = None;
         loop {
             while first_err.is_none() && pos < self.len {
                 let Some(slot) = free.pop() else { break };
                 let n = (self.len - pos).min(self.chunk);
-                let (ptr, _) = ptrs[slot];
-                // SAFETY: the slot is free (no write in flight reads it) and holds at least `chunk >= n` bytes.
-                let buf = unsafe { std::slice::from_raw_parts_mut(ptr, n as usize) };
-                if let Err(e) = self.fill(pos, buf) {
+                if let Err(e) = self.fill(pos, slots[slot], n) {
                     first_err = Some(e);
                     free.push(slot);
                     break;
                 }
-                let direct = self.aligned(self.offset + pos, n);
-                state[slot] = Some((pos, n, 0, direct));
-                push_write(&mut ring, slot, ptr, self.offset + pos, n, direct)?;
-                inflight += 1;
-                pos += n;
+                let op = self.op(pos, n);
+                let f = InFlight { writing: Reading::start_write(op.direct), op };
+                match self.push(&mut ring, slot, slots[slot].0, &f) {
+                    Ok(()) => {
+                        state[slot] = Some(f);
+                        inflight += 1;
+                        pos += n;
+                    }
+                    Err(e) => {
+                        first_err = Some(e);
+                        free.push(slot);
+                    }
+                }
             }
             if inflight == 0 {
                 break;
             }
-            loop {
-                match ring.submit_and_wait(1) {
-                    Ok(_) => break,
-                    Err(e)
-                        if matches!(e.raw_os_error(), Some(libc::EINTR) | Some(libc::EAGAIN) | Some(libc::EBUSY)) =>
-                    {
-                        continue;
-                    }
-                    Err(e) => return Err(uring_err("submit", e)),
-                }
+            if let Err(e) = submit_and_wait(&mut ring) {
+                // The ring cannot make progress; dropping it below waits for what is in flight.
+                first_err.get_or_insert(e);
+                break;
             }
             let done: Vec<(u64, i32)> = ring.completion().map(|c| (c.user_data(), c.result())).collect();
             inflight -= done.len();
             for (ud, res) in done {
                 let slot = ud as usize;
-                let Some(Some((p, n, got, direct))) = state.get(slot).copied() else { continue };
-                let at = self.offset + p + got;
-                if res < 0 {
-                    let e = io::Error::from_raw_os_error(-res);
-                    if matches!(e.kind(), io::ErrorKind::Interrupted | io::ErrorKind::WouldBlock)
-                        || (direct && res == -libc::EINVAL)
-                    {
-                        // Retry; an O_DIRECT refusal is retried buffered.
-                        let direct = direct && res != -libc::EINVAL;
-                        state[slot] = Some((p, n, got, direct));
-                        // SAFETY: the slot still holds the chunk; `got < n`.
-                        let ptr = unsafe { ptrs[slot].0.add(got as usize) };
-                        push_write(&mut ring, slot, ptr, at, n - got, direct)?;
-                        inflight += 1;
-                        continue;
+                let Some(mut f) = state.get_mut(slot).and_then(Option::take) else { continue };
+                let result = if res < 0 { Err(io::Error::from_raw_os_error(-res)) } else { Ok(res as usize) };
+                match f.writing.on_result(&f.op, self.target, result, stats) {
+                    Ok(Next::Complete) => {
+                        stats.ops += 1;
+                        free.push(slot);
                     }
-                    first_err.get_or_insert(self.err(at, n - got, e));
-                    state[slot] = None;
-                    free.push(slot);
-                    continue;
-                }
-                let w = res as u64;
-                if w == 0 {
-                    first_err.get_or_insert(self.err(
-                        at,
-                        n - got,
-                        io::Error::new(io::ErrorKind::WriteZero, "write returned 0"),
-                    ));
-                    state[slot] = None;
-                    free.push(slot);
-                    continue;
-                }
-                if direct {
-                    self.report.direct_bytes += w;
-                } else {
-                    self.report.buffered_bytes += w;
-                }
-                let got = got + w;
-                if got < n {
-                    // A short write: the rest goes buffered if it no longer starts on a block.
-                    let direct = direct && got % self.block == 0;
-                    state[slot] = Some((p, n, got, direct));
-                    // SAFETY: the slot still holds the chunk; `got < n`.
-                    let ptr = unsafe { ptrs[slot].0.add(got as usize) };
-                    push_write(&mut ring, slot, ptr, self.offset + p + got, n - got, direct)?;
-                    inflight += 1;
-                } else {
-                    self.report.ops += 1;
-                    state[slot] = None;
-                    free.push(slot);
+                    Ok(Next::Read(_)) if first_err.is_some() => free.push(slot),
+                    Ok(Next::Read(_)) => match self.push(&mut ring, slot, slots[slot].0, &f) {
+                        Ok(()) => {
+                            state[slot] = Some(f);
+                            inflight += 1;
+                        }
+                        Err(e) => {
+                            first_err.get_or_insert(e);
+                            free.push(slot);
+                        }
+                    },
+                    Err(e) => {
+                        first_err.get_or_insert(e);
+                        free.push(slot);
+                    }
                 }
             }
         }
+        drop(ring);
         first_err.map_or(Ok(()), Err)
+    }
+
+    /// Pushes the next write of `f` (from its slot at `base`).
+    fn push(&self, ring: &mut IoUring, slot: usize, base: *mut u8, f: &InFlight) -> Result<(), IoError> {
+        let req = f.writing.request(&f.op);
+        // SAFETY: `req.offset - op.offset < op.len <= chunk`, inside the slot.
+        let ptr = unsafe { base.add((req.offset - f.op.offset) as usize) };
+        let entry: squeue::Entry = opcode::Write::new(types::Fd(self.fd(req.direct)), ptr, req.len as u32)
+            .offset(req.offset)
+            .build()
+            .user_data(slot as u64);
+        loop {
+            // SAFETY: the bytes lie in a staging slot that is not touched until this write's completion arrives
+            // (the slot stays out of the free list until then); the descriptor stays open for the whole call.
+            if unsafe { ring.submission().push(&entry) }.is_ok() {
+                return Ok(());
+            }
+            ring.submit().map_err(|cause| IoError::Uring { call: "submit", cause })?;
+        }
     }
 }
 
-fn push_write(ring: &mut IoUring, slot: usize, ptr: *const u8, at: u64, n: u64, direct: bool) -> Result<(), IoError> {
-    let entry: squeue::Entry =
-        opcode::Write::new(types::Fixed(u32::from(direct)), ptr, n as u32).offset(at).build().user_data(slot as u64);
+fn submit_and_wait(ring: &mut IoUring) -> Result<(), IoError> {
     loop {
-        // SAFETY: `ptr..ptr + n` lies in a staging slot that is not touched until this write's completion arrives
-        // (the slot stays out of the free list until then); fixed file 0 is the buffered and 1 the O_DIRECT
-        // descriptor, registered for the life of the ring.
-        if unsafe { ring.submission().push(&entry) }.is_ok() {
-            return Ok(());
+        match ring.submit_and_wait(1) {
+            Ok(_) => return Ok(()),
+            Err(e) if matches!(e.raw_os_error(), Some(libc::EINTR) | Some(libc::EAGAIN) | Some(libc::EBUSY)) => {}
+            Err(cause) => return Err(IoError::Uring { call: "submit", cause }),
         }
-        ring.submit().map_err(|e| IoError::Uring(format!("submit: {e}")))?;
     }
 }
 
@@ -294,21 +292,46 @@ mod tests {
     fn writes_every_byte_both_ways() {
         let dir = tempfile::tempdir().unwrap();
         let data: Vec<u8> = (0..(5 << 20) + 123).map(|i: u32| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
-        for backend in [Backend::Uring, Backend::Pread] {
+        for engine in [ReadEngine::Uring, ReadEngine::Pread] {
             for direct in [DirectMode::Auto, DirectMode::Never] {
-                let path = dir.path().join(format!("w-{backend}-{direct}"));
+                let path = dir.path().join(format!("w-{engine}-{direct}"));
                 std::fs::write(&path, vec![0xAAu8; 100]).unwrap();
-                let config = IoConfig::default().backend(backend).direct(direct).chunk_bytes(1 << 20);
+                let config = IoParams { engine, direct, chunk_bytes: 1 << 20, ..IoParams::default() };
                 let req = WriteRequest { path: &path, offset: 4096, len: data.len() as u64, durable: true };
                 let r = write_at(&config, &req, &HostSource(&data), &mut StagingPool::new(), None).unwrap();
                 let back = std::fs::read(&path).unwrap();
                 assert_eq!(&back[..100], &[0xAA; 100][..], "the write must not truncate or clobber earlier bytes");
                 assert!(back[100..4096].iter().all(|&b| b == 0));
-                assert!(back[4096..] == data[..], "{backend} {direct}");
+                assert!(back[4096..] == data[..], "{engine} {direct}");
                 assert_eq!(r.direct_bytes + r.buffered_bytes, data.len() as u64);
                 if direct == DirectMode::Never {
                     assert_eq!(r.direct_bytes, 0);
                 }
+            }
+        }
+    }
+
+    #[test]
+    fn writing_into_a_fifo_or_a_device_is_refused_without_blocking() {
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("fifo");
+        rustix::fs::mkfifoat(rustix::fs::CWD, &fifo, rustix::fs::Mode::from_raw_mode(0o600)).unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let targets = [(fifo, crate::file::NodeKind::Fifo), ("/dev/null".into(), crate::file::NodeKind::CharDevice)];
+        let sent = targets.clone();
+        // On another thread, so that a blocking open fails the test instead of hanging it.
+        std::thread::spawn(move || {
+            for (path, _) in &sent {
+                let req = WriteRequest { path, offset: 0, len: 3, durable: true };
+                let r = write_at(&IoParams::default(), &req, &HostSource(b"abc"), &mut StagingPool::new(), None);
+                let _ = tx.send(r.map(|_| ()));
+            }
+        });
+        for (path, kind) in &targets {
+            let r = rx.recv_timeout(std::time::Duration::from_secs(5)).expect("the write blocked");
+            match r {
+                Err(IoError::NotAFile { node, path: p }) => assert_eq!((node, &p), (*kind, path)),
+                other => panic!("{}: {other:?}", path.display()),
             }
         }
     }
@@ -322,7 +345,7 @@ mod tests {
         perms.set_readonly(true);
         std::fs::set_permissions(&path, perms).unwrap();
         let req = WriteRequest { path: &path, offset: 0, len: 1, durable: false };
-        let r = write_at(&IoConfig::default(), &req, &HostSource(b"y"), &mut StagingPool::new(), None);
+        let r = write_at(&IoParams::default(), &req, &HostSource(b"y"), &mut StagingPool::new(), None);
         // Root may write anyway; everyone else gets a permission error naming the file.
         if let Err(e) = r {
             assert!(e.to_string().contains("ro"), "{e}");

@@ -7,8 +7,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use weightlift_io::fault::{Fault, FaultPlan};
 use weightlift_io::{
-    Backend, DirectMode, Extent, HostBuffer, HostSink, IoConfig, IoError, IoReport, LoadOptions, LoadRequest, Piece,
-    Sink, SinkError, StagingPool, open_all,
+    DirectMode, Extent, HostBuffer, HostSink, IoEngine, IoError, IoParams, IoReport, LoadOptions, LoadRequest, Pending,
+    Piece, ReadEngine, Sink, SinkError, open_all,
 };
 
 /// Deterministic pseudo-random bytes: the synthetic-checkpoint generator's, so every test shares one.
@@ -49,20 +49,33 @@ fn extents_for(lens: &[u64], seed: u64) -> Vec<Extent> {
     out
 }
 
+fn engine(params: &IoParams) -> IoEngine {
+    IoEngine::new(*params, "the test").unwrap()
+}
+
 fn load_into_host(
     paths: &[PathBuf],
     extents: &[Extent],
-    config: &IoConfig,
+    params: &IoParams,
     faults: Option<&FaultPlan>,
 ) -> Result<(Vec<HostBuffer>, IoReport), IoError> {
-    let files = open_all(paths, config.direct.value != DirectMode::Never)?;
+    load_with(&engine(params), paths, extents, faults)
+}
+
+fn load_with(
+    engine: &IoEngine,
+    paths: &[PathBuf],
+    extents: &[Extent],
+    faults: Option<&FaultPlan>,
+) -> Result<(Vec<HostBuffer>, IoReport), IoError> {
+    let files = open_all(paths, engine.params().direct != DirectMode::Never)?;
     let dest_lens: Vec<u64> = extents.iter().map(|e| e.len).collect();
-    let mut bufs: Vec<HostBuffer> = dest_lens.iter().map(|&l| HostBuffer::new(l as usize).unwrap()).collect();
+    let mut bufs: Vec<HostBuffer> = dest_lens.iter().map(|&l| HostBuffer::new(l as usize, None).unwrap()).collect();
     let report = {
-        let sink = HostSink::new(&mut bufs);
+        let sink = HostSink::borrowing(&mut bufs);
         let req = LoadRequest { files: &files, extents, dest_lens: &dest_lens };
         let opts = LoadOptions { faults, ..LoadOptions::default() };
-        weightlift_io::load(config, &req, &opts, &mut StagingPool::new(), &sink)?
+        engine.load(&req, &opts, &*sink)?
     };
     Ok((bufs, report))
 }
@@ -75,17 +88,20 @@ fn check_bytes(paths: &[PathBuf], extents: &[Extent], bufs: &[HostBuffer]) {
     }
 }
 
-fn configs() -> Vec<(&'static str, IoConfig)> {
-    let small = IoConfig::default().chunk_bytes(64 << 10).staging_bytes(1 << 20).threads(2).queue_depth(3);
+fn configs() -> Vec<(&'static str, IoParams)> {
+    let small =
+        IoParams { chunk_bytes: 64 << 10, staging_bytes: 1 << 20, threads: 2, queue_depth: 3, ..IoParams::default() };
     let mut v = Vec::new();
-    for backend in [Backend::Uring, Backend::Pread] {
-        if backend == Backend::Uring && weightlift_io::uring_available().is_err() {
+    for engine in [ReadEngine::Uring, ReadEngine::Pread] {
+        if engine == ReadEngine::Uring && weightlift_io::uring_available().is_err() {
             eprintln!("skipping io_uring configurations: {}", weightlift_io::uring_available().unwrap_err());
             continue;
         }
         for direct in [DirectMode::Auto, DirectMode::Always, DirectMode::Never] {
-            v.push(("default", IoConfig::default().backend(backend).direct(direct)));
-            v.push(("small", small.clone().backend(backend).direct(direct)));
+            for cache in [weightlift_io::CachePolicy::Keep, weightlift_io::CachePolicy::Bypass] {
+                v.push(("default", IoParams { engine, direct, cache, ..IoParams::default() }));
+                v.push(("small", IoParams { engine, direct, cache, ..small }));
+            }
         }
     }
     v
@@ -113,8 +129,8 @@ fn small_and_odd_sized_files_load_exactly() {
         let (bufs, report) = load_into_host(&paths, &extents, &config, None).unwrap();
         check_bytes(&paths, &extents, &bufs);
         assert_eq!(report.requested_bytes, extents.iter().map(|e| e.len).sum::<u64>(), "{name}");
-        assert!(report.peak_staging_bytes <= config.staging_bytes.value, "{name}: {report:?}");
-        if config.direct.value == DirectMode::Never {
+        assert!(report.peak_staging_bytes <= config.staging_bytes, "{name}: {report:?}");
+        if config.direct == DirectMode::Never {
             assert_eq!(report.direct_bytes, 0, "{name}");
         }
         assert!(report.direct_bytes + report.buffered_bytes > 0, "{name}: {report:?}");
@@ -131,7 +147,7 @@ fn direct_always_reads_directly_where_the_filesystem_allows() {
         return;
     }
     let extents = [Extent { file: 0, offset: 13, len: (3 << 20) - 20, dest: 0, dest_offset: 0 }];
-    let config = IoConfig::default().direct(DirectMode::Always);
+    let config = IoParams { direct: DirectMode::Always, ..IoParams::default() };
     let (bufs, report) = load_into_host(std::slice::from_ref(&path), &extents, &config, None).unwrap();
     check_bytes(std::slice::from_ref(&path), &extents, &bufs);
     assert!(report.direct_bytes >= 3 << 20, "{report:?}");
@@ -148,7 +164,7 @@ fn a_gigabyte_and_thirteen_bytes() {
         Extent { file: 0, offset: 7, len: len as u64 - 7 - 6, dest: 1, dest_offset: 0 },
         Extent { file: 0, offset: len as u64 - 6, len: 6, dest: 2, dest_offset: 0 },
     ];
-    let config = IoConfig::default().staging_bytes(32 << 20);
+    let config = IoParams { staging_bytes: 32 << 20, ..IoParams::default() };
     let (bufs, report) = load_into_host(std::slice::from_ref(&path), &extents, &config, None).unwrap();
     check_bytes(std::slice::from_ref(&path), &extents, &bufs);
     assert!(report.peak_staging_bytes <= 32 << 20);
@@ -161,8 +177,7 @@ struct CountingSink {
 }
 
 impl Sink for CountingSink {
-    type Pending = ();
-    fn deliver(&self, _lane: usize, pieces: &[Piece], data: &[u8]) -> Result<Option<()>, SinkError> {
+    fn deliver(&self, _lane: usize, pieces: &[Piece], data: &[u8]) -> Result<Option<Box<dyn Pending>>, SinkError> {
         for p in pieces {
             if (p.at + p.len) as usize > data.len() {
                 return Err("piece past the read".into());
@@ -171,12 +186,6 @@ impl Sink for CountingSink {
         }
         *self.seen.lock().unwrap() += 1;
         Ok(None)
-    }
-    fn poll(&self, _: &()) -> Result<bool, SinkError> {
-        Ok(true)
-    }
-    fn wait(&self, _: ()) -> Result<(), SinkError> {
-        Ok(())
     }
 }
 
@@ -191,10 +200,10 @@ fn staging_stays_under_its_bound_for_a_4_gib_load() {
     let dest_lens = vec![1u64 << 26; 64];
     let sink = CountingSink { bytes: AtomicU64::new(0), seen: Mutex::new(0) };
     let progress = AtomicU64::new(0);
-    let config = IoConfig::default().direct(DirectMode::Never);
+    let config = IoParams { direct: DirectMode::Never, ..IoParams::default() };
     let req = LoadRequest { files: &files, extents: &extents, dest_lens: &dest_lens };
     let opts = LoadOptions { progress: Some(&progress), ..LoadOptions::default() };
-    let report = weightlift_io::load(&config, &req, &opts, &mut StagingPool::new(), &sink).unwrap();
+    let report = engine(&config).load(&req, &opts, &sink).unwrap();
     assert_eq!(sink.bytes.load(Ordering::Relaxed), 4 << 30);
     assert_eq!(progress.load(Ordering::Relaxed), 4 << 30);
     assert!(report.peak_staging_bytes <= 256 << 20, "{}", report.peak_staging_bytes);
@@ -256,7 +265,7 @@ fn extents_past_the_end_are_rejected_before_reading() {
     let dir = tempfile::tempdir().unwrap();
     let path = write(dir.path(), "f", 1000, 1);
     let extents = [Extent { file: 0, offset: 900, len: 200, dest: 0, dest_offset: 0 }];
-    let err = load_into_host(std::slice::from_ref(&path), &extents, &IoConfig::default(), None).unwrap_err();
+    let err = load_into_host(std::slice::from_ref(&path), &extents, &IoParams::default(), None).unwrap_err();
     assert!(matches!(err, IoError::PastEnd { .. }), "{err}");
 }
 
@@ -266,11 +275,38 @@ fn cancellation_stops_the_load() {
     let path = write(dir.path(), "f", 8 << 20, 1);
     let files = open_all(std::slice::from_ref(&path), false).unwrap();
     let extents = [Extent { file: 0, offset: 0, len: 8 << 20, dest: 0, dest_offset: 0 }];
-    let mut bufs = vec![HostBuffer::new(8 << 20).unwrap()];
-    let sink = HostSink::new(&mut bufs);
+    let mut bufs = vec![HostBuffer::new(8 << 20, None).unwrap()];
+    let sink = HostSink::borrowing(&mut bufs);
     let cancel = AtomicBool::new(true);
     let req = LoadRequest { files: &files, extents: &extents, dest_lens: &[8 << 20] };
     let opts = LoadOptions { cancel: Some(&cancel), ..LoadOptions::default() };
-    let err = weightlift_io::load(&IoConfig::default(), &req, &opts, &mut StagingPool::new(), &sink).unwrap_err();
+    let err = engine(&IoParams::default()).load(&req, &opts, &*sink).unwrap_err();
     assert!(matches!(err, IoError::Cancelled), "{err}");
+}
+
+/// The lanes persist: one engine serves many loads (and loads from several threads at once) with the right bytes.
+#[test]
+fn one_engine_serves_many_loads_and_threads() {
+    let dir = tempfile::tempdir().unwrap();
+    let (paths, extents) = faulty_setup(dir.path());
+    for (name, config) in configs().into_iter().step_by(3) {
+        let engine = engine(&config);
+        for _ in 0..3 {
+            let (bufs, _) = load_with(&engine, &paths, &extents, None).unwrap();
+            check_bytes(&paths, &extents, &bufs);
+        }
+        std::thread::scope(|s| {
+            for _ in 0..3 {
+                s.spawn(|| {
+                    let (bufs, _) = load_with(&engine, &paths, &extents, None).unwrap();
+                    check_bytes(&paths, &extents, &bufs);
+                });
+            }
+        });
+        // A failed load leaves the engine usable.
+        let faults = FaultPlan::new(vec![Fault::Eio { file: 1, offset: 1_234_567 }]);
+        assert!(load_with(&engine, &paths, &extents, Some(&faults)).is_err(), "{name}");
+        let (bufs, _) = load_with(&engine, &paths, &extents, None).unwrap();
+        check_bytes(&paths, &extents, &bufs);
+    }
 }

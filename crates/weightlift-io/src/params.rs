@@ -1,0 +1,184 @@
+//! The storage engine's parameters: plain values, checked by [`IoParams::validate`]. Users set them through the
+//! settings table of the `weightlift` crate (defaults, `WEIGHTLIFT_*` variables, flags, keywords), which takes its
+//! defaults from [`defaults`] here.
+
+use std::fmt;
+use std::str::FromStr;
+
+use crate::error::IoError;
+
+/// Default values, measured on the GPU machine (bench/NOTES.md).
+pub mod defaults {
+    /// Largest buffered read and host→device copy.
+    pub const CHUNK_BYTES: u64 = 4 << 20;
+    /// Reads in flight per lane.
+    pub const QUEUE_DEPTH: u32 = 1;
+    /// Bound on staging (pinned) memory.
+    pub const STAGING_BYTES: u64 = 256 << 20;
+    /// Lanes: the CPU count, at most this many.
+    pub const MAX_THREADS: u32 = 8;
+
+    /// I/O threads: the CPU count, at most [`MAX_THREADS`].
+    pub fn threads() -> u32 {
+        std::thread::available_parallelism().map_or(4, |n| n.get() as u32).clamp(1, MAX_THREADS)
+    }
+}
+
+/// When reads bypass the page cache.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DirectMode {
+    /// Ranges already in the page cache are read buffered (a memory copy); the cache policy decides the rest.
+    Auto,
+    /// O_DIRECT wherever the filesystem allows it.
+    Always,
+    /// Buffered reads only.
+    Never,
+}
+
+/// What a load leaves in the page cache (for ranges not already cached, under [`DirectMode::Auto`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CachePolicy {
+    /// `keep` when the files take at most half of the memory available, else `bypass`.
+    Auto,
+    /// Cold ranges are read buffered in large requests: the next process finds the file in the page cache.
+    Keep,
+    /// Cold ranges are read with O_DIRECT: the page cache is left as it was.
+    Bypass,
+}
+
+/// Which kernel interface submits the reads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReadEngine {
+    /// io_uring where the kernel allows it, else `pread` threads.
+    Auto,
+    Uring,
+    Pread,
+}
+
+macro_rules! named_enum {
+    ($ty:ident, $expected:literal, $($variant:ident => $name:literal $(| $alias:literal)*),+ $(,)?) => {
+        impl FromStr for $ty {
+            type Err = String;
+            fn from_str(s: &str) -> Result<Self, String> {
+                match s.trim().to_ascii_lowercase().as_str() {
+                    $($name $(| $alias)* => Ok($ty::$variant),)+
+                    _ => Err(concat!("expected ", $expected).to_string()),
+                }
+            }
+        }
+        impl fmt::Display for $ty {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(match self { $($ty::$variant => $name,)+ })
+            }
+        }
+    };
+}
+
+named_enum!(DirectMode, "auto, always or never", Auto => "auto", Always => "always" | "on" | "1" | "true",
+    Never => "never" | "off" | "0" | "false");
+named_enum!(CachePolicy, "auto, keep or bypass", Auto => "auto", Keep => "keep", Bypass => "bypass");
+named_enum!(ReadEngine, "auto, uring or pread", Auto => "auto", Uring => "uring" | "io_uring" | "io-uring",
+    Pread => "pread");
+
+/// Parses `4096`, `4k`, `4KiB`, `8MiB`, `1G`.
+pub fn parse_bytes(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let n: u64 = num.parse().map_err(|_| "expected a byte count such as 4MiB".to_string())?;
+    let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kb" | "kib" => 1 << 10,
+        "m" | "mb" | "mib" => 1 << 20,
+        "g" | "gb" | "gib" => 1 << 30,
+        "t" | "tb" | "tib" => 1 << 40,
+        _ => return Err(format!("unknown unit {unit:?}")),
+    };
+    n.checked_mul(mult).ok_or_else(|| "too large".to_string())
+}
+
+/// The storage engine's parameters.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct IoParams {
+    pub chunk_bytes: u64,
+    pub queue_depth: u32,
+    pub staging_bytes: u64,
+    pub threads: u32,
+    pub direct: DirectMode,
+    pub cache: CachePolicy,
+    pub engine: ReadEngine,
+}
+
+impl Default for IoParams {
+    fn default() -> Self {
+        IoParams {
+            chunk_bytes: defaults::CHUNK_BYTES,
+            queue_depth: defaults::QUEUE_DEPTH,
+            staging_bytes: defaults::STAGING_BYTES,
+            threads: defaults::threads(),
+            direct: DirectMode::Auto,
+            cache: CachePolicy::Auto,
+            engine: ReadEngine::Auto,
+        }
+    }
+}
+
+impl IoParams {
+    /// Checks ranges: a chunk of at least 4 KiB that is a multiple of 4 KiB, non-zero depth and threads, and a
+    /// staging bound of at least one chunk.
+    pub fn validate(&self) -> Result<(), IoError> {
+        let bad = |name: &'static str, value: String, reason: &str| {
+            Err(IoError::Setting { name, value, reason: reason.to_string() })
+        };
+        let chunk = self.chunk_bytes;
+        if chunk < 4096 || chunk % 4096 != 0 || chunk > 1 << 30 {
+            return bad("chunk_bytes", chunk.to_string(), "must be a multiple of 4 KiB between 4 KiB and 1 GiB");
+        }
+        if self.queue_depth == 0 || self.queue_depth > 4096 {
+            return bad("queue_depth", self.queue_depth.to_string(), "must be between 1 and 4096");
+        }
+        if self.threads == 0 || self.threads > 256 {
+            return bad("threads", self.threads.to_string(), "must be between 1 and 256");
+        }
+        if self.staging_bytes < chunk {
+            return bad("staging_bytes", self.staging_bytes.to_string(), "must hold at least one chunk");
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bytes_parse() {
+        assert_eq!(parse_bytes("4096"), Ok(4096));
+        assert_eq!(parse_bytes("8MiB"), Ok(8 << 20));
+        assert_eq!(parse_bytes("1g"), Ok(1 << 30));
+        assert!(parse_bytes("lots").is_err());
+        assert!(parse_bytes("99999999999999999G").is_err());
+    }
+
+    #[test]
+    fn validation_rejects_nonsense() {
+        let ok = IoParams::default();
+        assert!(ok.validate().is_ok());
+        assert!(IoParams { chunk_bytes: 1000, ..ok }.validate().is_err());
+        assert!(IoParams { queue_depth: 0, ..ok }.validate().is_err());
+        assert!(IoParams { staging_bytes: 4096, ..ok }.validate().is_err());
+        assert!(IoParams { threads: 0, ..ok }.validate().is_err());
+    }
+
+    #[test]
+    fn names_round_trip() {
+        for m in [DirectMode::Auto, DirectMode::Always, DirectMode::Never] {
+            assert_eq!(m.to_string().parse::<DirectMode>(), Ok(m));
+        }
+        for c in [CachePolicy::Auto, CachePolicy::Keep, CachePolicy::Bypass] {
+            assert_eq!(c.to_string().parse::<CachePolicy>(), Ok(c));
+        }
+        assert_eq!("URING".parse::<ReadEngine>(), Ok(ReadEngine::Uring));
+        assert!("gds".parse::<ReadEngine>().is_err());
+    }
+}

@@ -1,0 +1,485 @@
+//! A lane: one persistent I/O thread with its kernel interface (an io_uring ring, or blocking `pread`) and its own
+//! staging slots, serving the engine's jobs for as long as the engine lives. Threads, rings, staging (mapped,
+//! populated, pinned, registered as a fixed buffer) are paid for once, not per load.
+//!
+//! A slot is free, holds a read in flight, or holds bytes being delivered (a device copy may still read it). The
+//! loop: finish deliveries that are done, issue reads while slots and queue depth allow, wait for completions, and
+//! when a job has no op left and nothing of it is in this lane, leave it. Every read's result goes through
+//! [`Reading::on_result`].
+
+use std::collections::VecDeque;
+use std::io;
+use std::os::fd::AsRawFd;
+use std::sync::Arc;
+use std::time::Instant;
+
+use crate::error::IoError;
+use crate::job::{Job, LaneTotals};
+use crate::lane::{Next, Reading, in_place_targets, iovecs};
+use crate::pool::{PoolShared, Work};
+use crate::sink::Pending;
+use crate::staging::Staging;
+
+/// A read handed to the kernel interface. The memory it names stays valid and untouched until its completion.
+pub(crate) enum Submission {
+    /// Into a staging slot (`fixed`: within the region registered as fixed buffer 0).
+    Slot { fd: i32, buf: *mut u8, len: u32, offset: u64, fixed: bool },
+    /// Straight into host destinations.
+    Vectored { fd: i32, iov: *const libc::iovec, count: u32, offset: u64 },
+}
+
+/// The kernel interface of a lane: io_uring, or blocking reads that complete as they are pushed.
+pub(crate) trait Submitter: Send {
+    /// Queues a read tagged `user_data`.
+    ///
+    /// # Safety
+    /// The memory named by `s` must stay valid, and untouched by anything else, until the completion carrying
+    /// `user_data` has been returned by [`Submitter::complete`].
+    unsafe fn push(&mut self, user_data: u64, s: Submission) -> Result<(), IoError>;
+
+    /// Waits for at least one completion (reads are outstanding) and appends every available one to `out`.
+    fn complete(&mut self, out: &mut Vec<(u64, io::Result<usize>)>) -> Result<(), IoError>;
+
+    /// Registers `region` as fixed buffer 0 (replacing an earlier registration); `None` drops the registration.
+    /// Returns whether fixed reads may be used, and why not.
+    ///
+    /// # Safety
+    /// The region must stay mapped until it is replaced or dropped here, and no read may be in flight.
+    unsafe fn register(&mut self, region: Option<(*mut u8, usize)>) -> (bool, Option<String>);
+}
+
+enum Slot {
+    Free,
+    Reading { job: Arc<Job>, op: usize, reading: Reading, in_place: Option<InPlaceIo> },
+    Delivering { job: Arc<Job>, op: usize, pending: Box<dyn Pending> },
+}
+
+/// Destinations of an op read in place, and the iovecs of its read in flight (the kernel reads them).
+struct InPlaceIo {
+    targets: Vec<(*mut u8, usize)>,
+    iov: Vec<libc::iovec>,
+}
+
+/// A job this lane has joined, with what it counted for it and what of it is in the lane.
+struct Joined {
+    job: Arc<Job>,
+    totals: LaneTotals,
+    /// Slots holding a read or a delivery of the job.
+    busy: usize,
+    /// Reads of the job in flight.
+    inflight: usize,
+}
+
+pub(crate) struct Lane {
+    pub id: usize,
+    // Declared before `staging`: the kernel interface (a ring with reads possibly in flight into the slots, and the
+    // fixed-buffer registration) goes first.
+    io: Box<dyn Submitter>,
+    staging: Option<Staging>,
+    fixed: bool,
+    fixed_refusal: Option<String>,
+    pool: Arc<PoolShared>,
+    slots: Vec<Slot>,
+    delivering: VecDeque<usize>,
+    inflight: usize,
+    joined: Vec<Joined>,
+    /// The engine's staging-release request this lane last honoured.
+    released_epoch: u64,
+}
+
+// SAFETY: the raw pointers in slots and iovecs point into this lane's staging or into destinations that the job's
+// sink vouches for (`InPlace`); the lane is moved into its thread once and used only there.
+unsafe impl Send for Lane {}
+
+impl Lane {
+    pub fn new(id: usize, io: Box<dyn Submitter>, pool: Arc<PoolShared>) -> Lane {
+        Lane {
+            id,
+            io,
+            staging: None,
+            fixed: false,
+            fixed_refusal: None,
+            pool,
+            slots: Vec::new(),
+            delivering: VecDeque::new(),
+            inflight: 0,
+            joined: Vec::new(),
+            released_epoch: 0,
+        }
+    }
+
+    /// Serves jobs until the engine shuts down.
+    pub fn run(mut self) {
+        let mut done = Vec::new();
+        loop {
+            let seen = self.pool.generation();
+            self.reap();
+            let took = self.fill();
+            if self.inflight > 0 {
+                done.clear();
+                if let Err(e) = self.io.complete(&mut done) {
+                    // The ring cannot make progress: nothing of this lane can finish. Fail its jobs; the reads in
+                    // flight end when the ring is torn down, before the staging they write into is unmapped.
+                    self.pool.mark_broken(&format!("lane {}: {e}", self.id));
+                    self.abandon(e);
+                    return;
+                }
+                for (user_data, result) in done.drain(..) {
+                    self.on_completion(user_data as usize, result);
+                }
+                continue;
+            }
+            if let Some(&slot) = self.delivering.front() {
+                self.wait_delivery(slot);
+                continue;
+            }
+            self.leave_finished();
+            self.release_if_asked();
+            if took {
+                continue;
+            }
+            if !self.pool.idle_wait(seen) {
+                return;
+            }
+        }
+    }
+
+    /// Finishes the deliveries at the head of the queue that are done.
+    fn reap(&mut self) {
+        while let Some(&slot) = self.delivering.front() {
+            let Slot::Delivering { pending, .. } = &mut self.slots[slot] else {
+                self.delivering.pop_front();
+                continue;
+            };
+            match pending.poll() {
+                Ok(false) => return,
+                Ok(true) => self.finish_delivery(slot, Ok(())),
+                Err(_) => self.wait_delivery(slot),
+            }
+        }
+    }
+
+    /// Blocks until the delivery in `slot` is done.
+    fn wait_delivery(&mut self, slot: usize) {
+        let t = Instant::now();
+        let (pending, job) = match &mut self.slots[slot] {
+            Slot::Delivering { pending, job, .. } => (std::mem::replace(pending, Box::new(Done)), job.clone()),
+            _ => {
+                self.delivering.retain(|&s| s != slot);
+                return;
+            }
+        };
+        let result = pending.wait();
+        self.joined_of(&job).totals.stats.backpressure += t.elapsed();
+        self.finish_delivery(slot, result);
+    }
+
+    fn finish_delivery(&mut self, slot: usize, result: Result<(), crate::sink::SinkError>) {
+        self.delivering.retain(|&s| s != slot);
+        if let Slot::Delivering { job, op, .. } = std::mem::replace(&mut self.slots[slot], Slot::Free) {
+            match result {
+                Ok(()) => {
+                    let o = &job.plan.ops[op];
+                    job.sink().landed(job.plan.pieces_of(o));
+                    job.add_progress(o.valid);
+                }
+                Err(e) => job.fail(IoError::Sink(e)),
+            }
+            self.joined_of(&job).busy -= 1;
+        }
+    }
+
+    fn joined_of(&mut self, job: &Arc<Job>) -> &mut Joined {
+        let i = self.joined.iter().position(|j| Arc::ptr_eq(&j.job, job)).unwrap_or_else(|| {
+            self.joined.push(Joined { job: job.clone(), totals: LaneTotals::default(), busy: 0, inflight: 0 });
+            self.joined.len() - 1
+        });
+        &mut self.joined[i]
+    }
+
+    /// Whether the lane may take another op of `job` now (its queue depth and slot share).
+    pub fn has_room_for(&self, job: &Arc<Job>) -> bool {
+        let (busy, inflight) =
+            self.joined.iter().find(|j| Arc::ptr_eq(&j.job, job)).map_or((0, 0), |j| (j.busy, j.inflight));
+        busy < job.slots_per_lane && inflight < job.queue_depth && self.free_slot().is_some()
+    }
+
+    /// Whether this lane's staging can serve `job` as it is.
+    pub fn staging_fits(&self, job: &Job) -> bool {
+        self.staging.as_ref().is_some_and(|s| {
+            s.slot_bytes() as u64 >= job.slot_bytes
+                && s.slots() >= job.slots_per_lane
+                && (job.pinner.is_none() || s.is_pinned())
+        })
+    }
+
+    pub fn is_idle(&self) -> bool {
+        self.inflight == 0 && self.delivering.is_empty() && self.slots.iter().all(|s| matches!(s, Slot::Free))
+    }
+
+    fn free_slot(&self) -> Option<usize> {
+        self.slots.iter().position(|s| matches!(s, Slot::Free))
+    }
+
+    /// Issues reads while there is room; returns whether anything was taken.
+    fn fill(&mut self) -> bool {
+        let mut took = false;
+        loop {
+            let work = self.pool.next_work(self);
+            match work {
+                Work::None => return took,
+                Work::Restage(job) => {
+                    if let Err(e) = self.restage(&job) {
+                        job.fail(e);
+                    }
+                }
+                Work::Op { job, op, joins } => {
+                    took = true;
+                    if joins {
+                        self.join(&job);
+                    }
+                    self.start(job, op);
+                }
+            }
+        }
+    }
+
+    fn join(&mut self, job: &Arc<Job>) {
+        let (fixed, refusal) = (self.fixed, self.fixed_refusal.clone());
+        let j = self.joined_of(job);
+        j.totals.fixed_buffers = fixed;
+        j.totals.fixed_refusal = refusal;
+        if let Err(e) = job.sink().begin_lane(self.id) {
+            job.fail(IoError::Sink(e));
+        }
+    }
+
+    /// (Re)allocates this idle lane's staging to serve `job`, keeping larger slots and more of them if it had them.
+    fn restage(&mut self, job: &Arc<Job>) -> Result<(), IoError> {
+        if let Some(s) = self.staging.as_mut() {
+            if s.slot_bytes() as u64 >= job.slot_bytes && s.slots() >= job.slots_per_lane {
+                if let Some(p) = job.pinner.as_deref() {
+                    s.pin(p)?;
+                }
+                return Ok(());
+            }
+        }
+        let (old_bytes, old_slots) = self.staging.as_ref().map_or((0, 0), |s| (s.slot_bytes() as u64, s.slots()));
+        let slot_bytes = job.slot_bytes.max(old_bytes).next_multiple_of(4096);
+        let cap = self.pool.staging_per_lane().max(job.slot_bytes);
+        let slots = job.slots_per_lane.max(old_slots).min((cap / slot_bytes).max(1) as usize).max(1);
+        // SAFETY: the lane is idle (no read in flight), and the old region stays mapped until after this call.
+        unsafe { self.io.register(None) };
+        self.staging = None;
+        self.slots.clear();
+        let mut staging = Staging::new(slot_bytes as usize, slots, job.pinner.as_deref())?;
+        let region = staging.region();
+        // SAFETY: the region belongs to `staging`, which this lane keeps until it registers another one; nothing is
+        // in flight.
+        let (fixed, refusal) = unsafe { self.io.register(Some(region)) };
+        self.fixed = fixed;
+        self.fixed_refusal = refusal;
+        self.slots = (0..slots).map(|_| Slot::Free).collect();
+        self.staging = Some(staging);
+        Ok(())
+    }
+
+    /// Drops the staging memory if the engine asked for it and the lane is idle.
+    fn release_if_asked(&mut self) {
+        let epoch = self.pool.release_epoch();
+        if epoch != self.released_epoch && self.is_idle() {
+            self.released_epoch = epoch;
+            // SAFETY: idle: no read in flight into the region being dropped.
+            unsafe { self.io.register(None) };
+            self.staging = None;
+            self.slots.clear();
+        }
+    }
+
+    /// Starts reading op `op` of `job` into a free slot.
+    fn start(&mut self, job: Arc<Job>, op_idx: usize) {
+        let Some(slot) = self.free_slot() else {
+            job.fail(IoError::Destinations("a lane took an op without a free slot".into()));
+            return;
+        };
+        let op = &job.plan.ops[op_idx];
+        let direct = op.direct && job.files[op.file as usize].direct.is_some();
+        let reading = Reading::start(direct);
+        let in_place =
+            in_place_targets(&job.plan, op, job.sink()).map(|targets| InPlaceIo { targets, iov: Vec::new() });
+        let req = reading.request(op);
+        let j = self.joined_of(&job);
+        j.busy += 1;
+        j.totals.stats.ops += 1;
+        self.slots[slot] = Slot::Reading { job, op: op_idx, reading, in_place };
+        self.issue(slot, req);
+    }
+
+    /// Pushes the read `req` of the op in `slot`.
+    fn issue(&mut self, slot: usize, req: crate::lane::Request) {
+        let fixed = self.fixed;
+        let Some(staging) = self.staging.as_mut() else { return };
+        let (base, slot_len) = staging.slot_ptr(slot);
+        let Slot::Reading { job, op, in_place, .. } = &mut self.slots[slot] else { return };
+        let job = job.clone();
+        let o = &job.plan.ops[*op];
+        let file = &job.files[o.file as usize];
+        if let Some(f) = job.faults() {
+            f.before_read(o.file, &file.path, req.offset, req.len);
+        }
+        let at = req.offset - o.offset;
+        let submission = match in_place {
+            Some(ip) => {
+                ip.iov = iovecs(&ip.targets, at, req.len);
+                Submission::Vectored {
+                    fd: file.buffered.as_raw_fd(),
+                    iov: ip.iov.as_ptr(),
+                    count: ip.iov.len() as u32,
+                    offset: req.offset,
+                }
+            }
+            None => {
+                let fd = match (&file.direct, req.direct) {
+                    (Some(d), true) => d.as_raw_fd(),
+                    _ => file.buffered.as_raw_fd(),
+                };
+                let len = req.len.min((slot_len as u64).saturating_sub(at)) as u32;
+                // SAFETY: `at < slot_len` since `req.offset - op.offset < op.len <= slot_bytes`.
+                let buf = unsafe { base.add(at as usize) };
+                Submission::Slot { fd, buf, len, offset: req.offset, fixed }
+            }
+        };
+        // SAFETY: the read goes into this lane's slot (kept out of the free list until its completion) or into
+        // in-place destinations the sink vouches for (`InPlace`), whose iovecs live in the slot state until then.
+        match unsafe { self.io.push(slot as u64, submission) } {
+            Ok(()) => {
+                self.inflight += 1;
+                self.joined_of(&job).inflight += 1;
+            }
+            Err(e) => {
+                job.fail(e);
+                self.release_slot(slot);
+            }
+        }
+    }
+
+    /// Frees `slot` (its read finished or was never issued).
+    fn release_slot(&mut self, slot: usize) {
+        if let Slot::Reading { job, .. } | Slot::Delivering { job, .. } =
+            std::mem::replace(&mut self.slots[slot], Slot::Free)
+        {
+            self.joined_of(&job).busy -= 1;
+        }
+    }
+
+    fn on_completion(&mut self, slot: usize, result: io::Result<usize>) {
+        self.inflight -= 1;
+        let Some(Slot::Reading { job, op: op_idx, mut reading, in_place }) =
+            self.slots.get_mut(slot).map(|s| std::mem::replace(s, Slot::Free))
+        else {
+            return;
+        };
+        self.joined_of(&job).inflight -= 1;
+        let op = &job.plan.ops[op_idx];
+        let file = &job.files[op.file as usize];
+        if job.aborted() {
+            self.joined_of(&job).busy -= 1;
+            return;
+        }
+        let asked = reading.request(op);
+        let result = match job.faults() {
+            Some(f) => f.after_read(op.file, asked.offset, asked.len, result),
+            None => result,
+        };
+        let t = Instant::now();
+        let next = reading.on_result(op, file, result, &mut self.joined_of(&job).totals.stats);
+        match next {
+            Err(e) => {
+                job.fail(e);
+                self.joined_of(&job).busy -= 1;
+            }
+            Ok(Next::Read(req)) => {
+                self.slots[slot] = Slot::Reading { job, op: op_idx, reading, in_place };
+                self.issue(slot, req);
+            }
+            Ok(Next::Complete) if in_place.is_some() => {
+                job.sink().landed(job.plan.pieces_of(op));
+                job.add_progress(op.valid);
+                self.joined_of(&job).busy -= 1;
+            }
+            Ok(Next::Complete) => self.deliver(slot, job, op_idx, t),
+        }
+    }
+
+    /// Hands the completed read in `slot` to the job's sink.
+    fn deliver(&mut self, slot: usize, job: Arc<Job>, op_idx: usize, t: Instant) {
+        let op = &job.plan.ops[op_idx];
+        let Some(staging) = self.staging.as_mut() else { return };
+        let (base, _) = staging.slot_ptr(slot);
+        // SAFETY: the slot's read has completed and no other read into it is in flight; the slice lives only for the
+        // `deliver` call, and the slot is not reused until the delivery is done.
+        let data = unsafe { std::slice::from_raw_parts(base, op.valid as usize) };
+        let pieces = job.plan.pieces_of(op);
+        let delivered = job.sink().deliver(self.id, pieces, data);
+        self.joined_of(&job).totals.stats.deliver += t.elapsed();
+        match delivered {
+            Ok(None) => {
+                job.sink().landed(pieces);
+                job.add_progress(op.valid);
+                self.joined_of(&job).busy -= 1;
+            }
+            Ok(Some(pending)) => {
+                self.slots[slot] = Slot::Delivering { job, op: op_idx, pending };
+                self.delivering.push_back(slot);
+            }
+            Err(e) => {
+                job.fail(IoError::Sink(e));
+                self.joined_of(&job).busy -= 1;
+            }
+        }
+    }
+
+    /// Leaves every joined job that has no op left to hand out and nothing in this lane.
+    fn leave_finished(&mut self) {
+        let mut i = 0;
+        while i < self.joined.len() {
+            let j = &self.joined[i];
+            if j.busy == 0 && j.inflight == 0 && j.job.drained_of_ops() {
+                let j = self.joined.swap_remove(i);
+                if let Err(e) = j.job.sink().end_lane(self.id) {
+                    j.job.fail(IoError::Sink(e));
+                }
+                j.job.leave(self.id, &j.totals);
+                if j.job.is_complete() {
+                    self.pool.remove(&j.job);
+                }
+            } else {
+                i += 1;
+            }
+        }
+    }
+
+    /// Gives up every job of this lane after a fatal failure of its kernel interface.
+    fn abandon(&mut self, e: IoError) {
+        let msg = e.to_string();
+        for j in std::mem::take(&mut self.joined) {
+            j.job.fail(IoError::Panicked(msg.clone()));
+            j.job.leave(self.id, &j.totals);
+            if j.job.is_complete() {
+                self.pool.remove(&j.job);
+            }
+        }
+    }
+}
+
+/// A delivery already waited for (stands in while its slot is being finished).
+struct Done;
+
+impl Pending for Done {
+    fn poll(&mut self) -> Result<bool, crate::sink::SinkError> {
+        Ok(true)
+    }
+    fn wait(self: Box<Self>) -> Result<(), crate::sink::SinkError> {
+        Ok(())
+    }
+}
