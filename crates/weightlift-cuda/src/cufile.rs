@@ -1,9 +1,12 @@
 //! Finding NVIDIA's cuFile library (GPUDirect Storage) at run time. cudarc's loader does not try `libcufile.so.0`,
-//! the name NVIDIA's Python wheels ship, so weightlift searches itself: `WEIGHTLIFT_CUFILE_LIB`, then the loader's
-//! own search path, then CUDA's library folders, then Python environments' `nvidia/cu*/lib`.
+//! the name NVIDIA's Python wheels ship, so weightlift searches itself: the path the caller names (the engine's
+//! `cufile_lib` setting), then the loader's own search path, then CUDA's library folders, then Python
+//! environments' `nvidia/cu*/lib`. The first search in a process decides.
 
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
+
+use crate::error::CudaError;
 
 /// Library names tried on the loader's search path.
 const NAMES: &[&str] = &["libcufile.so", "libcufile.so.0", "libcufile.so.1"];
@@ -19,7 +22,10 @@ pub struct CufileLocation {
     pub error: Option<String>,
 }
 
-fn candidate_dirs() -> Vec<PathBuf> {
+/// Folders NVIDIA libraries are found in: CUDA's library folders, then the `nvidia/*/lib{,64}` folders of Python
+/// environments (the active virtualenv, interpreter prefixes on PATH, and `PYTHONPATH` entries such as a
+/// `pip install --target` folder). Shared with nvCOMP's loader.
+pub(crate) fn candidate_dirs() -> Vec<PathBuf> {
     let mut dirs = Vec::new();
     if let Ok(entries) = std::fs::read_dir("/usr/local") {
         let mut cuda: Vec<PathBuf> = entries
@@ -41,16 +47,23 @@ fn candidate_dirs() -> Vec<PathBuf> {
                 .filter_map(|p| p.parent().map(Path::to_path_buf)),
         );
     }
+    let mut site_dirs: Vec<PathBuf> =
+        std::env::var_os("PYTHONPATH").map(|p| std::env::split_paths(&p).collect()).unwrap_or_default();
     for prefix in prefixes {
         for lib in ["lib", "lib64"] {
             let Ok(pys) = std::fs::read_dir(prefix.join(lib)) else { continue };
-            for py in pys.flatten().filter(|e| e.file_name().to_string_lossy().starts_with("python3")) {
-                let nvidia = py.path().join("site-packages/nvidia");
-                let Ok(kits) = std::fs::read_dir(&nvidia) else { continue };
-                for kit in kits.flatten() {
-                    dirs.push(kit.path().join("lib"));
-                }
-            }
+            site_dirs.extend(
+                pys.flatten()
+                    .filter(|e| e.file_name().to_string_lossy().starts_with("python3"))
+                    .map(|py| py.path().join("site-packages")),
+            );
+        }
+    }
+    for site in site_dirs {
+        let Ok(kits) = std::fs::read_dir(site.join("nvidia")) else { continue };
+        for kit in kits.flatten() {
+            dirs.push(kit.path().join("lib"));
+            dirs.push(kit.path().join("lib64"));
         }
     }
     dirs.retain(|d| d.is_dir());
@@ -58,12 +71,13 @@ fn candidate_dirs() -> Vec<PathBuf> {
     dirs
 }
 
-/// Tries to load cuFile; the library handle is kept for the life of the process once found.
-pub fn locate() -> (CufileLocation, Option<&'static libloading::Library>) {
+/// Tries to load cuFile (`explicit` first, if given); the library handle is kept for the life of the process once
+/// found.
+pub fn locate(explicit: Option<&Path>) -> (CufileLocation, Option<&'static libloading::Library>) {
     static FOUND: OnceLock<(CufileLocation, Option<libloading::Library>)> = OnceLock::new();
     let (loc, lib) = FOUND.get_or_init(|| {
         let mut candidates: Vec<String> = Vec::new();
-        if let Some(p) = std::env::var_os("WEIGHTLIFT_CUFILE_LIB") {
+        if let Some(p) = explicit {
             candidates.push(p.to_string_lossy().into_owned());
         }
         candidates.extend(NAMES.iter().map(|n| n.to_string()));
@@ -238,12 +252,39 @@ fn sym<T: Copy>(lib: &'static libloading::Library, name: &str) -> Result<T, Stri
     unsafe { lib.get::<T>(name.as_bytes()) }.map(|s| *s).map_err(|e| format!("missing {name}: {e}"))
 }
 
-/// cuFile, opened, or why not. Needs a usable CUDA driver first (cuFile calls into it).
-pub fn driver() -> Result<Cufile, String> {
-    static OPEN: OnceLock<Result<Cufile, String>> = OnceLock::new();
-    OPEN.get_or_init(|| {
+/// Whether the platform can move data peer-to-peer between storage and GPU memory (nvidia-fs loaded), found
+/// without loading cuFile: the reason, or `None`.
+pub fn platform_peer_to_peer() -> Option<String> {
+    let v = std::fs::read_to_string("/proc/driver/nvidia-fs/version").ok()?;
+    Some(format!("nvidia-fs {}", v.lines().next().unwrap_or("").trim()))
+}
+
+/// cuFile, opened, or why not (`library`: a path to try first). Needs a usable CUDA driver first (cuFile calls
+/// into it). Opened once per process.
+pub fn driver(library: Option<&Path>) -> Result<Cufile, CudaError> {
+    static OPEN: OnceLock<Result<Cufile, Opening>> = OnceLock::new();
+    OPEN.get_or_init(|| open_driver(library)).clone().map_err(|e| match e {
+        Opening::Missing(why) => CudaError::CufileUnavailable(format!("cuFile unavailable: {why}")),
+        Opening::Status(e) => CudaError::Cufile(e),
+    })
+}
+
+#[derive(Clone)]
+enum Opening {
+    Missing(String),
+    Status(CufileError),
+}
+
+impl From<String> for Opening {
+    fn from(s: String) -> Opening {
+        Opening::Missing(s)
+    }
+}
+
+fn open_driver(library: Option<&Path>) -> Result<Cufile, Opening> {
+    {
         crate::driver::driver()?;
-        let (loc, lib) = locate();
+        let (loc, lib) = locate(library);
         let lib = lib.ok_or_else(|| format!("libcufile not found (tried {})", loc.tried.join(", ")))?;
         let api = Api {
             driver_open: sym(lib, "cuFileDriverOpen")?,
@@ -257,23 +298,21 @@ pub fn driver() -> Result<Cufile, String> {
             version: sym(lib, "cuFileGetVersion").ok(),
         };
         // SAFETY: cuFileDriverOpen takes no arguments; the CUDA driver it needs is initialised above.
-        check("cuFileDriverOpen", unsafe { (api.driver_open)() }).map_err(|e| e.to_string())?;
+        check("cuFileDriverOpen", unsafe { (api.driver_open)() }).map_err(Opening::Status)?;
         let mut props = DriverProps::default();
         // SAFETY: `props` has the layout of CUfileDrvProps_t and is writable.
-        check("cuFileDriverGetProperties", unsafe { (api.props)(&mut props) }).map_err(|e| e.to_string())?;
+        check("cuFileDriverGetProperties", unsafe { (api.props)(&mut props) }).map_err(Opening::Status)?;
         let version = api.version.and_then(|f| {
             let mut v = 0;
             // SAFETY: valid out-pointer.
             (unsafe { f(&mut v) }.err == 0).then_some(v)
         });
-        let nvfs = std::fs::read_to_string("/proc/driver/nvidia-fs/version").ok();
-        let mode = match nvfs {
-            Some(v) => CufileMode::PeerToPeer(format!("nvidia-fs {}", v.lines().next().unwrap_or("").trim())),
+        let mode = match platform_peer_to_peer() {
+            Some(v) => CufileMode::PeerToPeer(v),
             None => CufileMode::Compat("no nvidia-fs driver loaded (/proc/driver/nvidia-fs absent): cuFile reads into host bounce buffers, then copies to the GPU".into()),
         };
         Ok(Cufile { api, props, mode, library: loc.found.unwrap_or_default(), version })
-    })
-    .clone()
+    }
 }
 
 /// A file registered with cuFile (deregistered on drop; the descriptor is borrowed and must outlive it).

@@ -14,6 +14,15 @@ pub enum CudaError {
     /// Device memory ran out.
     #[error("cuda:{device}: out of memory allocating {bytes} bytes ({free} of {total} bytes free)")]
     OutOfMemory { device: u32, bytes: u64, free: u64, total: u64 },
+    /// A copy out of a device buffer would pass its end.
+    #[error("cuda:{device}: {len} bytes at offset {offset} lie past the end of a {size}-byte device buffer")]
+    OutOfBounds { device: u32, offset: u64, len: u64, size: u64 },
+    /// cuFile could not be loaded or opened (not installed, symbols missing, CUDA unusable).
+    #[error("{0}")]
+    CufileUnavailable(String),
+    /// A cuFile call failed, with its status code.
+    #[error(transparent)]
+    Cufile(#[from] crate::cufile::CufileError),
     /// A driver call failed.
     #[error("cuda:{device}: {call} failed: {error}")]
     Driver { device: u32, call: &'static str, error: DriverError },

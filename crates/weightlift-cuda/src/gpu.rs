@@ -3,7 +3,7 @@
 
 use std::sync::{Arc, Mutex};
 
-use cudarc::driver::{CudaContext, CudaStream, sys};
+use cudarc::driver::{CudaContext, CudaEvent, CudaStream, sys};
 
 use crate::driver;
 use crate::error::CudaError;
@@ -33,6 +33,8 @@ pub(crate) struct GpuInner {
     pub ordinal: u32,
     pub info: GpuInfo,
     streams: Mutex<Vec<Arc<CudaStream>>>,
+    /// Completed events kept for the next deliveries (creating one per copy would cost a driver call each).
+    events: Mutex<Vec<CudaEvent>>,
 }
 
 impl Gpu {
@@ -63,7 +65,15 @@ impl Gpu {
             pcie_link,
             driver_version: drv.version,
         };
-        Ok(Gpu { inner: Arc::new(GpuInner { ctx, ordinal, info, streams: Mutex::new(Vec::new()) }) })
+        Ok(Gpu {
+            inner: Arc::new(GpuInner {
+                ctx,
+                ordinal,
+                info,
+                streams: Mutex::new(Vec::new()),
+                events: Mutex::new(Vec::new()),
+            }),
+        })
     }
 
     pub fn info(&self) -> &GpuInfo {
@@ -87,6 +97,25 @@ impl Gpu {
             streams.push(s);
         }
         Ok(streams[i].clone())
+    }
+
+    /// An event (without timing) from the pool, or a new one.
+    pub fn take_event(&self) -> Result<CudaEvent, CudaError> {
+        if let Some(e) = self.inner.events.lock().unwrap_or_else(|p| p.into_inner()).pop() {
+            return Ok(e);
+        }
+        self.inner
+            .ctx
+            .new_event(Some(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING))
+            .map_err(CudaError::driver(self.inner.ordinal, "cuEventCreate"))
+    }
+
+    /// Returns a completed event to the pool.
+    pub fn give_event(&self, e: CudaEvent) {
+        let mut pool = self.inner.events.lock().unwrap_or_else(|p| p.into_inner());
+        if pool.len() < 1024 {
+            pool.push(e);
+        }
     }
 
     /// Free and total device memory.

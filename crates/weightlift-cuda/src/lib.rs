@@ -12,7 +12,10 @@ mod error;
 pub mod gate;
 mod gpu;
 mod memory;
+pub mod nvcomp;
+pub mod nvrtc;
 mod sink;
+pub mod unpack;
 
 pub use ceiling::{chunked_h2d_gbps, pinned_h2d_gbps};
 pub use cudarc::driver::sys::{CUdeviceptr, CUstream};
@@ -22,4 +25,4 @@ pub use gpu::{Gpu, GpuInfo, available};
 pub use memory::{
     CudaPinner, DeviceBuffer, LEGACY_STREAM, PinnedBuffer, copy_device_to_host, free_device_memory, order_after_stream,
 };
-pub use sink::{DeviceSink, PendingCopy};
+pub use sink::{DeviceSink, PendingCopy, Targets};

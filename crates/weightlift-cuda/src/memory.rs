@@ -14,7 +14,7 @@ pub struct DeviceBuffer {
     gpu: Gpu,
     ptr: sys::CUdeviceptr,
     len: usize,
-    /// Stream the free is ordered on; the legacy default stream unless a consumer said otherwise.
+    /// Stream the free is ordered on; the legacy default stream unless the owner said otherwise.
     free_stream: sys::CUstream,
 }
 
@@ -67,7 +67,8 @@ impl DeviceBuffer {
         &self.gpu
     }
 
-    /// Orders the eventual free on `stream` (a consumer's stream) instead of the legacy default stream.
+    /// Orders the eventual free on `stream` (the owner's stream, where the last work reading the buffer runs)
+    /// instead of the legacy default stream.
     ///
     /// # Safety
     /// `stream` must belong to this buffer's context and still exist when the buffer is dropped.
@@ -79,11 +80,12 @@ impl DeviceBuffer {
     pub fn read_back(&self, offset: usize, out: &mut [u8]) -> Result<(), CudaError> {
         let dev = self.gpu.ordinal();
         if offset.checked_add(out.len()).is_none_or(|end| end > self.len) {
-            return Err(CudaError::Unavailable(format!(
-                "read of {} bytes at {offset} past a {}-byte buffer",
-                out.len(),
-                self.len
-            )));
+            return Err(CudaError::OutOfBounds {
+                device: dev,
+                offset: offset as u64,
+                len: out.len() as u64,
+                size: self.len as u64,
+            });
         }
         if out.is_empty() {
             return Ok(());
@@ -120,8 +122,8 @@ pub unsafe fn free_device_memory(gpu: &Gpu, ptr: sys::CUdeviceptr, stream: sys::
 
 impl Drop for DeviceBuffer {
     fn drop(&mut self) {
-        // SAFETY: this buffer owns `ptr`, allocated on `gpu`; `free_stream` is the legacy stream or one the owner
-        // promised would outlive the buffer.
+        // SAFETY: this buffer owns `ptr`, allocated on `gpu`; `free_stream` is the legacy stream (after any work of
+        // blocking streams that may still read the buffer) or one the owner promised would outlive the buffer.
         if let Err(e) = unsafe { free_device_memory(&self.gpu, self.ptr, self.free_stream) } {
             tracing::warn!("freeing device memory: {e}");
         }
@@ -233,13 +235,17 @@ impl Drop for Registration {
 }
 
 impl weightlift_io::Pinner for CudaPinner {
-    unsafe fn pin(&self, ptr: *mut u8, len: usize) -> Result<Box<dyn weightlift_io::PinGuard>, String> {
-        self.gpu.bind().map_err(|e| e.to_string())?;
+    unsafe fn pin(
+        &self,
+        ptr: *mut u8,
+        len: usize,
+    ) -> Result<Box<dyn weightlift_io::PinGuard>, weightlift_io::SinkError> {
+        self.gpu.bind()?;
         // SAFETY: per the trait's contract the range is a live mapping that outlives the guard; PORTABLE pins it
         // for every context.
         unsafe { sys::cuMemHostRegister_v2(ptr.cast(), len, sys::CU_MEMHOSTREGISTER_PORTABLE) }
             .result()
-            .map_err(|e| format!("cuMemHostRegister of {len} bytes: {e}"))?;
+            .map_err(CudaError::driver(self.gpu.ordinal(), "cuMemHostRegister"))?;
         Ok(Box::new(Registration { gpu: self.gpu.clone(), ptr }))
     }
 }

@@ -1,68 +1,212 @@
 //! The device sink: each completed read becomes `cuMemcpyHtoDAsync` copies from its staging slot (pinned) to the
 //! destination ranges it feeds, on the lane's own stream, followed by an event; the slot is reused once the event
 //! has completed. Reads wait for copies only when every slot of a lane is busy.
+//!
+//! Destinations may be allocated while the reads run ([`Targets::lazy`]): a delivery into a destination not yet
+//! allocated waits for it on the CPU, and the lane's stream waits for the allocation's event before copying.
 
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
 use cudarc::driver::{CudaEvent, CudaStream, sys};
-use weightlift_io::{Piece, Sink, SinkError};
+use weightlift_io::{Pending, Piece, Sink, SinkError};
 
 use crate::error::CudaError;
 use crate::gpu::Gpu;
 
-struct LaneCtx {
-    stream: Arc<CudaStream>,
-    spare: Vec<CudaEvent>,
-    start: Option<CudaEvent>,
+/// Where each destination of a device load lives: known up front, or published as it is allocated.
+pub struct Targets {
+    state: Mutex<Published>,
+    ready: Condvar,
 }
 
-/// A delivery whose copies may still be reading their slot.
+struct Published {
+    /// Address, length and allocation generation of each destination, once published.
+    dests: Vec<Option<(sys::CUdeviceptr, u64, usize)>>,
+    /// `events[g - 1]` follows the allocations of generation `g` on the allocating stream.
+    events: Vec<CudaEvent>,
+    failed: Option<String>,
+}
+
+impl std::fmt::Debug for Targets {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Targets({} destinations)", self.lock().dests.len())
+    }
+}
+
+impl Targets {
+    /// Destinations allocated already (and usable by any stream).
+    ///
+    /// # Safety
+    /// Each `(address, length)` must be device memory that stays allocated, and is not used by anything else,
+    /// until every load using these targets has returned.
+    pub unsafe fn fixed(dests: Vec<(sys::CUdeviceptr, u64)>) -> Arc<Targets> {
+        Arc::new(Targets {
+            state: Mutex::new(Published {
+                dests: dests.into_iter().map(|(p, l)| Some((p, l, 0))).collect(),
+                events: Vec::new(),
+                failed: None,
+            }),
+            ready: Condvar::new(),
+        })
+    }
+
+    /// `n` destinations, published later with [`Targets::publish`].
+    pub fn lazy(n: usize) -> Arc<Targets> {
+        Arc::new(Targets {
+            state: Mutex::new(Published { dests: vec![None; n], events: Vec::new(), failed: None }),
+            ready: Condvar::new(),
+        })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Published> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Publishes destinations `(id, address, length)` allocated on a stream; `after` is an event recorded on that
+    /// stream after the allocations (copies wait for it).
+    ///
+    /// # Safety
+    /// As for [`Targets::fixed`], for each published range.
+    pub unsafe fn publish(&self, dests: &[(u32, sys::CUdeviceptr, u64)], after: Option<CudaEvent>) {
+        let mut s = self.lock();
+        let generation = match after {
+            Some(e) => {
+                s.events.push(e);
+                s.events.len()
+            }
+            None => 0,
+        };
+        for &(id, ptr, len) in dests {
+            if let Some(d) = s.dests.get_mut(id as usize) {
+                *d = Some((ptr, len, generation));
+            }
+        }
+        self.ready.notify_all();
+    }
+
+    /// No more destinations will be published: deliveries waiting for one fail with `why`.
+    pub fn fail(&self, why: String) {
+        self.lock().failed.get_or_insert(why);
+        self.ready.notify_all();
+    }
+
+    /// Destination `id` (address, length, allocation generation), waiting until it is published.
+    pub fn wait(&self, id: u32) -> Result<(sys::CUdeviceptr, u64, usize), SinkError> {
+        let mut s = self.lock();
+        loop {
+            match s.dests.get(id as usize) {
+                None => return Err(format!("no destination {id}").into()),
+                Some(Some(d)) => return Ok(*d),
+                Some(None) => {}
+            }
+            if let Some(why) = &s.failed {
+                return Err(why.clone().into());
+            }
+            s = self.ready.wait(s).unwrap_or_else(|p| p.into_inner());
+        }
+    }
+
+    /// Makes `stream` wait for the allocations up to `generation` (if it has not already).
+    fn order(
+        &self,
+        stream: &CudaStream,
+        waited: &mut usize,
+        generation: usize,
+    ) -> Result<(), cudarc::driver::DriverError> {
+        if generation <= *waited {
+            return Ok(());
+        }
+        let s = self.lock();
+        if let Some(e) = s.events.get(generation - 1) {
+            stream.wait(e)?;
+        }
+        *waited = generation;
+        Ok(())
+    }
+}
+
+struct LaneCtx {
+    stream: Arc<CudaStream>,
+    start: Option<CudaEvent>,
+    /// Allocation generation this lane's stream already waits for.
+    waited: usize,
+}
+
+/// A delivery whose copies may still be reading their slot: an event on the lane's stream, given back to the
+/// device's event pool when done.
 pub struct PendingCopy {
-    lane: usize,
-    event: CudaEvent,
+    gpu: Gpu,
+    event: Option<CudaEvent>,
 }
 
 impl std::fmt::Debug for PendingCopy {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "PendingCopy(lane {})", self.lane)
+        write!(f, "PendingCopy(cuda:{})", self.gpu.ordinal())
     }
 }
 
-/// Copies loaded bytes into device buffers (destination id `i` is `dests[i]`: address and length).
+fn driver_err(device: u32, call: &'static str) -> impl FnOnce(cudarc::driver::DriverError) -> SinkError {
+    move |error| Box::new(CudaError::Driver { device, call, error }) as SinkError
+}
+
+impl Pending for PendingCopy {
+    fn poll(&mut self) -> Result<bool, SinkError> {
+        match &self.event {
+            Some(e) => e.try_is_complete().map_err(driver_err(self.gpu.ordinal(), "cuEventQuery")),
+            None => Ok(true),
+        }
+    }
+
+    fn wait(mut self: Box<Self>) -> Result<(), SinkError> {
+        if let Some(e) = &self.event {
+            e.synchronize().map_err(driver_err(self.gpu.ordinal(), "cuEventSynchronize"))?;
+        }
+        if let Some(e) = self.event.take() {
+            self.gpu.give_event(e);
+        }
+        Ok(())
+    }
+}
+
+impl Drop for PendingCopy {
+    fn drop(&mut self) {
+        // Polled complete (or abandoned after an error): the event goes back to the pool only once it is known
+        // complete, since a recycled event re-recorded early would make a waiter miss this copy.
+        if let Some(e) = self.event.take() {
+            if e.try_is_complete().unwrap_or(false) {
+                self.gpu.give_event(e);
+            }
+        }
+    }
+}
+
+/// Copies loaded bytes into device memory (destination id `i` is `targets`' destination `i`).
 pub struct DeviceSink {
     gpu: Gpu,
-    dests: Vec<(sys::CUdeviceptr, u64)>,
+    targets: Arc<Targets>,
     lanes: Vec<Mutex<Option<LaneCtx>>>,
-    ready: Option<CudaEvent>,
     spans: Mutex<Vec<f64>>,
 }
 
 impl std::fmt::Debug for DeviceSink {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "DeviceSink(cuda:{}, {} destinations)", self.gpu.ordinal(), self.dests.len())
+        write!(f, "DeviceSink(cuda:{}, {:?})", self.gpu.ordinal(), self.targets)
     }
 }
 
 impl DeviceSink {
-    /// A sink for up to `max_lanes` lanes. `ready`, if given, is an event every lane's stream waits for before its
-    /// first copy (the allocation of the destinations).
-    ///
-    /// # Safety
-    /// Each `(address, length)` in `dests` must be device memory of `gpu` that stays allocated, and is not used by
-    /// anything else, until the load using this sink has returned.
-    pub unsafe fn new(
-        gpu: &Gpu,
-        dests: Vec<(sys::CUdeviceptr, u64)>,
-        max_lanes: usize,
-        ready: Option<CudaEvent>,
-    ) -> DeviceSink {
+    /// A sink for up to `max_lanes` lanes, into `targets` (whose safety contract covers the memory).
+    pub fn new(gpu: &Gpu, targets: Arc<Targets>, max_lanes: usize) -> DeviceSink {
         DeviceSink {
             gpu: gpu.clone(),
-            dests,
+            targets,
             lanes: (0..max_lanes.max(1)).map(|_| Mutex::new(None)).collect(),
-            ready,
             spans: Mutex::new(Vec::new()),
         }
+    }
+
+    pub fn targets(&self) -> &Arc<Targets> {
+        &self.targets
     }
 
     /// The longest time any lane spent from its first copy to the completion of its last (seconds).
@@ -70,7 +214,7 @@ impl DeviceSink {
         self.spans.lock().map(|s| s.iter().copied().fold(0.0, f64::max)).unwrap_or(0.0)
     }
 
-    fn lane(&self, lane: usize) -> Result<std::sync::MutexGuard<'_, Option<LaneCtx>>, SinkError> {
+    fn lane(&self, lane: usize) -> Result<MutexGuard<'_, Option<LaneCtx>>, SinkError> {
         let m = self
             .lanes
             .get(lane)
@@ -79,14 +223,11 @@ impl DeviceSink {
     }
 
     fn err(&self, call: &'static str) -> impl FnOnce(cudarc::driver::DriverError) -> SinkError {
-        let device = self.gpu.ordinal();
-        move |error| Box::new(CudaError::Driver { device, call, error }) as SinkError
+        driver_err(self.gpu.ordinal(), call)
     }
 }
 
 impl Sink for DeviceSink {
-    type Pending = PendingCopy;
-
     fn asynchronous(&self) -> bool {
         true
     }
@@ -94,58 +235,41 @@ impl Sink for DeviceSink {
     fn begin_lane(&self, lane: usize) -> Result<(), SinkError> {
         self.gpu.bind()?;
         let stream = self.gpu.stream(lane)?;
-        if let Some(ready) = &self.ready {
-            stream.wait(ready).map_err(self.err("cuStreamWaitEvent"))?;
-        }
         let start =
             stream.record_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT)).map_err(self.err("cuEventRecord"))?;
-        *self.lane(lane)? = Some(LaneCtx { stream, spare: Vec::new(), start: Some(start) });
+        *self.lane(lane)? = Some(LaneCtx { stream, start: Some(start), waited: 0 });
         Ok(())
     }
 
-    fn deliver(&self, lane: usize, pieces: &[Piece], data: &[u8]) -> Result<Option<PendingCopy>, SinkError> {
+    fn deliver(&self, lane: usize, pieces: &[Piece], data: &[u8]) -> Result<Option<Box<dyn Pending>>, SinkError> {
         let mut guard = self.lane(lane)?;
         let ctx = guard.as_mut().ok_or("deliver before begin_lane")?;
-        let stream = ctx.stream.cu_stream();
         for p in pieces {
-            let &(dst, cap) = self.dests.get(p.dest as usize).ok_or_else(|| format!("no destination {}", p.dest))?;
+            let (dst, cap, generation) = self.targets.wait(p.dest)?;
             if p.at.checked_add(p.len).is_none_or(|e| e > data.len() as u64)
                 || p.dest_offset.checked_add(p.len).is_none_or(|e| e > cap)
             {
                 return Err(format!("piece {p:?} out of bounds (read {} bytes, destination {cap})", data.len()).into());
             }
-            // SAFETY: both ranges were bounds-checked just above; the source is pinned staging memory that the engine
-            // leaves untouched until this delivery's event completes (the `Sink` contract); the destination is device
-            // memory kept alive for the whole load (`DeviceSink::new`'s contract).
+            self.targets.order(&ctx.stream, &mut ctx.waited, generation).map_err(self.err("cuStreamWaitEvent"))?;
+            // SAFETY: both ranges were bounds-checked just above; the source is pinned staging memory that the lane
+            // leaves untouched until this delivery's event completes (the `Sink` contract); the destination is
+            // device memory kept alive for the whole load (`Targets`' contract), and the stream waits for its
+            // allocation.
             unsafe {
                 sys::cuMemcpyHtoDAsync_v2(
                     dst + p.dest_offset,
                     data.as_ptr().add(p.at as usize).cast(),
                     p.len as usize,
-                    stream,
+                    ctx.stream.cu_stream(),
                 )
             }
             .result()
             .map_err(self.err("cuMemcpyHtoDAsync"))?;
         }
-        let event = match ctx.spare.pop() {
-            Some(e) => e,
-            None => self.gpu.context().new_event(None).map_err(self.err("cuEventCreate"))?,
-        };
+        let event = self.gpu.take_event().map_err(|e| Box::new(e) as SinkError)?;
         event.record(&ctx.stream).map_err(self.err("cuEventRecord"))?;
-        Ok(Some(PendingCopy { lane, event }))
-    }
-
-    fn poll(&self, pending: &PendingCopy) -> Result<bool, SinkError> {
-        pending.event.try_is_complete().map_err(self.err("cuEventQuery"))
-    }
-
-    fn wait(&self, pending: PendingCopy) -> Result<(), SinkError> {
-        pending.event.synchronize().map_err(self.err("cuEventSynchronize"))?;
-        if let Some(ctx) = self.lane(pending.lane)?.as_mut() {
-            ctx.spare.push(pending.event);
-        }
-        Ok(())
+        Ok(Some(Box::new(PendingCopy { gpu: self.gpu.clone(), event: Some(event) })))
     }
 
     fn end_lane(&self, lane: usize) -> Result<(), SinkError> {
@@ -158,6 +282,7 @@ impl Sink for DeviceSink {
             let ms = start.elapsed_ms(&end).map_err(self.err("cuEventElapsedTime"))?;
             self.spans.lock().unwrap_or_else(|p| p.into_inner()).push(f64::from(ms) / 1e3);
         }
+        *guard = None;
         Ok(())
     }
 }

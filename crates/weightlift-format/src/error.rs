@@ -35,6 +35,8 @@ impl std::error::Error for FormatError {}
 pub enum ErrorKind {
     #[error("cannot open: {0}")]
     Open(io::Error),
+    #[error("{}", node.refusal())]
+    NotAFile { node: crate::regular::NodeKind },
     #[error("read failed at offset {offset}: {cause}")]
     Read { offset: u64, cause: io::Error },
     #[error("write failed: {0}")]
@@ -121,6 +123,32 @@ pub enum ErrorKind {
     RawTooShort { count: u64, dtype: &'static str, need: u64, have: u64 },
     #[error("raw tensor of {count} {dtype} elements: {reason}")]
     RawInvalid { count: u64, dtype: &'static str, reason: &'static str },
+
+    // packs (.wlpack)
+    #[error("not a weightlift pack (first bytes {found:02x?})")]
+    PackBadMagic { found: Vec<u8> },
+    #[error("pack format version {version} is not supported (version 1 is)")]
+    PackUnsupportedVersion { version: u64 },
+    #[error("pack header: {message}")]
+    PackHeader { message: String },
+    #[error(
+        "pack index checksum {computed:#018x} does not match the stored {stored:#018x}: the header or tables are corrupt"
+    )]
+    PackIndexChecksum { stored: u64, computed: u64 },
+    #[error("pack tables of {tables_len} bytes run past the end of the {file_len}-byte file")]
+    PackTablesPastEnd { tables_len: u64, file_len: u64 },
+    #[error("pack names file {name:?}, which is not a plain, unique file name")]
+    PackFileName { name: String },
+    #[error("pack item {item:?}: {message}")]
+    PackItem { item: String, message: String },
+    #[error("packed file {file:?}, bytes {start}..{end}: {message}")]
+    PackCoverage { file: String, start: u64, end: u64, message: String },
+    #[error("pack item {item:?}, chunk {chunk}: {message}")]
+    PackChunk { item: String, chunk: u64, message: String },
+    #[error("pack stream {stream}: {message}")]
+    PackStream { stream: u64, message: String },
+    #[error("pack bytes {start}..{end} belong to no stream")]
+    PackTrailing { start: u64, end: u64 },
 
     // writers
     #[error("cannot write tensor {tensor:?}: {reason}")]

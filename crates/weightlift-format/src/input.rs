@@ -7,6 +7,7 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 use crate::error::{ErrorKind, FormatError};
+use crate::regular::{self, Access, OpenError};
 
 pub(crate) struct Input {
     pub path: PathBuf,
@@ -16,12 +17,11 @@ pub(crate) struct Input {
 
 impl Input {
     pub fn open(path: &Path) -> Result<Input, FormatError> {
-        let file = File::open(path).map_err(|e| FormatError::new(path, ErrorKind::Open(e)))?;
+        let file = regular::open(path, Access::READ).map_err(|e| match e {
+            OpenError::Io(e) => FormatError::new(path, ErrorKind::Open(e)),
+            OpenError::NotAFile(node) => FormatError::new(path, ErrorKind::NotAFile { node }),
+        })?;
         let meta = file.metadata().map_err(|e| FormatError::new(path, ErrorKind::Open(e)))?;
-        if meta.is_dir() {
-            let e = io::Error::new(io::ErrorKind::IsADirectory, "is a directory");
-            return Err(FormatError::new(path, ErrorKind::Open(e)));
-        }
         Ok(Input { path: path.to_path_buf(), file, len: meta.len() })
     }
 

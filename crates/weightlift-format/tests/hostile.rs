@@ -115,3 +115,84 @@ fn valid_gguf_seed_parses() {
     assert_eq!(index.tensors.len(), 2);
     assert_eq!(index.get("w").unwrap().nbytes, 2 * 2 * 18);
 }
+
+#[test]
+fn every_hostile_pack_gives_its_specific_error() {
+    let _serial = SERIAL.lock().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let valid = dir.path().join("valid.wlpack");
+    std::fs::write(&valid, corpus::valid_pack()).unwrap();
+    let index = weightlift_format::pack::read(&valid).unwrap();
+    assert_eq!((index.items.len(), index.chunks.len(), index.streams.len()), (2, 2, 3));
+    let cases = corpus::hostile_packs();
+    assert!(cases.len() >= 30, "the pack corpus shrank: {}", cases.len());
+    for case in cases {
+        let path = dir.path().join(case.name.replace(' ', "_"));
+        let bytes = &case.files[0].1;
+        std::fs::write(&path, bytes).unwrap();
+        LARGEST.store(0, Ordering::Relaxed);
+        TRACKING.store(1, Ordering::Relaxed);
+        let result = weightlift_format::pack::read(&path);
+        TRACKING.store(0, Ordering::Relaxed);
+        let err = match result {
+            Ok(index) => panic!("{}: read without error: {index:?}", case.name),
+            Err(e) => e,
+        };
+        assert_eq!(variant(&err.kind), case.expect, "{}: got {err}", case.name);
+        let message = err.to_string();
+        assert!(!message.contains('\n'), "{}: message spans lines: {message}", case.name);
+        let largest = LARGEST.load(Ordering::Relaxed);
+        assert!(
+            largest <= bytes.len() + (1 << 17),
+            "{}: allocated {largest} bytes for {} bytes",
+            case.name,
+            bytes.len()
+        );
+    }
+}
+
+/// Opens `path` as a checkpoint on another thread: a reader that blocks (a FIFO without a writer) fails the test
+/// after a few seconds instead of hanging it.
+fn open_within_seconds(path: &std::path::Path, raw: Option<RawSpec>) -> weightlift_format::FormatError {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let owned = path.to_path_buf();
+    std::thread::spawn(move || {
+        let _ = tx.send(weightlift_format::open(std::slice::from_ref(&owned), raw));
+    });
+    match rx.recv_timeout(std::time::Duration::from_secs(5)) {
+        Ok(Ok(index)) => panic!("{}: parsed as a checkpoint: {index:?}", path.display()),
+        Ok(Err(e)) => e,
+        Err(_) => panic!("{}: opening it blocked for 5 s", path.display()),
+    }
+}
+
+#[test]
+fn fifos_sockets_and_devices_are_refused_without_blocking() {
+    use weightlift_format::regular::NodeKind;
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("model.safetensors");
+    let status = std::process::Command::new("mkfifo").arg(&fifo).status().expect("run mkfifo");
+    assert!(status.success());
+    let sock = dir.path().join("model.gguf");
+    let _listener = std::os::unix::net::UnixListener::bind(&sock).unwrap();
+    let raw = Some(RawSpec { dtype: DType::U8, count: None });
+    let cases = [
+        (fifo.clone(), None, NodeKind::Fifo),
+        (fifo.clone(), raw, NodeKind::Fifo),
+        (dir.path().join("model.gguf"), None, NodeKind::Socket),
+        ("/dev/null".into(), None, NodeKind::CharDevice),
+        ("/dev/zero".into(), raw, NodeKind::CharDevice),
+    ];
+    for (path, raw, expected) in cases {
+        let err = open_within_seconds(&path, raw);
+        assert!(matches!(err.kind, ErrorKind::NotAFile { node } if node == expected), "{}: {err}", path.display());
+        let message = err.to_string();
+        assert!(message.contains(&*path.to_string_lossy()) && message.contains("not a regular file"), "{message}");
+    }
+    // A FIFO without an extension goes through format detection, which reads the first bytes: refused all the same.
+    let bare = dir.path().join("checkpoint");
+    assert!(std::process::Command::new("mkfifo").arg(&bare).status().unwrap().success());
+    assert!(matches!(open_within_seconds(&bare, None).kind, ErrorKind::NotAFile { node: NodeKind::Fifo }));
+    let err = open_within_seconds(dir.path(), None);
+    assert!(matches!(&err.kind, ErrorKind::Open(e) if e.kind() == std::io::ErrorKind::IsADirectory), "{err}");
+}

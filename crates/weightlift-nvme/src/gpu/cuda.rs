@@ -6,7 +6,7 @@
 use std::sync::{Arc, Mutex};
 
 use cudarc::driver::{CudaStream, sys};
-use cudarc::nvrtc::{CompileOptions, Ptx};
+use cudarc::nvrtc::Ptx;
 use weightlift_cuda::Gpu;
 
 use crate::bus::DeviceDma;
@@ -26,16 +26,6 @@ const DRIVER_SYMBOLS: &[&str] = &[
     "cuMemcpyHtoDAsync_v2",
     "cuMemcpyDtoHAsync_v2",
     "cuMemsetD8Async",
-];
-
-const NVRTC_SYMBOLS: &[&str] = &[
-    "nvrtcCreateProgram",
-    "nvrtcCompileProgram",
-    "nvrtcGetPTXSize",
-    "nvrtcGetPTX",
-    "nvrtcGetProgramLogSize",
-    "nvrtcGetProgramLog",
-    "nvrtcDestroyProgram",
 ];
 
 /// Whether the driver has everything the GPU path calls; never panics.
@@ -58,41 +48,14 @@ pub(crate) fn check_driver() -> Result<(), NvmeError> {
 
 /// Whether NVRTC can be loaded with every symbol the compiler calls; never panics.
 pub fn nvrtc_available() -> Result<(), String> {
-    // SAFETY: only tries to dlopen candidate library names.
-    if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
-        return Err(
-            "no NVRTC library (libnvrtc.so) found: install the CUDA toolkit's nvrtc or put it on LD_LIBRARY_PATH"
-                .into(),
-        );
-    }
-    // SAFETY: `is_culib_present` found the library, so `culib` returns it without panicking.
-    let lib = unsafe { cudarc::nvrtc::sys::culib() };
-    // SAFETY: looking a symbol up does not call it.
-    let missing: Vec<&str> =
-        NVRTC_SYMBOLS.iter().copied().filter(|s| unsafe { lib.get::<*const ()>(s.as_bytes()) }.is_err()).collect();
-    if missing.is_empty() { Ok(()) } else { Err(format!("the NVRTC library lacks {}", missing.join(", "))) }
+    weightlift_cuda::nvrtc::available()
 }
 
 /// Compiles `source` to PTX for compute capability `arch` (NVRTC's default when `None`). Needs NVRTC only, no
 /// GPU.
 pub fn compile(source: &str, arch: Option<(i32, i32)>) -> Result<Ptx, NvmeError> {
-    nvrtc_available().map_err(NvmeError::gpu("find NVRTC"))?;
-    let mut options = vec!["--std=c++17".to_string()];
-    if let Some((major, minor)) = arch {
-        options.push(format!("--gpu-architecture=compute_{major}{minor}"));
-    }
-    let opts = CompileOptions { options, name: Some("weightlift_nvme.cu".into()), ..CompileOptions::default() };
-    let source = source.to_string();
-    // cudarc unwraps inside (the compile log, NUL checks): a panic there is an error here.
-    std::panic::catch_unwind(move || cudarc::nvrtc::compile_ptx_with_opts(source, opts))
-        .map_err(|_| NvmeError::Gpu { step: "compile the kernel", detail: "NVRTC panicked".into() })?
-        .map_err(|e| {
-            let detail = match e {
-                cudarc::nvrtc::CompileError::CompileError { log, .. } => log.to_string_lossy().into_owned(),
-                other => format!("{other:?}"),
-            };
-            NvmeError::Gpu { step: "compile the kernel", detail }
-        })
+    weightlift_cuda::nvrtc::compile(source, "weightlift_nvme.cu", arch)
+        .map_err(|detail| NvmeError::Gpu { step: "compile the kernel", detail })
 }
 
 /// Host memory registered with the driver and mapped into the device's address space; unregistered on drop.

@@ -340,20 +340,30 @@ impl GpuLoader {
     /// Reads `ranges` of the namespace into `dest` (device memory on this loader's GPU). Every command's status
     /// is checked on the GPU; the first failure stops the load and comes back as a typed error naming its LBAs.
     pub fn load(&mut self, ranges: &[ByteRange], dest: &mut DeviceBuffer) -> Result<LoadReport, NvmeError> {
-        if let Some(why) = &self.poisoned {
-            return Err(NvmeError::ControllerFailed(format!("GPU queues unusable after an earlier failure: {why}")));
-        }
-        if let Some(why) = self.ctrl.failure() {
-            return Err(NvmeError::ControllerFailed(why));
-        }
         if dest.gpu().ordinal() != self.gpu.ordinal() {
             return Err(NvmeError::invalid(
                 "destination",
                 format!("on cuda:{}, the loader is on cuda:{}", dest.gpu().ordinal(), self.gpu.ordinal()),
             ));
         }
+        // SAFETY: `dest` is device memory of this loader's GPU, borrowed mutably for the call.
+        unsafe { self.load_raw(ranges, dest.device_ptr(), dest.len() as u64) }
+    }
+
+    /// [`GpuLoader::load`] into `dest_len` bytes of device memory at `dest`.
+    ///
+    /// # Safety
+    /// `dest..dest + dest_len` must be device memory of this loader's GPU that stays allocated, and is not used by
+    /// anything else, until this returns.
+    pub unsafe fn load_raw(&mut self, ranges: &[ByteRange], dest: u64, dest_len: u64) -> Result<LoadReport, NvmeError> {
+        if let Some(why) = &self.poisoned {
+            return Err(NvmeError::ControllerFailed(format!("GPU queues unusable after an earlier failure: {why}")));
+        }
+        if let Some(why) = self.ctrl.failure() {
+            return Err(NvmeError::ControllerFailed(why));
+        }
         let ns = self.ctrl.namespace();
-        let chunks = plan(ranges, ns.lba_size, ns.lbas, self.slot_bytes, dest.len() as u64)?;
+        let chunks = plan(ranges, ns.lba_size, ns.lbas, self.slot_bytes, dest_len)?;
         let path = match self.opts.tier {
             Tier::HostStaging => "gpu-initiated NVMe, tier 1 (pinned host staging)",
             Tier::DeviceStaging => "gpu-initiated NVMe, tier 2 (device staging)",
@@ -431,7 +441,7 @@ impl GpuLoader {
         self.gpu.synchronize().map_err(gpu_err("synchronize before the load"))?;
 
         let (qps, cmds_dev, dest_dev, ctl_dev) =
-            (self.mapped.device(0), cmd_buf.device_ptr(), dest.device_ptr(), ctl_buf.device_ptr());
+            (self.mapped.device(0), cmd_buf.device_ptr(), dest, ctl_buf.device_ptr());
         let (out_dev, abort_dev) = (self.mapped.device(self.outcome_at), self.mapped.device(self.abort_at));
         let nsid = ns.nsid;
         let timeout_ns = self.opts.timeout.as_nanos().min(u128::from(u64::MAX)) as u64;
@@ -459,7 +469,7 @@ impl GpuLoader {
         // SAFETY: the arguments match the kernel's parameters in order and type (u64, u64, u32, u64, u64, u64, u64,
         // u32, u64, u32, u32). Every address is live until the kernel ends, which is waited for below: the queue
         // memory, PRP tables, descriptors and doorbells are owned by `self`, the commands and control block by this
-        // function, the destination is borrowed mutably; the plan keeps every write inside `dest`.
+        // function, the destination is the caller's (this function's contract); the plan keeps every write inside it.
         unsafe { launch.launch(cfg) }.map_err(driver("launch the kernel"))?;
 
         let mut aborted = false;
