@@ -102,6 +102,7 @@ pub fn hostile() -> Vec<Hostile> {
             "HeaderNotUtf8",
         ),
         one("not json", "a.safetensors", st("{{{{", 0), "HeaderJson"),
+        one("json nesting bomb", "a.safetensors", st(&format!(r#"{{"a":{}"#, "[".repeat(50_000)), 0), "HeaderJson"),
         one("header is an array", "a.safetensors", st("[1,2]", 0), "HeaderJson"),
         one(
             "overlapping offsets",
@@ -294,8 +295,21 @@ pub fn hostile() -> Vec<Hostile> {
         expect: "ShardIndex",
     });
     v.push(Hostile {
+        name: "shard path absolute",
+        files: vec![("model.safetensors.index.json".into(), br#"{"weight_map":{"w":"/etc/passwd"}}"#.to_vec())],
+        expect: "ShardIndex",
+    });
+    v.push(Hostile {
         name: "shard index without weight_map",
         files: vec![("model.safetensors.index.json".into(), br#"{"metadata":{}}"#.to_vec())],
+        expect: "ShardIndex",
+    });
+    v.push(Hostile {
+        name: "shard index nesting bomb",
+        files: vec![(
+            "model.safetensors.index.json".into(),
+            format!(r#"{{"weight_map":{}"#, "[".repeat(50_000)).into(),
+        )],
         expect: "ShardIndex",
     });
     v.push(Hostile {
@@ -341,4 +355,253 @@ pub fn valid_gguf() -> Vec<u8> {
         Ok(())
     });
     out
+}
+
+/// A pack image from a header, chunk and stream records, and `data` bytes of stream data after the aligned tables;
+/// the index checksum is computed, so each case reaches the check it targets.
+fn pack_image(header: &serde_json::Value, chunks: &[[u64; 4]], streams: &[[u64; 4]], data: usize) -> Vec<u8> {
+    let mut h = serde_json::to_vec(header).unwrap_or_default();
+    h.resize(h.len().next_multiple_of(16), b' ');
+    let tables: Vec<u8> = chunks.iter().chain(streams).flatten().flat_map(|w| w.to_le_bytes()).collect();
+    let mut hasher = xxhash_rust::xxh3::Xxh3::new();
+    hasher.update(&h);
+    hasher.update(&tables);
+    let mut v = crate::pack::MAGIC.to_vec();
+    for w in [h.len() as u64, tables.len() as u64, hasher.digest()] {
+        v.extend_from_slice(&w.to_le_bytes());
+    }
+    v.extend_from_slice(&h);
+    v.extend_from_slice(&tables);
+    v.resize(v.len().next_multiple_of(16), 0);
+    v.extend((0..data).map(|i| (i % 251) as u8));
+    v
+}
+
+/// Where stream data starts for a header and record counts (what the reader computes).
+fn data_start(header: &serde_json::Value, records: usize) -> u64 {
+    let h = serde_json::to_vec(header).unwrap_or_default().len().next_multiple_of(16) as u64;
+    (32 + h + 32 * records as u64).next_multiple_of(16)
+}
+
+/// A valid small pack's parts: a 24-byte safetensors file of an 8-byte gap and one BF16 tensor of 8 elements, as 2
+/// chunks and 3 raw streams of 8 bytes.
+fn pack_parts() -> (serde_json::Value, Vec<[u64; 4]>, Vec<[u64; 4]>) {
+    let header = serde_json::json!({
+        "wlpack": 1, "checksum": "xxh3-64", "source": "safetensors",
+        "files": [{"name": "m.safetensors", "len": 24}],
+        "tensors": [{"name": "w", "dtype": "BF16", "shape": [8], "file": 0, "offset": 8, "nbytes": 16, "planes": 2, "chunks": [0, 1]}],
+        "gaps": [{"file": 0, "offset": 0, "nbytes": 8, "chunks": [1, 1]}],
+        "chunks": 2, "streams": 3,
+    });
+    let ds = data_start(&header, 5);
+    let chunks = vec![[0, 16, 7, 0], [0, 8, 9, 2]];
+    let streams = vec![[ds, 8, 8, 0], [ds + 16, 8, 8, 1 << 8], [ds + 32, 8, 8, 0]];
+    (header, chunks, streams)
+}
+
+/// A valid pack image (fuzzing seed; the reader accepts it).
+pub fn valid_pack() -> Vec<u8> {
+    let (h, c, s) = pack_parts();
+    pack_image(&h, &c, &s, 40)
+}
+
+/// Changes a valid pack's header, chunk records and stream records; returns the stream data length to write.
+type PackEdit<'a> = &'a dyn Fn(&mut serde_json::Value, &mut Vec<[u64; 4]>, &mut Vec<[u64; 4]>) -> usize;
+
+/// Hostile packs: one defect each, with the `ErrorKind` variant `pack::read` must give.
+pub fn hostile_packs() -> Vec<Hostile> {
+    let (h, c, s) = pack_parts();
+    let with = |edit: PackEdit| {
+        let (mut h, mut c, mut s) = (h.clone(), c.clone(), s.clone());
+        let data = edit(&mut h, &mut c, &mut s);
+        pack_image(&h, &c, &s, data)
+    };
+    let valid = valid_pack();
+    let patched = |at: usize, bytes: &[u8]| {
+        let mut v = valid.clone();
+        v[at..at + bytes.len()].copy_from_slice(bytes);
+        v
+    };
+    let p = |name: &'static str, bytes: Vec<u8>, expect: &'static str| one(name, "a.wlpack", bytes, expect);
+    vec![
+        p("pack bad magic", patched(0, b"WLPACX"), "PackBadMagic"),
+        p("pack version 2", patched(7, &[2]), "PackUnsupportedVersion"),
+        p("pack truncated preamble", valid[..20].to_vec(), "Truncated"),
+        p("pack header length absurd", patched(8, &u64::MAX.to_le_bytes()), "HeaderTooLarge"),
+        p("pack header past end", patched(8, &(1u64 << 20).to_le_bytes()), "HeaderPastEnd"),
+        p("pack tables past end", patched(16, &(u64::MAX - 31).to_le_bytes()), "PackTablesPastEnd"),
+        p("pack index checksum", patched(40, b"x"), "PackIndexChecksum"),
+        p("pack truncated data", valid[..valid.len() - 1].to_vec(), "PackStream"),
+        p("pack trailing bytes", [valid.as_slice(), &[0]].concat(), "PackTrailing"),
+        p(
+            "pack chunk counts overflow",
+            with(&|h, _, _| {
+                h["chunks"] = u64::MAX.into();
+                40
+            }),
+            "PackHeader",
+        ),
+        p("pack not json", pack_image(&serde_json::json!("just a string"), &c, &s, 40), "PackHeader"),
+        p(
+            "pack unknown field",
+            with(&|h, _, _| {
+                h["extra"] = 1.into();
+                40
+            }),
+            "PackHeader",
+        ),
+        p(
+            "pack file name with slash",
+            with(&|h, _, _| {
+                h["files"][0]["name"] = "../m.safetensors".into();
+                40
+            }),
+            "PackFileName",
+        ),
+        p(
+            "pack unknown dtype",
+            with(&|h, _, _| {
+                h["tensors"][0]["dtype"] = "F12".into();
+                40
+            }),
+            "UnknownDtype",
+        ),
+        p(
+            "pack dtype × shape mismatch",
+            with(&|h, _, _| {
+                h["tensors"][0]["shape"] = serde_json::json!([9]);
+                40
+            }),
+            "PackItem",
+        ),
+        p(
+            "pack bad plane count",
+            with(&|h, _, _| {
+                h["tensors"][0]["planes"] = 3.into();
+                40
+            }),
+            "PackItem",
+        ),
+        p(
+            "pack file index past files",
+            with(&|h, _, _| {
+                h["gaps"][0]["file"] = 5.into();
+                40
+            }),
+            "PackItem",
+        ),
+        p(
+            "pack items not in chunk order",
+            with(&|h, _, _| {
+                h["gaps"][0]["chunks"] = serde_json::json!([0, 1]);
+                40
+            }),
+            "PackItem",
+        ),
+        p(
+            "pack gap in file coverage",
+            with(&|h, _, _| {
+                h["files"][0]["len"] = 30.into();
+                40
+            }),
+            "PackCoverage",
+        ),
+        p(
+            "pack overlapping items",
+            with(&|h, _, _| {
+                h["gaps"][0]["offset"] = 4.into();
+                h["files"][0]["len"] = 20.into();
+                40
+            }),
+            "PackCoverage",
+        ),
+        p(
+            "pack item past its file",
+            with(&|h, _, _| {
+                h["tensors"][0]["offset"] = u64::MAX.into();
+                40
+            }),
+            "PackCoverage",
+        ),
+        p(
+            "pack chunk of zero bytes",
+            with(&|_, c, _| {
+                c[1][1] = 0;
+                40
+            }),
+            "PackChunk",
+        ),
+        p(
+            "pack chunk past its item",
+            with(&|_, c, _| {
+                c[0][1] = u64::MAX - 1;
+                40
+            }),
+            "PackChunk",
+        ),
+        p(
+            "pack chunk offset gap",
+            with(&|_, c, _| {
+                c[1][0] = 4;
+                40
+            }),
+            "PackChunk",
+        ),
+        p(
+            "pack chunk first stream",
+            with(&|_, c, _| {
+                c[1][3] = 1;
+                40
+            }),
+            "PackChunk",
+        ),
+        p(
+            "pack unknown codec",
+            with(&|_, _, s| {
+                s[0][3] = 77;
+                40
+            }),
+            "PackStream",
+        ),
+        p(
+            "pack stream plane order",
+            with(&|_, _, s| {
+                s[1][3] = 0;
+                40
+            }),
+            "PackStream",
+        ),
+        p(
+            "pack raw stream size",
+            with(&|_, _, s| {
+                s[2][1] = 9;
+                41
+            }),
+            "PackStream",
+        ),
+        p(
+            "pack stream misaligned",
+            with(&|_, _, s| {
+                s[1][0] += 1;
+                41
+            }),
+            "PackStream",
+        ),
+        p(
+            "pack streams overlap",
+            with(&|_, _, s| {
+                s[1][0] = s[0][0];
+                24
+            }),
+            "PackStream",
+        ),
+        p(
+            "pack stream decodes to wrong size",
+            with(&|_, _, s| {
+                s[0][2] = 1 << 40;
+                40
+            }),
+            "PackStream",
+        ),
+    ]
 }

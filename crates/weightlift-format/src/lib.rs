@@ -3,7 +3,9 @@
 //!
 //! - [`safetensors`]: single files (reader and writer), [`sharded`]: `*.safetensors.index.json` checkpoints,
 //! - [`gguf`]: GGUF v2/v3 (reader and writer), every ggml tensor type,
-//! - [`raw`]: a file as one tensor of a given dtype.
+//! - [`raw`]: a file as one tensor of a given dtype,
+//! - [`pack`]: `.wlpack` files, checkpoints split into byte planes and compressed chunk by chunk.
+//! - [`regular`]: opening only regular files, refusing FIFOs, sockets and devices before anything can block.
 //!
 //! Every reader validates headers against the file length with checked arithmetic and never allocates a size read
 //! from the file before checking it. [`open`] picks the reader by extension, then by the file's first bytes.
@@ -15,7 +17,9 @@ mod error;
 pub mod gguf;
 mod index;
 mod input;
+pub mod pack;
 pub mod raw;
+pub mod regular;
 pub mod safetensors;
 pub mod sharded;
 pub mod synth;
