@@ -18,8 +18,10 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use weightlift_cuda::cufile::{Cufile, CufileHandle};
 
 use crate::device::Device;
-use crate::engine::{Config, Engine, RawDest, RawSrc};
+use crate::engine::Engine;
 use crate::error::{Error, Result};
+use crate::settings::Settings;
+use crate::tensor::{RawDest, RawSrc};
 
 /// How a file is registered.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -87,7 +89,7 @@ pub struct BatchEntry {
 
 /// A cuFile-style session. Share it between threads (operations on one session take turns in the engine).
 pub struct Session {
-    engine: Mutex<Engine>,
+    engine: Engine,
     cufile: Option<Cufile>,
     files: Mutex<HashMap<u64, Arc<FileEntry>>>,
     buffers: Mutex<BTreeMap<u64, BufEntry>>,
@@ -101,23 +103,35 @@ impl std::fmt::Debug for Session {
     }
 }
 
+/// `e`, saying that the caller asked for cuFile (the status code, if any, is kept).
+pub(crate) fn requested_but(e: weightlift_cuda::CudaError, what: &str) -> Error {
+    match e {
+        weightlift_cuda::CudaError::CufileUnavailable(why) => {
+            Error::Cuda(weightlift_cuda::CudaError::CufileUnavailable(format!("{what}: {why}")))
+        }
+        other => Error::Cuda(other),
+    }
+}
+
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl Session {
-    /// Opens a session. `use_cufile` routes device I/O through NVIDIA's cuFile, and fails if it is missing.
-    pub fn open(config: Config, use_cufile: bool) -> Result<Session> {
+    /// Opens a session. `use_cufile` routes device I/O of registered handles through NVIDIA's cuFile, and fails
+    /// if it is missing.
+    pub fn open(settings: Settings, use_cufile: bool) -> Result<Session> {
         let cufile = if use_cufile {
+            let lib = settings.cufile_lib.value.as_deref();
             Some(
-                weightlift_cuda::cufile::driver()
-                    .map_err(|e| Error::Cuda(format!("cuFile requested but unavailable: {e}")))?,
+                weightlift_cuda::cufile::driver(lib)
+                    .map_err(|e| requested_but(e, "cuFile requested but unavailable"))?,
             )
         } else {
             None
         };
         Ok(Session {
-            engine: Mutex::new(Engine::new(config)?),
+            engine: Engine::new(settings)?,
             cufile,
             files: Mutex::new(HashMap::new()),
             buffers: Mutex::new(BTreeMap::new()),
@@ -164,6 +178,11 @@ impl Session {
         if !mode.read && !mode.write {
             return Err(Error::InvalidArgument("a file handle must be readable or writable".into()));
         }
+        // Refuse FIFOs, sockets and devices before an open that could block on them (a regular file at this point
+        // stays one for the open below unless it is swapped in between).
+        let access =
+            weightlift_format::regular::Access { write: mode.write, create: mode.create, ..Default::default() };
+        drop(weightlift_io::file::open_checked(path, access)?);
         let file = opts
             .open(path)
             .map_err(|cause| Error::Io(weightlift_io::IoError::Open { path: path.to_path_buf(), cause }))?;
@@ -185,8 +204,7 @@ impl Session {
                         Error::Io(weightlift_io::IoError::Open { path: path.to_path_buf(), cause })
                     })?);
                 // SAFETY: the descriptor is kept open in the entry for as long as the handle exists (field order).
-                let h = unsafe { c.register(fd.as_raw_fd()) }
-                    .map_err(|e| Error::Cuda(format!("{}: {e}", path.display())))?;
+                let h = unsafe { c.register(fd.as_raw_fd()) }.map_err(|e| Error::Cuda(e.into()))?;
                 Some((h, fd))
             }
             None => None,
@@ -223,7 +241,7 @@ impl Session {
         }
         if let (Some(c), Device::Cuda(_)) = (&self.cufile, device) {
             // SAFETY: per this function's contract.
-            unsafe { c.register_buffer(base, len as usize) }.map_err(|e| Error::Cuda(e.to_string()))?;
+            unsafe { c.register_buffer(base, len as usize) }.map_err(|e| Error::Cuda(e.into()))?;
         }
         bufs.insert(base, BufEntry { len, device });
         Ok(())
@@ -236,7 +254,7 @@ impl Session {
             .ok_or_else(|| Error::InvalidArgument(format!("buffer {base:#x} is not registered")))?;
         if let (Some(c), Device::Cuda(_)) = (&self.cufile, b.device) {
             // SAFETY: registered by `buf_register`.
-            unsafe { c.deregister_buffer(base) }.map_err(|e| Error::Cuda(e.to_string()))?;
+            unsafe { c.deregister_buffer(base) }.map_err(|e| Error::Cuda(e.into()))?;
         }
         Ok(())
     }
@@ -293,7 +311,7 @@ impl Session {
             _ => {}
         }
         if let (Some(h), Device::Cuda(n)) = (&f.cufile, device) {
-            let gpu = lock(&self.engine).gpu(n)?;
+            let gpu = self.engine.gpu(n)?;
             gpu.bind()?;
             // SAFETY: the caller of the public API vouched for the memory (registration or `pread`'s contract).
             let r = unsafe {
@@ -302,9 +320,15 @@ impl Session {
                     Op::Write => h.write(addr, size as usize, file_offset, 0),
                 }
             };
-            return r.map(|n| n as u64).map_err(|e| Error::Cuda(format!("{}: {e}", f.path.display())));
+            return r.map(|n| n as u64).map_err(|e| {
+                let (offset, len, cause) = (file_offset, size, std::io::Error::other(e));
+                match op {
+                    Op::Read => weightlift_io::IoError::Read { path: f.path.clone(), offset, len, cause }.into(),
+                    Op::Write => weightlift_io::IoError::Write { path: f.path.clone(), offset, len, cause }.into(),
+                }
+            });
         }
-        let mut engine = lock(&self.engine);
+        let engine = &self.engine;
         match op {
             Op::Read => {
                 let dest = match device {
@@ -452,7 +476,7 @@ impl Session {
         self.file(fh)?;
         let gate = match (stream, device) {
             (Some(s), Device::Cuda(n)) => {
-                let gpu = lock(&self.engine).gpu(n)?;
+                let gpu = self.engine.gpu(n)?;
                 // SAFETY: per this function's contract.
                 Some(unsafe { weightlift_cuda::gate::StreamGate::close(&gpu, s) }?)
             }
@@ -477,7 +501,7 @@ impl Session {
                     g.open();
                 }
             })
-            .map_err(|e| Error::InvalidArgument(format!("cannot start an I/O thread: {e}")))?;
+            .map_err(|e| Error::Io(weightlift_io::IoError::Thread(e)))?;
         Ok(AsyncIo { result, worker: Some(worker) })
     }
 }

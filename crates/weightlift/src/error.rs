@@ -1,7 +1,10 @@
-//! The engine's error type: one enum over what can go wrong in a load, each naming the file, tensor or device.
+//! The engine's error type: one enum over what can go wrong in a load, each variant keeping its source (and with
+//! it the file, offset, device, driver call or status code).
 
+use weightlift_cuda::CudaError;
 use weightlift_format::FormatError;
 use weightlift_io::IoError;
+use weightlift_nvme::NvmeError;
 
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -9,36 +12,35 @@ pub enum Error {
     /// A checkpoint's headers are malformed or unreadable.
     #[error(transparent)]
     Format(#[from] FormatError),
-    /// Reading (or writing) file data failed.
+    /// Reading (or writing) file data failed, host memory ran out, or a setting is malformed.
     #[error(transparent)]
     Io(#[from] IoError),
+    /// The CUDA driver or cuFile refused something, device memory ran out, or CUDA is missing.
+    #[error(transparent)]
+    Cuda(#[from] CudaError),
+    /// The GPU-initiated NVMe path failed.
+    #[error(transparent)]
+    Nvme(#[from] NvmeError),
     /// A caller passed something unusable.
     #[error("{0}")]
     InvalidArgument(String),
     /// A requested tensor does not exist.
     #[error("no tensor {name:?} in {where_}")]
     TensorNotFound { name: String, where_: String },
-    /// Host or device memory ran out.
-    #[error("out of {what} memory allocating {bytes} bytes{detail}")]
-    OutOfMemory { what: &'static str, bytes: u64, detail: String },
-    /// The CUDA driver refused something, or is missing.
-    #[error("CUDA: {0}")]
-    Cuda(String),
     /// Loaded bytes differ from the file (only when verification was asked for).
     #[error("verification failed: {0}")]
     Verify(String),
 }
 
-impl From<weightlift_cuda::CudaError> for Error {
-    fn from(e: weightlift_cuda::CudaError) -> Error {
-        match e {
-            weightlift_cuda::CudaError::OutOfMemory { device, bytes, free, total } => Error::OutOfMemory {
-                what: "device",
-                bytes,
-                detail: format!(" on cuda:{device} ({free} of {total} bytes free)"),
-            },
-            other => Error::Cuda(other.to_string().trim_start_matches("CUDA ").to_string()),
-        }
+impl Error {
+    /// Whether host or device memory ran out.
+    pub fn is_out_of_memory(&self) -> bool {
+        matches!(self, Error::Io(IoError::OutOfMemory { .. }) | Error::Cuda(CudaError::OutOfMemory { .. }))
+    }
+
+    /// Whether the load was cancelled (`LoadOpts::cancel`).
+    pub fn is_cancelled(&self) -> bool {
+        matches!(self, Error::Io(IoError::Cancelled))
     }
 }
 

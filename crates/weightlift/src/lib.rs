@@ -1,40 +1,55 @@
 //! weightlift: load checkpoint tensors (safetensors, GGUF, raw) from storage into host or GPU memory through
-//! io_uring and a bounded staging ring.
+//! persistent io_uring lanes, a bounded ring of pinned staging slots and asynchronous copies.
 //!
 //! ```no_run
-//! use weightlift::{Config, Device, Engine, LoadOpts};
+//! use weightlift::{Device, Engine, LoadOpts, Settings};
 //! let index = weightlift::format::open(&["model.safetensors".into()], None)?;
-//! let mut engine = Engine::new(Config::from_env()?)?;
+//! let engine = Engine::new(Settings::from_env()?)?;
 //! let loaded = engine.load(&index, Device::Cpu, &LoadOpts::default())?;
 //! println!("{}", loaded.report.summary());
 //! # Ok::<(), weightlift::Error>(())
 //! ```
+//!
+//! The layers, from the bottom: [`format`] (what the bytes mean), [`io`] (plans, lanes, sinks; no CUDA),
+//! [`cuda`] (devices, pinned memory, the device sink, cuFile), then this crate: settings, the GPU data paths
+//! ([`path`]), the engine, streaming loads and reports. `docs/architecture.md` draws it.
 
 pub mod cufile_api;
 mod device;
 mod engine;
 mod error;
+mod files;
 mod gds;
 mod nvme_sim;
+pub mod path;
 mod placement;
 pub mod probe;
 mod report;
+pub mod settings;
+mod stream;
+mod tensor;
 pub mod verify;
 
 pub use device::Device;
-pub use engine::{Config, DeviceTensor, Engine, LoadOpts, Loaded, RawDest, RawSrc, Tensor, TensorData};
+pub use engine::Engine;
 pub use error::{Error, Result};
-pub use report::Report;
+pub use nvme_sim::NvmeStats;
+pub use path::{LoadOpts, PathKind};
+pub use report::{PathUsed, Report};
+pub use settings::{Backend, Overrides, Setting, Settings, Source};
+pub use stream::{Stream, StreamStats};
+pub use tensor::{DeviceTensor, Loaded, RawDest, RawSrc, Tensor, TensorData};
+pub use weightlift_cuda as cuda;
 pub use weightlift_format as format;
 pub use weightlift_io as io;
 
-/// Whether NVIDIA's cuFile library can be loaded here, where from, and what was tried.
-pub fn cufile_status() -> serde_json::Value {
-    let (loc, _) = weightlift_cuda::cufile::locate();
+/// Whether NVIDIA's cuFile library can be loaded here, where from, and what was tried (this loads it).
+pub fn cufile_status(settings: &Settings) -> serde_json::Value {
+    let (loc, _) = weightlift_cuda::cufile::locate(settings.cufile_lib.value.as_deref());
     let mut v =
         serde_json::json!({"found": loc.found.is_some(), "library": loc.found, "tried": loc.tried, "error": loc.error});
     if loc.found.is_some() {
-        match weightlift_cuda::cufile::driver() {
+        match weightlift_cuda::cufile::driver(settings.cufile_lib.value.as_deref()) {
             Ok(c) => {
                 let (mode, detail) = match &c.mode {
                     weightlift_cuda::cufile::CufileMode::PeerToPeer(d) => ("peer-to-peer", d.clone()),

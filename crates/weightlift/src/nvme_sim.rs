@@ -1,18 +1,17 @@
 //! GPU loads through GPU-initiated NVMe commands (BaM's design): for each file, weightlift's software NVMe
 //! controller serves the file as its namespace, and CUDA kernels build submission entries, ring doorbells and poll
-//! completions to read each device block. No drive exists on these machines, so the controller is software; the
-//! queue code the kernels run is the code that would drive a real one (see docs/nvme.md).
+//! completions to read each destination's ranges. No drive exists on these machines, so the controller is
+//! software; the queue code the kernels run is the code that would drive a real one (see docs/nvme.md).
 
-use std::path::PathBuf;
 use std::time::Instant;
 
-use weightlift_cuda::{DeviceBuffer, Gpu};
-use weightlift_io::IoReport;
+use weightlift_io::{IoEngine, IoReport};
 use weightlift_nvme::gpu::{GpuLoader, GpuOptions};
 use weightlift_nvme::{BringUp, ByteRange, Controller, SoftConfig, SoftNvme};
 
 use crate::error::{Error, Result};
-use crate::placement::Block;
+use crate::path::{DeviceRead, GpuPath, PathOutcome};
+use crate::report::PathUsed;
 
 /// What the GPU-initiated load did, beside the usual report.
 #[derive(Clone, Copy, Debug, Default)]
@@ -22,105 +21,66 @@ pub struct NvmeStats {
     pub kernel_secs: f64,
 }
 
-fn err(e: weightlift_nvme::NvmeError) -> Error {
-    Error::Io(weightlift_io::IoError::Uring(format!("nvme-sim: {e}")))
-}
+pub(crate) struct NvmePath;
 
-/// Reads `blocks` of `paths` into `buffers` (one per block) through GPU-driven queues.
-pub(crate) fn load_blocks(
-    gpu: &Gpu,
-    paths: &[PathBuf],
-    blocks: &[Block],
-    buffers: &mut [DeviceBuffer],
-    threads: usize,
-) -> Result<(IoReport, NvmeStats)> {
-    let t0 = Instant::now();
-    let mut stats = NvmeStats::default();
-    let mut report = IoReport { backend: "nvme-sim", ..IoReport::default() };
-    for (f, path) in paths.iter().enumerate() {
-        let mine: Vec<usize> = (0..blocks.len()).filter(|&i| blocks[i].file == f && blocks[i].len > 0).collect();
-        if mine.is_empty() {
-            continue;
+impl GpuPath for NvmePath {
+    fn read(
+        &self,
+        io: &IoEngine,
+        req: &DeviceRead<'_>,
+        allocate: &mut dyn FnMut() -> Result<()>,
+    ) -> Result<PathOutcome> {
+        allocate()?;
+        let t0 = Instant::now();
+        let threads = io.params().threads as usize;
+        let mut stats = NvmeStats::default();
+        let mut report = IoReport::blank(weightlift_io::ReadEngineUsed::Pread, "the software controller".into());
+        for (f, file) in req.files.iter().enumerate() {
+            // This file's extents, grouped by destination (one kernel launch each).
+            let mut by_dest: Vec<(u32, Vec<ByteRange>)> = Vec::new();
+            for e in req.extents.iter().filter(|e| e.file as usize == f && e.len > 0) {
+                let r = ByteRange { offset: e.offset, len: e.len, dest_offset: e.dest_offset };
+                match by_dest.iter_mut().find(|(d, _)| *d == e.dest) {
+                    Some((_, v)) => v.push(r),
+                    None => by_dest.push((e.dest, vec![r])),
+                }
+            }
+            if by_dest.is_empty() {
+                continue;
+            }
+            let config = SoftConfig { lba_size: 4096, io_threads: threads.clamp(1, 16), ..SoftConfig::default() };
+            let soft = SoftNvme::start(&file.path, config)?;
+            let ctrl = Controller::bring_up(soft.bus(), BringUp::default())?;
+            let mut loader = GpuLoader::new(req.gpu, &ctrl, &GpuOptions::default())?;
+            for (dest, ranges) in by_dest {
+                let (ptr, len, _) = req.targets.wait(dest).map_err(|e| Error::InvalidArgument(e.to_string()))?;
+                // SAFETY: the destination is device memory of this GPU that the caller keeps allocated and unused
+                // by others for the whole read (`Targets`' contract).
+                let r = unsafe { loader.load_raw(&ranges, ptr, len) }?;
+                stats.commands += r.commands;
+                stats.transferred += r.transferred;
+                stats.kernel_secs += r.elapsed.as_secs_f64();
+                if let Some(p) = req.opts.progress {
+                    p.fetch_add(r.bytes, std::sync::atomic::Ordering::Relaxed);
+                }
+            }
+            if let Some(fatal) = soft.fatal() {
+                return Err(
+                    weightlift_nvme::NvmeError::ControllerFailed(format!("{}: {fatal}", file.path.display())).into()
+                );
+            }
+            report.lanes = loader.queue_pairs();
         }
-        let config = SoftConfig { lba_size: 4096, io_threads: threads.clamp(1, 16), ..SoftConfig::default() };
-        let soft = SoftNvme::start(path, config).map_err(err)?;
-        let ctrl = Controller::bring_up(soft.bus(), BringUp::default()).map_err(err)?;
-        let mut loader = GpuLoader::new(gpu, &ctrl, &GpuOptions::default()).map_err(err)?;
-        for i in mine {
-            let b = blocks[i];
-            let r = loader
-                .load(&[ByteRange { offset: b.start, len: b.len, dest_offset: 0 }], &mut buffers[i])
-                .map_err(|e| {
-                    Error::Io(weightlift_io::IoError::Read {
-                        path: path.clone(),
-                        offset: b.start,
-                        len: b.len,
-                        cause: std::io::Error::other(e.to_string()),
-                    })
-                })?;
-            stats.commands += r.commands;
-            stats.transferred += r.transferred;
-            stats.kernel_secs += r.elapsed.as_secs_f64();
-        }
-        if let Some(fatal) = soft.fatal() {
-            return Err(Error::Io(weightlift_io::IoError::Uring(format!(
-                "nvme-sim controller for {}: {fatal}",
-                path.display()
-            ))));
-        }
-        report.lanes = loader.queue_pairs();
+        report.read_engine_reason = format!(
+            "GPU-initiated NVMe: {} commands from CUDA kernels to weightlift's software controller ({:.0} IOPS)",
+            stats.commands,
+            if stats.kernel_secs > 0.0 { stats.commands as f64 / stats.kernel_secs } else { 0.0 }
+        );
+        report.requested_bytes = req.extents.iter().map(|e| e.len).sum();
+        report.buffered_bytes = stats.transferred;
+        report.ops = stats.commands;
+        report.io_secs = t0.elapsed().as_secs_f64();
+        report.direct_reason = "the software controller reads its backing file with pread".into();
+        Ok(PathOutcome { path: PathUsed::NvmeSim, io: report, copy_span_secs: None, nvme: Some(stats) })
     }
-    report.backend_reason = format!(
-        "GPU-initiated NVMe: {} commands from CUDA kernels to weightlift's software controller ({:.0} IOPS)",
-        stats.commands,
-        if stats.kernel_secs > 0.0 { stats.commands as f64 / stats.kernel_secs } else { 0.0 }
-    );
-    report.requested_bytes = blocks.iter().map(|b| b.len).sum();
-    report.buffered_bytes = stats.transferred;
-    report.ops = stats.commands;
-    report.io_secs = t0.elapsed().as_secs_f64();
-    report.direct_reason = "the software controller reads its backing file with pread".into();
-    Ok((report, stats))
-}
-
-/// Reads ranges `(offset, len, dest_offset)` of each file (`ranges[f]` for `paths[f]`) into one device buffer.
-pub(crate) fn load_ranges(
-    gpu: &Gpu,
-    paths: &[PathBuf],
-    ranges: &[Vec<(u64, u64, u64)>],
-    dest: &mut DeviceBuffer,
-    threads: usize,
-) -> Result<(IoReport, NvmeStats)> {
-    let t0 = Instant::now();
-    let mut stats = NvmeStats::default();
-    let mut report = IoReport { backend: "nvme-sim", ..IoReport::default() };
-    for (path, mine) in paths.iter().zip(ranges) {
-        if mine.is_empty() {
-            continue;
-        }
-        let config = SoftConfig { lba_size: 4096, io_threads: threads.clamp(1, 16), ..SoftConfig::default() };
-        let soft = SoftNvme::start(path, config).map_err(err)?;
-        let ctrl = Controller::bring_up(soft.bus(), BringUp::default()).map_err(err)?;
-        let mut loader = GpuLoader::new(gpu, &ctrl, &GpuOptions::default()).map_err(err)?;
-        let list: Vec<ByteRange> =
-            mine.iter().map(|&(offset, len, dest_offset)| ByteRange { offset, len, dest_offset }).collect();
-        let r = loader.load(&list, dest).map_err(|e| {
-            Error::Io(weightlift_io::IoError::Read {
-                path: path.clone(),
-                offset: 0,
-                len: 0,
-                cause: std::io::Error::other(e.to_string()),
-            })
-        })?;
-        stats.commands += r.commands;
-        stats.transferred += r.transferred;
-        stats.kernel_secs += r.elapsed.as_secs_f64();
-        report.lanes = loader.queue_pairs();
-    }
-    report.backend_reason =
-        format!("GPU-initiated NVMe: {} commands to weightlift's software controller", stats.commands);
-    report.ops = stats.commands;
-    report.buffered_bytes = stats.transferred;
-    report.io_secs = t0.elapsed().as_secs_f64();
-    Ok((report, stats))
 }

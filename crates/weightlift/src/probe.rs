@@ -4,8 +4,10 @@
 use std::path::Path;
 
 use serde_json::{Value, json};
+use weightlift_io::OpenFile;
 use weightlift_io::residency::Residency;
-use weightlift_io::{IoConfig, OpenFile};
+
+use crate::settings::Settings;
 
 /// A JSON description of the machine (and of `path`, if given). Never fails: what cannot be probed says why.
 pub fn probe(path: Option<&Path>) -> Value {
@@ -33,7 +35,7 @@ pub fn probe(path: Option<&Path>) -> Value {
         Ok(()) => json!({"available": true}),
         Err(why) => json!({"available": false, "reason": why}),
     };
-    let config = IoConfig::from_env();
+    let config = Settings::from_env();
     let settings = match &config {
         Ok(c) => Value::Object(
             c.describe()
@@ -43,10 +45,22 @@ pub fn probe(path: Option<&Path>) -> Value {
         ),
         Err(e) => json!({"error": e.to_string()}),
     };
-    let backend = match (&config, weightlift_io::uring_available()) {
-        (Ok(c), _) if c.backend.value == weightlift_io::Backend::Pread => "pread (requested)".to_string(),
+    let read_engine = match (&config, weightlift_io::uring_available()) {
+        (Ok(c), _) if c.backend.value == crate::settings::Backend::Pread => "pread (requested)".to_string(),
         (_, Ok(())) => "uring (io_uring available)".to_string(),
         (_, Err(why)) => format!("pread (io_uring unavailable: {why})"),
+    };
+    // The same decision a GPU load makes (it may load cuFile, as a load would).
+    let gpu_path = match &config {
+        Ok(c) => match crate::path::decide(c) {
+            Ok((kind, reason, _)) => json!({"path": format!("{kind:?}").to_lowercase(), "reason": reason}),
+            Err(e) => json!({"error": e.to_string()}),
+        },
+        Err(e) => json!({"error": e.to_string()}),
+    };
+    let cufile = match &config {
+        Ok(c) => crate::cufile_status(c),
+        Err(e) => json!({"error": e.to_string()}),
     };
     // A directory is probed through a small file created in it (its filesystem is what matters).
     let scratch = path.filter(|p| p.is_dir()).and_then(|d| {
@@ -54,7 +68,7 @@ pub fn probe(path: Option<&Path>) -> Value {
         std::fs::write(&f, [0u8; 4096]).ok().map(|()| f)
     });
     let target = scratch.as_deref().or(path);
-    let file = target.map(|p| match OpenFile::open(p, true) {
+    let file = target.map(|p| match OpenFile::open_device(p, true) {
         Ok(f) => {
             let resident = Residency::probe(&f.buffered, f.len).map(|r| r.resident_bytes());
             json!({
@@ -84,8 +98,9 @@ pub fn probe(path: Option<&Path>) -> Value {
         "cpus": std::thread::available_parallelism().map_or(0, |n| n.get()),
         "cuda": cuda,
         "io_uring": uring,
-        "cufile": crate::cufile_status(),
-        "backend": backend,
+        "cufile": cufile,
+        "backend": read_engine,
+        "gpu_path": gpu_path,
         "settings": settings,
         "file": file,
     })

@@ -1,12 +1,34 @@
 //! What a load did, how fast, and why it took the path it took.
 
+use std::fmt;
 use std::path::PathBuf;
 
 use serde_json::{Value, json};
-use weightlift_io::IoReport;
+use weightlift_io::{IoReport, ReadEngineUsed};
 
 use crate::device::Device;
-use crate::engine::Tensor;
+use crate::settings::Source;
+
+/// The data path a load took.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PathUsed {
+    /// weightlift's pipeline (reads into pinned staging, async copies), with this kernel interface.
+    Pipeline(ReadEngineUsed),
+    /// NVIDIA cuFile.
+    Cufile,
+    /// GPU-initiated NVMe commands against the software controller.
+    NvmeSim,
+}
+
+impl fmt::Display for PathUsed {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            PathUsed::Pipeline(e) => e.fmt(f),
+            PathUsed::Cufile => f.write_str("gds"),
+            PathUsed::NvmeSim => f.write_str("nvme-sim"),
+        }
+    }
+}
 
 /// The report of one load.
 #[derive(Clone, Debug)]
@@ -18,9 +40,15 @@ pub struct Report {
     pub bytes: u64,
     /// Wall time of the whole load (opening files, allocating, planning, reading, copying).
     pub seconds: f64,
-    /// Time spent allocating destinations.
+    /// Time spent allocating destinations (overlapped with the reads on the GPU pipeline).
     pub alloc_secs: f64,
+    /// The path taken and why.
+    pub path: PathUsed,
+    pub path_reason: String,
+    /// What the pipeline (or the path standing in for it) did.
     pub io: IoReport,
+    /// The settings in use and where each came from.
+    pub settings: Vec<(&'static str, String, Source)>,
     /// Whether the loaded bytes were compared with a second read of the files (None: not checked).
     pub verified: Option<bool>,
     /// For device loads: the device.
@@ -31,30 +59,32 @@ pub struct Report {
     pub ceiling_gbps: Option<f64>,
     /// For GPU-initiated NVMe loads: commands issued and kernel time.
     pub nvme: Option<crate::nvme_sim::NvmeStats>,
+    /// For streaming loads: bytes read ahead that no caller took.
+    pub stream: Option<crate::stream::StreamStats>,
 }
 
 impl Report {
-    pub(crate) fn new(
-        device: Device,
-        files: &[PathBuf],
-        tensors: &[Tensor],
-        seconds: f64,
-        alloc_secs: f64,
-        io: IoReport,
-    ) -> Report {
+    /// A report of `tensors` tensors of `bytes` bytes from `files` onto `device`.
+    pub(crate) fn new(device: Device, files: &[PathBuf], tensors: usize, bytes: u64, io: IoReport) -> Report {
+        let path = PathUsed::Pipeline(io.read_engine);
+        let path_reason = io.read_engine_reason.clone();
         Report {
             device,
             files: files.to_vec(),
-            tensors: tensors.len(),
-            bytes: tensors.iter().map(|t| t.data.len() as u64).sum(),
-            seconds,
-            alloc_secs,
+            tensors,
+            bytes,
+            seconds: 0.0,
+            alloc_secs: 0.0,
+            path,
+            path_reason,
             io,
+            settings: Vec::new(),
             verified: None,
             gpu: None,
             copy_span_secs: None,
             ceiling_gbps: None,
             nvme: None,
+            stream: None,
         }
     }
 
@@ -65,7 +95,7 @@ impl Report {
 
     pub fn to_json(&self) -> Value {
         let io = &self.io;
-        let settings: serde_json::Map<String, Value> = io
+        let settings: serde_json::Map<String, Value> = self
             .settings
             .iter()
             .map(|(k, v, src)| ((*k).to_string(), json!({"value": v, "source": src.to_string()})))
@@ -77,8 +107,10 @@ impl Report {
             "bytes": self.bytes,
             "seconds": self.seconds,
             "gbps": self.gbps(),
-            "backend": io.backend,
-            "backend_reason": io.backend_reason,
+            "backend": self.path.to_string(),
+            "backend_reason": self.path_reason,
+            "read_engine": io.read_engine.to_string(),
+            "cache": io.cache.to_string(),
             "fixed_buffers": io.fixed_buffers,
             "fixed_refusal": io.fixed_refusal,
             "direct_policy": io.direct_reason,
@@ -90,13 +122,13 @@ impl Report {
             "short_reads": io.stats.short_reads,
             "lanes": io.lanes,
             "queue_depth": io.queue_depth,
-            "slots": io.slots,
+            "slots_per_lane": io.slots_per_lane,
             "slot_bytes": io.slot_bytes,
+            "skipped_ops": io.skipped_ops,
             "peak_staging_bytes": io.peak_staging_bytes,
             "times": {
                 "alloc": self.alloc_secs,
                 "plan": io.plan_secs,
-                "setup": io.setup_secs,
                 "io": io.io_secs,
                 "io_wait_thread_secs": io.stats.io_wait.as_secs_f64(),
                 "deliver_thread_secs": io.stats.deliver.as_secs_f64(),
@@ -112,6 +144,7 @@ impl Report {
             "copy_span_secs": self.copy_span_secs,
             "ceiling_gbps": self.ceiling_gbps,
             "ratio_to_ceiling": self.ceiling_gbps.map(|c| self.gbps() / c),
+            "stream": self.stream.as_ref().map(|s| s.to_json()),
             "nvme": self.nvme.map(|n| json!({
                 "commands": n.commands, "bytes_transferred": n.transferred, "kernel_secs": n.kernel_secs,
                 "iops": if n.kernel_secs > 0.0 { n.commands as f64 / n.kernel_secs } else { 0.0 },
@@ -133,18 +166,14 @@ impl Report {
             self.seconds,
             self.gbps()
         );
+        let fixed = match (self.path, io.fixed_buffers) {
+            (PathUsed::Pipeline(ReadEngineUsed::Uring), true) => ", fixed buffers",
+            (PathUsed::Pipeline(ReadEngineUsed::Uring), false) => ", fixed buffers refused",
+            _ => "",
+        };
         s += &format!(
-            "  backend {} ({}{}), {} lanes × queue depth {}, {} reads\n",
-            io.backend,
-            io.backend_reason,
-            if io.backend == "uring" {
-                if io.fixed_buffers { ", fixed buffers" } else { ", fixed buffers refused" }
-            } else {
-                ""
-            },
-            io.lanes,
-            io.queue_depth,
-            io.ops
+            "  backend {} ({}{fixed}), {} lanes × queue depth {}, {} reads\n",
+            self.path, self.path_reason, io.lanes, io.queue_depth, io.ops
         );
         s += &format!(
             "  {:.2} GiB read with O_DIRECT, {:.2} GiB buffered — {}\n",
@@ -153,13 +182,12 @@ impl Report {
             io.direct_reason
         );
         s += &format!(
-            "  staging {} slots × {} MiB = {} MiB peak; time: alloc {:.3} s, plan {:.3} s, setup {:.3} s, I/O {:.3} s (threads: wait {:.2} s, copy {:.2} s, back-pressure {:.2} s)",
-            io.slots,
+            "  staging {} slots × {} MiB per lane, {} MiB at most; time: alloc {:.3} s, plan {:.3} s, I/O {:.3} s (threads: wait {:.2} s, copy {:.2} s, back-pressure {:.2} s)",
+            io.slots_per_lane,
             io.slot_bytes >> 20,
             io.peak_staging_bytes >> 20,
             self.alloc_secs,
             io.plan_secs,
-            io.setup_secs,
             io.io_secs,
             io.stats.io_wait.as_secs_f64(),
             io.stats.deliver.as_secs_f64(),

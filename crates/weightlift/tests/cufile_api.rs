@@ -5,18 +5,18 @@ use std::path::Path;
 
 use weightlift::cufile_api::{BatchEntry, FileMode, Op, Session};
 use weightlift::io::HostBuffer;
-use weightlift::{Config, Device, Error};
+use weightlift::{Device, Error, Settings};
 
 fn data(len: usize) -> Vec<u8> {
     (0..len).map(|i| (i.wrapping_mul(2_654_435_761) >> 11) as u8 | 1).collect()
 }
 
 fn session() -> std::sync::Arc<Session> {
-    std::sync::Arc::new(Session::open(Config::default(), false).unwrap())
+    std::sync::Arc::new(Session::open(Settings::default(), false).unwrap())
 }
 
 fn buf(len: usize) -> HostBuffer {
-    HostBuffer::new(len).unwrap()
+    HostBuffer::new(len, None).unwrap()
 }
 
 fn register(s: &Session, b: &mut HostBuffer) -> u64 {
@@ -136,7 +136,7 @@ fn each_misuse_is_its_own_error() {
 
 #[test]
 fn asking_for_cufile_without_it_is_an_error() {
-    match Session::open(Config::default(), true) {
+    match Session::open(Settings::default(), true) {
         Ok(s) => eprintln!("cuFile present here: {}", s.backend()),
         Err(e) => {
             assert!(matches!(e, Error::Cuda(_)), "{e}");

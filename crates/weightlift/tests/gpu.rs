@@ -4,11 +4,12 @@
 
 use std::path::{Path, PathBuf};
 
+use weightlift::Backend;
 use weightlift::format::synth::{self, Container, Layout, Spec};
 use weightlift::format::{DType, RawSpec, TensorIndex};
+use weightlift::io::DirectMode;
 use weightlift::io::fault::{Fault, FaultPlan};
-use weightlift::io::{Backend, DirectMode};
-use weightlift::{Config, Device, Engine, Error, LoadOpts};
+use weightlift::{Device, Engine, Error, LoadOpts, Settings};
 
 fn gpu_or_skip(test: &str) -> bool {
     match weightlift_cuda::available() {
@@ -68,18 +69,16 @@ fn every_format_loads_onto_the_gpu_byte_exact() {
         generate(dir.path(), "huge.safetensors", Layout::SingleHuge, Container::Safetensors, (40 << 20) + 12, None),
     ];
     let configs = [
-        ("defaults", Config::default()),
-        ("pread", Config { io: Config::default().io.backend(Backend::Pread) }),
+        ("defaults", Settings::default()),
+        ("pread", Settings::default().backend(Backend::Pread)),
         (
             "direct, small staging",
-            Config {
-                io: Config::default().io.direct(DirectMode::Always).chunk_bytes(256 << 10).staging_bytes(2 << 20),
-            },
+            Settings::default().direct(DirectMode::Always).chunk_bytes(256 << 10).staging_bytes(2 << 20),
         ),
-        ("buffered, 1 thread", Config { io: Config::default().io.direct(DirectMode::Never).threads(1).queue_depth(1) }),
+        ("buffered, 1 thread", Settings::default().direct(DirectMode::Never).threads(1).queue_depth(1)),
     ];
     for (name, config) in configs {
-        let mut engine = Engine::new(config).unwrap();
+        let engine = Engine::new(config).unwrap();
         for f in &files {
             let index = weightlift::format::open(std::slice::from_ref(f), None).unwrap();
             let loaded = engine
@@ -98,7 +97,7 @@ fn raw_files_and_odd_sizes_on_the_gpu() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let mut engine = Engine::new(Config::default()).unwrap();
+    let engine = Engine::new(Settings::default()).unwrap();
     for len in [1u64, 4095, 4096, 4097, (64 << 20) + 13] {
         let path = generate(dir.path(), &format!("raw{len}.bin"), Layout::SingleHuge, Container::Raw, len, None);
         let index =
@@ -131,7 +130,8 @@ fn pinned_host_destination() {
         None,
     );
     let index = weightlift::format::open(std::slice::from_ref(&f), None).unwrap();
-    let loaded = Engine::new(Config::default()).unwrap().load(&index, Device::PinnedCpu, &LoadOpts::default()).unwrap();
+    let loaded =
+        Engine::new(Settings::default()).unwrap().load(&index, Device::PinnedCpu, &LoadOpts::default()).unwrap();
     check_against_file_and_generator(&index, &loaded, true);
 }
 
@@ -156,7 +156,7 @@ fn out_of_memory_mid_load_is_a_clean_error() {
     let f = generate(dir.path(), "oom.safetensors", Layout::Llama, Container::Safetensors, 512 << 20, None);
     let index = weightlift::format::open(std::slice::from_ref(&f), None).unwrap();
     let gpu = weightlift_cuda::Gpu::open(0).unwrap();
-    let mut engine = Engine::new(Config::default()).unwrap();
+    let engine = Engine::new(Settings::default()).unwrap();
     // Warm the pool and staging so the baseline includes what a successful load keeps.
     drop(engine.load(&index, Device::Cuda(0), &LoadOpts::default()).unwrap());
     let before = device_used();
@@ -167,7 +167,8 @@ fn out_of_memory_mid_load_is_a_clean_error() {
     let filler = weightlift_cuda::DeviceBuffer::alloc(&gpu, filler_len, &stream).unwrap();
     stream.synchronize().unwrap();
     let err = engine.load(&index, Device::Cuda(0), &LoadOpts::default()).unwrap_err();
-    assert!(matches!(err, Error::OutOfMemory { what: "device", .. }), "{err}");
+    assert!(matches!(err, Error::Cuda(weightlift::cuda::CudaError::OutOfMemory { .. })), "{err}");
+    assert!(err.is_out_of_memory());
     eprintln!("out-of-memory error as reported: {err}");
     drop(filler);
     let after = device_used();
@@ -185,7 +186,7 @@ fn an_io_error_mid_load_leaves_nothing_behind() {
     let dir = tempfile::tempdir().unwrap();
     let f = generate(dir.path(), "eio.safetensors", Layout::Llama, Container::Safetensors, 128 << 20, None);
     let index = weightlift::format::open(std::slice::from_ref(&f), None).unwrap();
-    let mut engine = Engine::new(Config::default()).unwrap();
+    let engine = Engine::new(Settings::default()).unwrap();
     drop(engine.load(&index, Device::Cuda(0), &LoadOpts::default()).unwrap());
     let before = device_used();
     let faults = FaultPlan::new(vec![Fault::Eio { file: 0, offset: index.files[0].len / 2 }]);
@@ -203,7 +204,7 @@ fn a_hundred_loads_do_not_grow_memory() {
     let dir = tempfile::tempdir().unwrap();
     let f = generate(dir.path(), "loop.safetensors", Layout::Llama, Container::Safetensors, 64 << 20, None);
     let index = weightlift::format::open(std::slice::from_ref(&f), None).unwrap();
-    let mut engine = Engine::new(Config::default()).unwrap();
+    let engine = Engine::new(Settings::default()).unwrap();
     // Early loads warm up allocator arenas, the device pool and driver caches; what must not happen is growth
     // that keeps going, so memory is compared between load 40 and load 100.
     let mut marks = Vec::new();
@@ -234,9 +235,7 @@ fn gpu_initiated_nvme_loads_byte_exact() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let mut config = Config::default();
-    config.io = config.io.backend(Backend::NvmeSim);
-    let mut engine = Engine::new(config).unwrap();
+    let engine = Engine::new(Settings::default().backend(Backend::NvmeSim)).unwrap();
     for f in [
         generate(dir.path(), "n.safetensors", Layout::Llama, Container::Safetensors, 24 << 20, None),
         generate(
@@ -250,7 +249,7 @@ fn gpu_initiated_nvme_loads_byte_exact() {
     ] {
         let index = weightlift::format::open(std::slice::from_ref(&f), None).unwrap();
         let loaded = engine.load(&index, Device::Cuda(0), &LoadOpts::default()).unwrap();
-        assert_eq!(loaded.report.io.backend, "nvme-sim");
+        assert_eq!(loaded.report.path, weightlift::PathUsed::NvmeSim);
         let n = loaded.report.nvme.expect("nvme statistics");
         assert!(n.commands > 0);
         eprintln!("{}: {} commands, {}", f.display(), n.commands, loaded.report.summary().lines().next().unwrap_or(""));

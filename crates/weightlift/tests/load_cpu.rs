@@ -3,10 +3,11 @@
 
 use std::path::PathBuf;
 
+use weightlift::Backend;
 use weightlift::format::synth::{self, Container, Layout, Spec};
 use weightlift::format::{DType, RawSpec};
-use weightlift::io::{Backend, DirectMode};
-use weightlift::{Config, Device, Engine, LoadOpts, TensorData};
+use weightlift::io::DirectMode;
+use weightlift::{Device, Engine, LoadOpts, Settings, TensorData};
 
 fn generate(dir: &std::path::Path, name: &str, layout: Layout, container: Container, align: Option<u64>) -> PathBuf {
     let path = dir.join(name);
@@ -31,9 +32,8 @@ fn every_layout_and_format_loads_byte_exact() {
         if backend == Backend::Uring && weightlift::io::uring_available().is_err() {
             continue;
         }
-        let mut config = Config::default();
-        config.io = config.io.direct(direct).backend(backend).chunk_bytes(256 << 10).staging_bytes(4 << 20);
-        let mut engine = Engine::new(config).unwrap();
+        let config = Settings::default().direct(direct).backend(backend).chunk_bytes(256 << 10).staging_bytes(4 << 20);
+        let engine = Engine::new(config).unwrap();
         for (name, layout, container, align) in cases {
             let path = generate(dir.path(), name, layout, container, align);
             let index = weightlift::format::open(std::slice::from_ref(&path), None).unwrap();
@@ -65,7 +65,7 @@ fn a_raw_file_loads_as_one_tensor() {
     .unwrap();
     let index =
         weightlift::format::open(std::slice::from_ref(&path), Some(RawSpec { dtype: DType::U8, count: None })).unwrap();
-    let loaded = Engine::new(Config::default()).unwrap().load(&index, Device::Cpu, &LoadOpts::default()).unwrap();
+    let loaded = Engine::new(Settings::default()).unwrap().load(&index, Device::Cpu, &LoadOpts::default()).unwrap();
     let TensorData::Host(buf) = &loaded.tensors[0].data else { panic!("not host memory") };
     assert!(buf[..] == std::fs::read(&path).unwrap()[..]);
 }
@@ -77,6 +77,6 @@ fn a_file_that_changed_since_parsing_is_refused() {
     let index = weightlift::format::open(std::slice::from_ref(&path), None).unwrap();
     let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
     f.set_len(index.files[0].len - 100).unwrap();
-    let err = Engine::new(Config::default()).unwrap().load(&index, Device::Cpu, &LoadOpts::default()).unwrap_err();
+    let err = Engine::new(Settings::default()).unwrap().load(&index, Device::Cpu, &LoadOpts::default()).unwrap_err();
     assert!(err.to_string().contains("g.safetensors"), "{err}");
 }

@@ -2,7 +2,7 @@
 //! nothing else accumulates. In its own test binary so that no other test's memory moves the figures.
 
 use weightlift::format::synth::{self, Container, Layout, Spec};
-use weightlift::{Config, Device, Engine, LoadOpts};
+use weightlift::{Device, Engine, LoadOpts, Settings};
 
 #[test]
 fn repeated_host_loads_do_not_grow_rss() {
@@ -14,7 +14,7 @@ fn repeated_host_loads_do_not_grow_rss() {
     )
     .unwrap();
     let index = weightlift::format::open(std::slice::from_ref(&path), None).unwrap();
-    let mut engine = Engine::new(Config::default()).unwrap();
+    let engine = Engine::new(Settings::default()).unwrap();
     let rss = || {
         std::fs::read_to_string("/proc/self/statm").unwrap().split_whitespace().nth(1).unwrap().parse::<u64>().unwrap()
             * 4096
@@ -27,5 +27,6 @@ fn repeated_host_loads_do_not_grow_rss() {
         }
     }
     assert!(marks[2] <= marks[0] + (8 << 20), "host RSS keeps growing: {marks:?}");
-    assert!(weightlift::io::host_cache_bytes() <= weightlift::io::host_cache_limit());
+    let cache = engine.host_cache();
+    assert!(cache.cached_bytes() <= cache.limit());
 }

@@ -1,0 +1,85 @@
+//! Input files kept open by an engine between loads: opening probes O_DIRECT with a read, so a reload of the same
+//! checkpoint reuses the descriptors. A file is reopened when it changed (device, inode, length or modification
+//! time differ) and closed when the engine is dropped.
+
+use std::collections::HashMap;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use weightlift_format::TensorIndex;
+use weightlift_io::{IoError, OpenFile};
+
+use crate::error::{Error, Result};
+
+/// Files kept at most; past this the cache starts over (a process loading thousands of distinct files gains
+/// nothing from keeping them all open).
+const MAX_FILES: usize = 512;
+
+/// What identifies a file's contents well enough to reuse its descriptors.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Identity {
+    dev: u64,
+    ino: u64,
+    len: u64,
+    mtime_ns: i128,
+}
+
+fn identity(path: &Path) -> Result<Identity> {
+    let m = std::fs::metadata(path).map_err(|cause| Error::Io(IoError::Open { path: path.to_path_buf(), cause }))?;
+    Ok(Identity {
+        dev: m.dev(),
+        ino: m.ino(),
+        len: m.len(),
+        mtime_ns: i128::from(m.mtime()) * 1_000_000_000 + i128::from(m.mtime_nsec()),
+    })
+}
+
+#[derive(Debug, Default)]
+pub(crate) struct FileCache {
+    open: Mutex<HashMap<PathBuf, (Identity, Arc<OpenFile>)>>,
+}
+
+impl FileCache {
+    /// `path`, opened (reusing the descriptors of an unchanged file).
+    pub fn open(&self, path: &Path, want_direct: bool) -> Result<Arc<OpenFile>> {
+        let id = identity(path)?;
+        let mut open = self.open.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((known, f)) = open.get(path) {
+            if *known == id {
+                return Ok(f.clone());
+            }
+        }
+        let f = Arc::new(OpenFile::open(path, want_direct)?);
+        if open.len() >= MAX_FILES {
+            open.clear();
+        }
+        open.insert(path.to_path_buf(), (id, f.clone()));
+        Ok(f)
+    }
+
+    /// The index's files, refusing any whose length changed since the index was read.
+    pub fn open_index(&self, index: &TensorIndex, want_direct: bool) -> Result<Vec<Arc<OpenFile>>> {
+        index
+            .files
+            .iter()
+            .map(|f| {
+                let file = self.open(&f.path, want_direct)?;
+                if file.len != f.len {
+                    return Err(Error::Io(IoError::PastEnd {
+                        path: f.path.clone(),
+                        offset: 0,
+                        len: f.len,
+                        file_len: file.len,
+                    }));
+                }
+                Ok(file)
+            })
+            .collect()
+    }
+
+    /// Closes every cached file.
+    pub fn clear(&self) {
+        self.open.lock().unwrap_or_else(|p| p.into_inner()).clear();
+    }
+}

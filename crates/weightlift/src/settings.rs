@@ -1,0 +1,346 @@
+//! Every setting of the engine, each written once: one row of the table below gives its field, type, default,
+//! `WEIGHTLIFT_*` variable, parser, builder method, description and place in the list every front shows (`--help`,
+//! `weightlift probe`, Python's `weightlift.SETTINGS` and keywords). A value remembers where it came from
+//! ([`Setting`]), so every report says which value was used and why — copy this pattern for new settings.
+
+use std::fmt;
+use std::path::PathBuf;
+use std::str::FromStr;
+
+use weightlift_io::params::defaults;
+use weightlift_io::{CachePolicy, DirectMode, IoParams, ReadEngine, parse_bytes};
+
+use crate::error::{Error, Result};
+
+/// Where a setting's value came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Source {
+    Default,
+    Env,
+    Explicit,
+}
+
+impl fmt::Display for Source {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Source::Default => "default",
+            Source::Env => "environment",
+            Source::Explicit => "set by caller",
+        })
+    }
+}
+
+/// A setting's value and its origin.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Setting<T> {
+    pub value: T,
+    pub source: Source,
+}
+
+/// How GPU loads move data, and which kernel interface reads files.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Backend {
+    /// io_uring (else pread) through the pinned pipeline; cuFile for GPU loads where it runs peer-to-peer.
+    Auto,
+    /// The pipeline, reading with io_uring.
+    Uring,
+    /// The pipeline, reading with blocking `pread` threads.
+    Pread,
+    /// NVIDIA cuFile (GPUDirect Storage) for GPU loads; host loads use the pipeline.
+    Gds,
+    /// GPU-initiated NVMe commands against weightlift's software controller, for GPU loads.
+    NvmeSim,
+}
+
+impl FromStr for Backend {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "auto" => Ok(Backend::Auto),
+            "uring" | "io_uring" | "io-uring" => Ok(Backend::Uring),
+            "pread" => Ok(Backend::Pread),
+            "gds" | "cufile" => Ok(Backend::Gds),
+            "nvme-sim" | "nvme_sim" => Ok(Backend::NvmeSim),
+            _ => Err("expected auto, uring, pread, gds or nvme-sim".into()),
+        }
+    }
+}
+
+impl fmt::Display for Backend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Backend::Auto => "auto",
+            Backend::Uring => "uring",
+            Backend::Pread => "pread",
+            Backend::Gds => "gds",
+            Backend::NvmeSim => "nvme-sim",
+        })
+    }
+}
+
+impl Backend {
+    /// The kernel interface the pipeline uses under this backend.
+    pub fn read_engine(self) -> ReadEngine {
+        match self {
+            Backend::Uring => ReadEngine::Uring,
+            Backend::Pread => ReadEngine::Pread,
+            _ => ReadEngine::Auto,
+        }
+    }
+}
+
+/// One row of the settings table, as the fronts show it.
+#[derive(Clone, Copy, Debug)]
+pub struct SettingDoc {
+    pub name: &'static str,
+    pub env: &'static str,
+    pub default: &'static str,
+    pub meaning: &'static str,
+    /// Values it accepts (for enumerations), for help texts and shell completion.
+    pub values: &'static [&'static str],
+}
+
+/// A value shown in reports.
+trait Shown {
+    fn shown(&self) -> String;
+}
+
+macro_rules! shown_display {
+    ($($t:ty),*) => { $(impl Shown for $t { fn shown(&self) -> String { self.to_string() } })* };
+}
+shown_display!(u32, u64, DirectMode, CachePolicy, Backend);
+
+impl Shown for Option<PathBuf> {
+    fn shown(&self) -> String {
+        self.as_ref().map_or_else(|| "searched".to_string(), |p| p.display().to_string())
+    }
+}
+
+fn bytes(s: &str) -> std::result::Result<u64, String> {
+    parse_bytes(s)
+}
+
+fn count<T: FromStr>(s: &str) -> std::result::Result<T, String> {
+    s.trim().parse::<T>().map_err(|_| "expected a whole number".to_string())
+}
+
+fn named<T: FromStr<Err = String>>(s: &str) -> std::result::Result<T, String> {
+    s.parse::<T>()
+}
+
+fn path(s: &str) -> std::result::Result<Option<PathBuf>, String> {
+    Ok(Some(PathBuf::from(s)))
+}
+
+macro_rules! settings {
+    ($(
+        $name:ident: $ty:ty = $default:expr, $default_text:literal,
+            env $env:literal, parse $parse:expr, values $values:expr,
+            $meaning:literal;
+    )*) => {
+        /// The engine's settings (see the module documentation).
+        #[derive(Clone, Debug)]
+        pub struct Settings {
+            $(#[doc = $meaning] pub $name: Setting<$ty>,)*
+        }
+
+        impl Default for Settings {
+            fn default() -> Self {
+                Settings { $($name: Setting { value: $default, source: Source::Default },)* }
+            }
+        }
+
+        /// Every setting, in the order the fronts list them.
+        pub const SETTINGS: &[SettingDoc] = &[
+            $(SettingDoc { name: stringify!($name), env: $env, default: $default_text, meaning: $meaning, values: $values },)*
+        ];
+
+        impl Settings {
+            $(
+                #[doc = concat!("Sets `", stringify!($name), "` (", $meaning, ").")]
+                pub fn $name(mut self, value: $ty) -> Self {
+                    self.$name = Setting { value, source: Source::Explicit };
+                    self
+                }
+            )*
+
+            /// Sets the setting called `name` from its text form; `Ok(false)` if no setting has that name.
+            fn set_text(&mut self, name: &str, text: &str, source: Source) -> std::result::Result<bool, String> {
+                match name {
+                    $(stringify!($name) => {
+                        self.$name = Setting { value: ($parse)(text)?, source };
+                        Ok(true)
+                    })*
+                    _ => Ok(false),
+                }
+            }
+
+            /// `(name, value, origin)` of every setting, for reports.
+            pub fn describe(&self) -> Vec<(&'static str, String, Source)> {
+                vec![$((stringify!($name), self.$name.value.shown(), self.$name.source),)*]
+            }
+        }
+    };
+}
+
+settings! {
+    chunk_bytes: u64 = defaults::CHUNK_BYTES, "4 MiB", env "WEIGHTLIFT_CHUNK_BYTES", parse bytes, values &[],
+        "largest read of cached pages and largest host→device copy; reads of cold pages take up to 4× this";
+    queue_depth: u32 = defaults::QUEUE_DEPTH, "1", env "WEIGHTLIFT_QUEUE_DEPTH", parse count::<u32>, values &[],
+        "reads in flight per I/O thread";
+    staging_bytes: u64 = defaults::STAGING_BYTES, "256 MiB", env "WEIGHTLIFT_STAGING_BYTES", parse bytes,
+        values &[], "upper bound on staging (pinned) memory, whatever the checkpoint size";
+    threads: u32 = defaults::threads(), "CPU count, at most 8", env "WEIGHTLIFT_THREADS", parse count::<u32>,
+        values &[], "I/O threads (lanes), each with its own ring, staging slots and CUDA stream, kept between loads";
+    direct: DirectMode = DirectMode::Auto, "auto", env "WEIGHTLIFT_DIRECT", parse named::<DirectMode>,
+        values &["auto", "always", "never"],
+        "O_DIRECT policy: auto (cached ranges buffered, cold ranges as the cache setting says), always, never";
+    cache: CachePolicy = CachePolicy::Auto, "auto", env "WEIGHTLIFT_CACHE", parse named::<CachePolicy>,
+        values &["auto", "keep", "bypass"],
+        "what a load leaves in the page cache: keep (cold ranges read buffered, warm for the next process), bypass (O_DIRECT), auto (keep when the files fit in half of the available memory)";
+    backend: Backend = Backend::Auto, "auto", env "WEIGHTLIFT_BACKEND", parse named::<Backend>,
+        values &["auto", "uring", "pread", "gds", "nvme-sim"],
+        "data path: auto (io_uring, else pread, through the pinned pipeline; cuFile for GPU loads where it runs peer-to-peer), uring, pread, gds (cuFile for GPU loads), nvme-sim (GPU-initiated NVMe against the software controller, GPU loads)";
+    prefetch_bytes: u64 = 2 << 30, "2 GiB", env "WEIGHTLIFT_PREFETCH_BYTES", parse bytes, values &[],
+        "streaming loads (safe_open): bytes read ahead of the tensors taken so far";
+    host_cache_bytes: u64 = 1 << 30, "1 GiB", env "WEIGHTLIFT_HOST_CACHE_BYTES", parse bytes, values &[],
+        "freed host buffers kept for reuse by the engine (fresh pages cost more to fault in than to fill)";
+    cufile_lib: Option<PathBuf> = None, "searched", env "WEIGHTLIFT_CUFILE_LIB", parse path, values &[],
+        "path of libcufile to load (searched in the CUDA and Python-wheel folders otherwise); the first engine to open cuFile in a process decides";
+}
+
+/// Settings given by name and text (command-line flags, Python keywords), applied over defaults and the
+/// environment by [`Settings::resolve`]. Every front builds one of these; none parses a setting itself.
+#[derive(Clone, Debug, Default)]
+pub struct Overrides(Vec<(String, String)>);
+
+impl Overrides {
+    pub fn new() -> Overrides {
+        Overrides::default()
+    }
+
+    /// Adds `name = text` (a later value for the same name wins).
+    pub fn set(&mut self, name: impl Into<String>, text: impl Into<String>) -> &mut Self {
+        self.0.push((name.into(), text.into()));
+        self
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+impl Settings {
+    /// Defaults, then every `WEIGHTLIFT_*` variable that is set, then `overrides`. A malformed value or an unknown
+    /// name is an error naming it; the result is validated.
+    pub fn resolve(overrides: &Overrides) -> Result<Settings> {
+        let mut s = Settings::default();
+        for doc in SETTINGS {
+            if let Ok(v) = std::env::var(doc.env) {
+                if !v.trim().is_empty() {
+                    s.set_text(doc.name, v.trim(), Source::Env).map_err(|reason| invalid(doc.env, &v, reason))?;
+                }
+            }
+        }
+        for (name, text) in &overrides.0 {
+            match s.set_text(name, text, Source::Explicit) {
+                Ok(true) => {}
+                Ok(false) => {
+                    let known: Vec<&str> = SETTINGS.iter().map(|d| d.name).collect();
+                    return Err(Error::InvalidArgument(format!(
+                        "unknown setting {name:?}; known: {}",
+                        known.join(", ")
+                    )));
+                }
+                Err(reason) => return Err(invalid(name, text, reason)),
+            }
+        }
+        s.validate()?;
+        Ok(s)
+    }
+
+    /// Defaults overridden by the environment.
+    pub fn from_env() -> Result<Settings> {
+        Settings::resolve(&Overrides::new())
+    }
+
+    /// The storage engine's parameters.
+    pub fn io_params(&self) -> IoParams {
+        IoParams {
+            chunk_bytes: self.chunk_bytes.value,
+            queue_depth: self.queue_depth.value,
+            staging_bytes: self.staging_bytes.value,
+            threads: self.threads.value,
+            direct: self.direct.value,
+            cache: self.cache.value,
+            engine: self.backend.value.read_engine(),
+        }
+    }
+
+    /// Checks every value's range.
+    pub fn validate(&self) -> Result<()> {
+        self.io_params().validate()?;
+        Ok(())
+    }
+
+    /// Who chose the backend, for reports.
+    pub fn backend_origin(&self) -> &'static str {
+        match self.backend.source {
+            Source::Env => "WEIGHTLIFT_BACKEND",
+            Source::Explicit => "the caller",
+            Source::Default => "default",
+        }
+    }
+}
+
+fn invalid(name: &str, value: &str, reason: String) -> Error {
+    Error::Io(weightlift_io::IoError::Setting {
+        name: SETTINGS.iter().find(|d| d.name == name || d.env == name).map_or("setting", |d| d.name),
+        value: value.to_string(),
+        reason,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_row_parses_its_default_and_round_trips() {
+        let d = Settings::default();
+        for (name, value, source) in d.describe() {
+            assert_eq!(source, Source::Default);
+            let mut s = Settings::default();
+            if name == "cufile_lib" {
+                continue;
+            }
+            assert_eq!(s.set_text(name, &value, Source::Explicit), Ok(true), "{name}={value}");
+            assert_eq!(s.describe().iter().find(|r| r.0 == name).map(|r| r.1.clone()), Some(value));
+        }
+        assert_eq!(SETTINGS.len(), d.describe().len());
+    }
+
+    #[test]
+    fn overrides_win_and_name_their_source() {
+        let mut o = Overrides::new();
+        o.set("threads", "3").set("chunk_bytes", "8MiB").set("backend", "pread");
+        let s = Settings::resolve(&o).unwrap();
+        assert_eq!(s.threads, Setting { value: 3, source: Source::Explicit });
+        assert_eq!(s.chunk_bytes.value, 8 << 20);
+        assert_eq!(s.io_params().engine, ReadEngine::Pread);
+    }
+
+    #[test]
+    fn bad_values_and_names_are_errors_naming_them() {
+        let mut o = Overrides::new();
+        o.set("chunk_bytes", "lots");
+        assert!(Settings::resolve(&o).unwrap_err().to_string().contains("chunk_bytes"));
+        let mut o = Overrides::new();
+        o.set("chunk", "4MiB");
+        let e = Settings::resolve(&o).unwrap_err().to_string();
+        assert!(e.contains("unknown setting \"chunk\"") && e.contains("chunk_bytes"), "{e}");
+        let mut o = Overrides::new();
+        o.set("queue_depth", "0");
+        assert!(Settings::resolve(&o).is_err());
+    }
+}
