@@ -5,13 +5,13 @@ use std::path::PathBuf;
 
 use anyhow::Result;
 use serde_json::{Value, json};
-use weightlift_format::{DType, Metadata, RawSpec, TensorIndex};
+use weightlift::format::{DType, Metadata, RawSpec, TensorIndex};
 
 use crate::units;
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
-    /// Checkpoint files: safetensors, model.safetensors.index.json, GGUF, or raw with --raw.
+    /// Checkpoint files: safetensors, model.safetensors.index.json, GGUF, a .wlpack, or raw with --raw.
     #[arg(required = true)]
     pub paths: Vec<PathBuf>,
     /// Print one JSON object instead of a summary.
@@ -33,8 +33,14 @@ pub fn parse_dtype(s: &str) -> Result<DType, String> {
 }
 
 pub fn run(args: &Args) -> Result<()> {
+    if let [path] = args.paths.as_slice()
+        && args.raw.is_none()
+        && crate::packing::is_pack_file(path)
+    {
+        return crate::packing::inspect(path, args.json, args.top);
+    }
     let raw = args.raw.map(|dtype| RawSpec { dtype, count: args.count });
-    let index = weightlift_format::open(&args.paths, raw)?;
+    let index = weightlift::format::open(&args.paths, raw)?;
     if args.json {
         println!("{}", serde_json::to_string(&to_json(&index))?);
     } else {

@@ -8,77 +8,80 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use weightlift::format::synth;
 use weightlift::format::{DType, RawSpec, TensorIndex};
-use weightlift::io::{Backend, DirectMode};
-use weightlift::{Config, Device, Engine, LoadOpts};
+use weightlift::settings::SETTINGS;
+use weightlift::{Device, Engine, LoadOpts, Overrides, Settings};
 
 use crate::inspect::parse_dtype;
 use crate::units;
 
-/// Settings shared by `load` and `bench`; each overrides its `WEIGHTLIFT_*` variable.
+/// Every engine setting as a flag (`--chunk-bytes 8MiB`, `--backend pread`), generated from the settings table:
+/// name, help, accepted values and default come from `weightlift::settings::SETTINGS`, and the values go to the
+/// engine as overrides (parsed and checked there, once).
+#[derive(Debug, Clone, Default)]
+pub struct SettingArgs(pub Overrides);
+
+fn flag(name: &str) -> String {
+    name.replace('_', "-")
+}
+
+impl clap::FromArgMatches for SettingArgs {
+    fn from_arg_matches(m: &clap::ArgMatches) -> Result<Self, clap::Error> {
+        let mut o = Overrides::new();
+        for doc in SETTINGS {
+            if let Some(v) = m.get_one::<String>(doc.name) {
+                o.set(doc.name, v.clone());
+            }
+        }
+        Ok(SettingArgs(o))
+    }
+
+    fn update_from_arg_matches(&mut self, m: &clap::ArgMatches) -> Result<(), clap::Error> {
+        *self = Self::from_arg_matches(m)?;
+        Ok(())
+    }
+}
+
+impl clap::Args for SettingArgs {
+    fn augment_args(mut cmd: clap::Command) -> clap::Command {
+        for doc in SETTINGS {
+            let mut arg = clap::Arg::new(doc.name)
+                .long(flag(doc.name))
+                .value_name(if doc.values.is_empty() { "VALUE" } else { "MODE" })
+                .help(format!("{} [env: {}] [default: {}]", doc.meaning, doc.env, doc.default))
+                .help_heading("Engine settings");
+            if !doc.values.is_empty() {
+                arg = arg.value_parser(clap::builder::PossibleValuesParser::new(doc.values.iter().copied()));
+            }
+            cmd = cmd.arg(arg);
+        }
+        cmd
+    }
+
+    fn augment_args_for_update(cmd: clap::Command) -> clap::Command {
+        Self::augment_args(cmd)
+    }
+}
+
+/// Where tensors go, and the engine settings; shared by `load` and `bench`.
 #[derive(clap::Args, Debug, Clone)]
 pub struct EngineArgs {
-    /// Where tensors go: auto (cuda:0 if a GPU is usable, else cpu), cpu, cuda, cuda:N.
+    /// Where tensors go: auto (cuda:0 if a GPU is usable, else cpu), cpu, cpu:pinned, cuda, cuda:N.
     #[arg(long, default_value = "auto")]
     pub device: String,
-    /// Largest single read and staging slot size [env: WEIGHTLIFT_CHUNK_BYTES].
-    #[arg(long, value_parser = units::parse_size)]
-    pub chunk_bytes: Option<u64>,
-    /// Reads in flight per I/O thread [env: WEIGHTLIFT_QUEUE_DEPTH].
-    #[arg(long)]
-    pub queue_depth: Option<u32>,
-    /// Bound on staging memory [env: WEIGHTLIFT_STAGING_BYTES].
-    #[arg(long, value_parser = units::parse_size)]
-    pub staging_bytes: Option<u64>,
-    /// I/O threads [env: WEIGHTLIFT_THREADS].
-    #[arg(long)]
-    pub threads: Option<u32>,
-    /// O_DIRECT policy: auto, always, never [env: WEIGHTLIFT_DIRECT].
-    #[arg(long, value_parser = parse_direct)]
-    pub direct: Option<DirectMode>,
-    /// Read engine: auto, uring, pread, gds, nvme-sim [env: WEIGHTLIFT_IO].
-    #[arg(long = "io", visible_alias = "backend", value_parser = parse_backend)]
-    pub backend: Option<Backend>,
-}
-
-fn parse_direct(s: &str) -> Result<DirectMode, String> {
-    s.parse()
-}
-
-fn parse_backend(s: &str) -> Result<Backend, String> {
-    s.parse()
+    #[command(flatten)]
+    pub settings: SettingArgs,
 }
 
 impl EngineArgs {
-    pub fn config(&self) -> Result<Config> {
-        let mut c = Config::from_env()?;
-        let mut io = c.io;
-        if let Some(v) = self.chunk_bytes {
-            io = io.chunk_bytes(v);
-        }
-        if let Some(v) = self.queue_depth {
-            io = io.queue_depth(v);
-        }
-        if let Some(v) = self.staging_bytes {
-            io = io.staging_bytes(v);
-        }
-        if let Some(v) = self.threads {
-            io = io.threads(v);
-        }
-        if let Some(v) = self.direct {
-            io = io.direct(v);
-        }
-        if let Some(v) = self.backend {
-            io = io.backend(v);
-        }
-        io.validate()?;
-        c.io = io;
-        Ok(c)
+    /// Defaults, then `WEIGHTLIFT_*` variables, then the flags given.
+    pub fn settings(&self) -> Result<Settings> {
+        Ok(Settings::resolve(&self.settings.0)?)
     }
 
     /// The device to load onto, and why.
     pub fn device(&self) -> Result<(Device, String)> {
         if self.device.eq_ignore_ascii_case("auto") {
-            return Ok(match weightlift_cuda::available() {
+            return Ok(match weightlift::cuda::available() {
                 Ok(d) => (Device::Cuda(0), format!("auto: {} CUDA device(s) found, using cuda:0", d.devices)),
                 Err(why) => (Device::Cpu, format!("auto: no usable GPU ({why}); loading into host memory")),
             });
@@ -113,6 +116,13 @@ pub struct Args {
     /// For GPU loads: skip measuring the pinned host→device copy ceiling after the load.
     #[arg(long)]
     pub no_ceiling: bool,
+    /// A transformers model folder (config.json with model.safetensors or model.safetensors.index.json): report the
+    /// architecture (from config.json), the parameter count (elements of the tensors in the safetensors headers)
+    /// and the time until every weight is loaded on the device. "Ready" here means the weights are in device
+    /// memory; the Python model object around them is built by weightlift.transformers.from_pretrained, which
+    /// adds transformers' model construction (the CLI cannot build a Python model).
+    #[arg(long, value_name = "DIR", conflicts_with_all = ["paths", "raw"])]
+    pub model: Option<PathBuf>,
 }
 
 /// The cache directory for generated checkpoints: `$WEIGHTLIFT_CACHE`, else `$XDG_CACHE_HOME/weightlift`, else
@@ -160,6 +170,9 @@ pub fn demo_checkpoint(dir: &std::path::Path, size: u64, quiet: bool) -> Result<
 }
 
 pub fn run(args: &Args) -> Result<()> {
+    if let Some(dir) = &args.model {
+        return crate::model::run(dir, args);
+    }
     let paths = if args.paths.is_empty() {
         vec![demo_checkpoint(&cache_dir(), args.demo_size, args.json)?]
     } else {
@@ -168,7 +181,7 @@ pub fn run(args: &Args) -> Result<()> {
     let raw = args.raw.map(|dtype| RawSpec { dtype, count: args.count });
     let index = weightlift::format::open(&paths, raw)?;
     let (device, why) = args.engine.device()?;
-    let mut engine = Engine::new(args.engine.config()?)?;
+    let engine = Engine::new(args.engine.settings()?)?;
     let mut loaded = with_progress(index.total_bytes(), |progress| {
         engine.load(&index, device, &LoadOpts { progress: Some(progress), ..LoadOpts::default() })
     })?;
@@ -178,7 +191,7 @@ pub fn run(args: &Args) -> Result<()> {
     }
     if let (Device::Cuda(n), false) = (device, args.no_ceiling) {
         let gpu = engine.gpu(n)?;
-        let rates = weightlift_cuda::pinned_h2d_gbps(&gpu, 256 << 20, 3)?;
+        let rates = weightlift::cuda::pinned_h2d_gbps(&gpu, 256 << 20, 3)?;
         loaded.report.ceiling_gbps = Some(rates.iter().copied().fold(0.0, f64::max));
     }
     if args.json {

@@ -2,9 +2,10 @@
 #![forbid(unsafe_code)]
 
 mod bench;
-mod bench_gpu;
 mod inspect;
 mod load;
+mod model;
+mod packing;
 mod plot;
 mod units;
 
@@ -13,7 +14,7 @@ use std::process::ExitCode;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand, ValueEnum};
-use weightlift_format::synth;
+use weightlift::format::synth;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -23,8 +24,28 @@ use weightlift_format::synth;
     after_help = "Settings: every engine option also reads its WEIGHTLIFT_* environment variable (see `weightlift load --help`)."
 )]
 struct Cli {
+    /// Log what the engine decides and warns about to stderr (-v: decisions, -vv: per-load detail); RUST_LOG
+    /// overrides.
+    #[arg(short, long, global = true, action = clap::ArgAction::Count)]
+    verbose: u8,
     #[command(subcommand)]
     command: Command,
+}
+
+/// Sends the engine's `tracing` events to stderr: warnings always, more with `-v`.
+fn install_logging(verbose: u8) {
+    let level = match verbose {
+        0 => "warn",
+        1 => "info",
+        _ => "debug",
+    };
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
+        tracing_subscriber::EnvFilter::new(format!(
+            "weightlift={level},weightlift_io={level},weightlift_cuda={level},weightlift_nvme={level}"
+        ))
+    });
+    let _ =
+        tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_target(false).try_init();
 }
 
 #[derive(Subcommand, Debug)]
@@ -40,6 +61,12 @@ enum Command {
     /// Show what this machine offers (CUDA devices, PCIe links, io_uring, cuFile, O_DIRECT) and what weightlift
     /// would choose for PATH.
     Probe(ProbeArgs),
+    /// Pack a checkpoint into a .wlpack: byte planes compressed per chunk for GPU decompression, xxh3 per chunk.
+    Pack(packing::PackArgs),
+    /// Give back the original files of a .wlpack, byte for byte (every chunk's checksum checked).
+    Unpack(packing::UnpackArgs),
+    /// Write (or check) a manifest of xxh3 checksums of every tensor of a plain checkpoint.
+    Checksum(packing::ChecksumArgs),
 }
 
 #[derive(clap::Args, Debug)]
@@ -92,12 +119,16 @@ enum FormatArg {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    install_logging(cli.verbose);
     let result = match cli.command {
         Command::Inspect(args) => inspect::run(&args),
         Command::Generate(args) => generate(&args),
         Command::Load(args) => load::run(&args),
         Command::Bench(args) => bench::run(&args),
         Command::Probe(args) => probe(&args),
+        Command::Pack(args) => packing::pack(&args),
+        Command::Unpack(args) => packing::unpack(&args),
+        Command::Checksum(args) => packing::checksum(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -145,6 +176,10 @@ fn probe(args: &ProbeArgs) -> Result<()> {
         _ => println!("io_uring: unavailable ({})", s(&v["io_uring"]["reason"])),
     }
     println!("read engine: {}", s(&v["backend"]));
+    match v["gpu_path"].get("reason") {
+        Some(r) => println!("GPU path: {}", s(r)),
+        None => println!("GPU path: {}", s(&v["gpu_path"]["error"])),
+    }
     if let Some(f) = v["file"].as_object() {
         if let Some(e) = f.get("error") {
             println!("{}: {}", s(&f["path"]), s(e));

@@ -3,7 +3,7 @@
 /// Parses `123`, `4k`, `4KiB`, `512MiB`, `1GiB` (binary units for both spellings, as storage tools do) — the same
 /// parser the `WEIGHTLIFT_*` byte settings use.
 pub fn parse_size(s: &str) -> Result<u64, String> {
-    weightlift::io::config::parse_bytes(s).map_err(|e| format!("{s:?}: {e} (try 1GiB, 512MiB, 4096)"))
+    weightlift::io::parse_bytes(s).map_err(|e| format!("{s:?}: {e} (try 1GiB, 512MiB, 4096)"))
 }
 
 /// `4.18 GiB`, `512 B`.

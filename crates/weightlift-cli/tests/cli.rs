@@ -5,7 +5,7 @@ use std::path::Path;
 use std::process::{Command, Output};
 
 use serde_json::Value;
-use weightlift_format::corpus;
+use weightlift::format::corpus;
 
 fn weightlift(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_weightlift")).args(args).output().expect("run weightlift")
@@ -108,4 +108,101 @@ fn aligned_generation_starts_every_tensor_on_4k() {
     let v = inspect_json(&path);
     assert_eq!(v["tensor_count"], 40);
     assert_eq!(v["aligned_4k"], 40);
+}
+
+#[test]
+fn load_model_reports_architecture_parameters_and_time() {
+    let dir = tempfile::tempdir().unwrap();
+    let weights = dir.path().join("model.safetensors");
+    let out = weightlift(&["generate", weights.to_str().unwrap(), "--size", "2MiB", "--seed", "3"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let config = r#"{"architectures": ["LlamaForCausalLM"], "model_type": "llama", "num_hidden_layers": 2}"#;
+    std::fs::write(dir.path().join("config.json"), config).unwrap();
+    let d = dir.path().to_str().unwrap();
+    let out = weightlift(&["load", "--model", d, "--device", "cpu", "--verify", "--json"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let m = &v["model"];
+    assert_eq!(m["architecture"], "LlamaForCausalLM");
+    assert_eq!(m["layers"], 2);
+    let elements: u64 = inspect_json(&weights)["tensors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["shape"].as_array().unwrap().iter().map(|d| d.as_u64().unwrap()).product::<u64>())
+        .sum();
+    assert!(elements > 0);
+    assert_eq!(m["parameters"].as_u64(), Some(elements));
+    assert!(m["weights_ready_seconds"].as_f64().unwrap() > 0.0);
+    assert_eq!(v["verified"], true);
+    let out = weightlift(&["load", "--model", d, "--device", "cpu"]);
+    assert!(String::from_utf8_lossy(&out.stdout).contains("LlamaForCausalLM (llama)"));
+
+    // Weights weightlift cannot read, a folder without config.json, and --model beside paths: one line, status 2.
+    std::fs::rename(&weights, dir.path().join("pytorch_model.bin")).unwrap();
+    let out = weightlift(&["load", "--model", d, "--device", "cpu"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("pytorch_model.bin; weightlift reads safetensors"), "{}", stderr(&out));
+    std::fs::remove_file(dir.path().join("config.json")).unwrap();
+    let out = weightlift(&["load", "--model", d, "--device", "cpu"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("config.json"), "{}", stderr(&out));
+    assert_eq!(stderr(&out).lines().count(), 1);
+    let out = weightlift(&["load", "--model", d, "x.safetensors"]);
+    assert_eq!(out.status.code(), Some(2));
+}
+
+/// Runs weightlift with a deadline: a command that blocks fails the test instead of hanging it.
+fn weightlift_within(args: &[&str], deadline: std::time::Duration) -> Output {
+    use std::process::Stdio;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_weightlift"))
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run weightlift");
+    let t0 = std::time::Instant::now();
+    while child.try_wait().expect("wait").is_none() {
+        if t0.elapsed() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("weightlift {args:?} blocked for {deadline:?}");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    child.wait_with_output().expect("collect output")
+}
+
+#[test]
+fn fifos_sockets_devices_and_directories_fail_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("model.safetensors");
+    let bare_fifo = dir.path().join("checkpoint");
+    for f in [&fifo, &bare_fifo] {
+        assert!(Command::new("mkfifo").arg(f).status().expect("run mkfifo").success());
+    }
+    let sock = dir.path().join("model.gguf");
+    let _listener = std::os::unix::net::UnixListener::bind(&sock).unwrap();
+    let d = dir.path().to_str().unwrap();
+    let (fifo, bare_fifo, sock) = (fifo.to_str().unwrap(), bare_fifo.to_str().unwrap(), sock.to_str().unwrap());
+    let cases: &[(&[&str], &str, &str)] = &[
+        (&["inspect", fifo], fifo, "is a FIFO"),
+        (&["inspect", bare_fifo], bare_fifo, "is a FIFO"),
+        (&["inspect", "--raw", "U8", fifo], fifo, "is a FIFO"),
+        (&["load", "--device", "cpu", fifo], fifo, "is a FIFO"),
+        (&["load", "--device", "cpu", "--raw", "U8", bare_fifo], bare_fifo, "is a FIFO"),
+        (&["inspect", sock], sock, "is a socket"),
+        (&["load", "--device", "cpu", sock], sock, "is a socket"),
+        (&["inspect", "/dev/null"], "/dev/null", "is a character device"),
+        (&["load", "--device", "cpu", "--raw", "U8", "/dev/zero"], "/dev/zero", "is a character device"),
+        (&["inspect", d], d, "is a directory"),
+        (&["load", "--device", "cpu", d], d, "is a directory"),
+    ];
+    for (args, path, what) in cases {
+        let out = weightlift_within(args, std::time::Duration::from_secs(20));
+        let err = stderr(&out);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert_eq!(err.lines().count(), 1, "{args:?}: {err}");
+        assert!(err.contains(path) && err.contains(what), "{args:?}: {err}");
+    }
 }
