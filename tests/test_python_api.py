@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -118,6 +119,42 @@ def test_safe_open_reads_what_is_asked(files, device):
         assert torch.equal(sl[2], sr[2])
         with pytest.raises(KeyError):
             f.get_tensor("nope")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("name", ["llama", "small", "upstream"])
+@pytest.mark.parametrize("order", ["file", "random", "reversed"])
+def test_streaming_safe_open_gives_every_tensor_in_any_order(files, device, name, order):
+    path = files[name]
+    ref = st.load_file(str(path), device=device)
+    eng = weightlift.Loader(device=device, prefetch_bytes="2MiB")._engine
+    with weightlift.safe_open(path, framework="pt", device=device, engine=eng) as f:
+        keys = f.offset_keys()
+        if order == "random":
+            random.Random(3).shuffle(keys)
+        elif order == "reversed":
+            keys.reverse()
+        for k in keys:
+            g = f.get_tensor(k)
+            assert g.dtype == ref[k].dtype and g.shape == ref[k].shape and raw_bytes(g) == raw_bytes(ref[k]), k
+        # Asked again: read again, the same bytes.
+        assert raw_bytes(f.get_tensor(keys[0])) == raw_bytes(ref[keys[0]])
+    stats = f.stream_stats()
+    total = sum(t.numel() * t.element_size() for t in ref.values())
+    assert stats["streamed_bytes"] + stats["on_demand_bytes"] >= total
+    assert stats["wasted_bytes"] == 0
+    if order == "file":
+        assert stats["on_demand_reads"] == 0, stats
+
+
+def test_streaming_safe_open_counts_what_it_read_ahead_for_nothing(files):
+    eng = weightlift.Loader(device="cpu", prefetch_bytes="4MiB")._engine
+    with weightlift.safe_open(files["llama"], framework="pt", engine=eng) as f:
+        first = f.offset_keys()[0]
+        f.get_tensor(first)
+        time.sleep(0.3)
+    stats = f.stream_stats()
+    assert 0 < stats["wasted_bytes"] <= 4 * (1 << 20) + os.path.getsize(files["llama"]) // 4, stats
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -323,7 +360,15 @@ def test_probe_and_reports(files):
     r = weightlift.last_report()
     for key in ("bytes", "seconds", "gbps", "backend", "direct_bytes", "buffered_bytes", "peak_staging_bytes"):
         assert key in r
-    assert [s[0] for s in weightlift.SETTINGS] == ["chunk_bytes", "queue_depth", "staging_bytes", "threads", "direct", "host_cache_bytes", "backend"]
+    names = [s.name for s in weightlift.SETTINGS]
+    assert names[:5] == ["chunk_bytes", "queue_depth", "staging_bytes", "threads", "direct"]
+    assert {"cache", "backend", "prefetch_bytes", "host_cache_bytes"} <= set(names)
+    assert all(s.env == "WEIGHTLIFT_" + s.name.upper() for s in weightlift.SETTINGS)
+    # One name per setting everywhere: every row is a keyword the engine takes, reported back under that name.
+    loader = weightlift.Loader(device="cpu", **{s.name: s.default for s in weightlift.SETTINGS if s.values})
+    assert set(loader.settings()) == set(names)
+    with pytest.raises(weightlift.InvalidArgumentError, match="unknown setting"):
+        weightlift.Loader(device="cpu", io="pread")
 
 
 @pytest.mark.skipif(not GPU, reason="needs a CUDA device")

@@ -9,8 +9,10 @@ The APIs of the tools it replaces, with their names, arguments and results:
 - cuFile (GPUDirect Storage): :mod:`weightlift.cufile` (``Session``: handles, buffers, read/write, async, batch,
   vectored I/O)
 - :func:`load_into` (weights straight into a ``torch.nn.Module``), :func:`probe`, :func:`last_report`
+- several processes on ``torch.distributed``, each byte read once: :mod:`weightlift.distributed`
 
 Settings (keyword arguments of :class:`Loader`, or environment variables) are listed in :data:`SETTINGS`.
+The engine's ``tracing`` events (decisions, warnings) reach the ``logging`` logger ``weightlift``.
 Errors derive from :class:`WeightliftError`.
 """
 
@@ -20,11 +22,13 @@ import os
 from typing import Any, Union
 
 from . import _errors, _native, cufile
+from . import distributed
 from ._errors import (
     CudaError,
     FormatError,
     InvalidArgumentError,
     IoError,
+    NotARegularFileError,
     OutOfMemoryError,
     TensorNotFoundError,
     WeightliftError,
@@ -40,8 +44,10 @@ from .safetensors import load_file, safe_open, save, save_file
 
 __version__: str = _native.__version__
 
-#: Every engine setting: (keyword, environment variable, default, meaning).
-SETTINGS: list[tuple[str, str, str, str]] = [tuple(s) for s in _native.SETTINGS]
+#: Every engine setting, as the engine's settings table has it: ``.name`` (the keyword of :class:`Loader`,
+#: ``load_file(backend=...)`` and friends), ``.env`` (its ``WEIGHTLIFT_*`` variable), ``.default``, ``.meaning``,
+#: ``.values`` (accepted values, for enumerations).
+SETTINGS: "list[_native.SettingInfo]" = list(_native.SETTINGS)
 
 
 def probe(path: Union[str, "os.PathLike[str]", None] = None) -> dict[str, Any]:
@@ -72,6 +78,7 @@ __all__ = [
     "GdsFile",
     "load_gguf",
     "cufile",
+    "distributed",
     "GGUFCheckpoint",
     "load_into",
     "probe",

@@ -67,33 +67,23 @@ def dtype_name(dtype: "torch.dtype") -> str:
 
 
 def normalize_device(device: Any) -> str:
-    """'cpu', 'cuda', 'cuda:N', torch.device or an int (a CUDA ordinal) → the engine's device string."""
+    """None (cpu), an int (a CUDA ordinal), a ``torch.device`` or a device string → the engine's device string.
+    Plain ``cuda`` means PyTorch's current device; every other string is parsed by the engine."""
     if device is None:
         return "cpu"
     if isinstance(device, int):
         return f"cuda:{device}"
     s = str(device).strip().lower()
-    if s == "cuda":
+    if s in ("cuda", "gpu"):
         t = torch_module()
         index = t.cuda.current_device() if t.cuda.is_available() else 0
         return f"cuda:{index}"
-    if s in ("cpu", "cpu:pinned") or s.startswith("cuda:"):
-        return s
-    raise InvalidArgumentError(f"{device!r} is not a device (cpu, cuda, cuda:N)")
-
-
-_SETTING_NAMES = ("chunk_bytes", "queue_depth", "staging_bytes", "threads", "direct", "io")
-
-
-def check_settings(settings: dict[str, Any]) -> dict[str, Any]:
-    unknown = set(settings) - set(_SETTING_NAMES)
-    if unknown:
-        raise InvalidArgumentError(f"unknown setting(s) {sorted(unknown)}; known: {', '.join(_SETTING_NAMES)}")
-    return settings
+    return _native.parse_device_string(s)
 
 
 def new_engine(**settings: Any) -> "_native.NativeEngine":
-    return _native.NativeEngine(**check_settings(settings))
+    """An engine with ``settings`` (names of :data:`weightlift.SETTINGS`) over the environment and defaults."""
+    return _native.NativeEngine(**settings)
 
 
 _shared_lock = threading.Lock()
@@ -112,7 +102,7 @@ def shared_engine() -> "_native.NativeEngine":
         return _shared
 
 
-def _check_cuda(device: str) -> None:
+def check_cuda(device: str) -> None:
     if device.startswith("cuda"):
         ok, why = _native.cuda_status()
         if not ok:
@@ -120,8 +110,13 @@ def _check_cuda(device: str) -> None:
 
 
 def load_ranges(engine, paths: Sequence[str], ranges: Sequence[tuple[int, int, int]], device: str):
-    _check_cuda(device)
+    check_cuda(device)
     return engine.load_ranges([os.fspath(p) for p in paths], list(ranges), device)
+
+
+def info_tensor(buffer, info: "_native.TensorInfo") -> "torch.Tensor":
+    """A loaded tensor's buffer as the tensor its :class:`TensorInfo` describes (block-quantized types as uint8)."""
+    return as_tensor(buffer, "U8" if info.quantized else info.dtype, info.storage_shape)
 
 
 def as_tensor(buffer, dtype_name_: str, shape: Sequence[int]) -> "torch.Tensor":

@@ -29,6 +29,11 @@ class WeightliftIsADirectoryError(IoError, IsADirectoryError):
     """A path names a directory where a file was expected."""
 
 
+class NotARegularFileError(IoError):
+    """A path names a FIFO, a socket or a device where a regular file was expected: refused at once, before any
+    open or read that could block."""
+
+
 class CudaError(WeightliftError, RuntimeError):
     """The CUDA driver is missing or refused an operation."""
 
@@ -55,6 +60,7 @@ __all__ = [
     "WeightliftFileNotFoundError",
     "WeightliftPermissionError",
     "WeightliftIsADirectoryError",
+    "NotARegularFileError",
     "CudaError",
     "OutOfMemoryError",
     "InvalidArgumentError",

@@ -17,8 +17,8 @@ PathLike = Union[str, "os.PathLike[str]"]
 
 
 class Loader:
-    """Loads raw files as 1-D tensors. Settings (``chunk_bytes``, ``queue_depth``, ``staging_bytes``, ``threads``,
-    ``direct``, ``io``) default to the ``WEIGHTLIFT_*`` environment variables. Safe to share between threads."""
+    """Loads raw files as 1-D tensors. Settings (any name of :data:`weightlift.SETTINGS`, e.g. ``threads=8``)
+    default to the ``WEIGHTLIFT_*`` environment variables. Safe to share between threads."""
 
     def __init__(self, device: Union[str, int, "torch.device"] = "cuda", **settings: Any):
         self.device = _core.normalize_device(device)
@@ -42,7 +42,7 @@ class Loader:
         paths = [os.fspath(p) for p, _ in items]
         for p, n in items:
             # Validates the element count against the file (a typed error naming the file if it is too short).
-            _native.inspect([os.fspath(p)], name, int(n))
+            _native.Checkpoint([os.fspath(p)], name, int(n))
         size = t.empty((), dtype=dtype).element_size()
         ranges = [(i, 0, int(n) * size) for i, (_, n) in enumerate(items)]
         buffers = _core.load_ranges(self._engine, paths, ranges, dev)

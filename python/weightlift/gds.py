@@ -3,29 +3,38 @@ storages (host or GPU), and ``pread``/``pwrite`` returning the bytes done."""
 
 from __future__ import annotations
 
+import errno
 import os
+import stat
 from typing import TYPE_CHECKING, Any, Union
 
-from . import _core
-from ._errors import InvalidArgumentError, IoError
+from . import _core, _native
+from ._errors import InvalidArgumentError, IoError, NotARegularFileError
 
 if TYPE_CHECKING:
     import torch
 
 PathLike = Union[str, "os.PathLike[str]"]
 
-_MODES = {"r": (True, False), "rb": (True, False), "w": (False, True), "wb": (False, True), "r+": (True, True), "rb+": (True, True), "w+": (True, True)}
-
-
 def _mode(mode: Union[str, int]) -> tuple[bool, bool, bool]:
-    """(readable, writable, truncate) for a mode string or os.O_* flags (torch's GdsFile takes flags)."""
+    """(readable, writable, truncate) for a mode string (parsed by the engine) or os.O_* flags (torch's GdsFile
+    takes flags)."""
     if isinstance(mode, int):
         acc = mode & os.O_ACCMODE
         return acc in (os.O_RDONLY, os.O_RDWR), acc in (os.O_WRONLY, os.O_RDWR), bool(mode & os.O_TRUNC)
-    if mode not in _MODES:
-        raise InvalidArgumentError(f"mode {mode!r}: expected r, w, r+ or w+ (or os.O_* flags)")
-    r, w = _MODES[mode]
-    return r, w, mode.startswith("w")
+    if not isinstance(mode, str):
+        raise InvalidArgumentError(f"mode {mode!r}: expected a mode string (r, w, r+, w+) or os.O_* flags")
+    readable, writable, _create, truncate, _direct = _native.parse_file_mode(mode)
+    return readable, writable, truncate
+
+
+def _refuse_non_regular(path: str, mode: int) -> None:
+    """Raises NotARegularFileError for a FIFO, socket or device (the engine refuses them on every read)."""
+    if stat.S_ISREG(mode) or stat.S_ISDIR(mode):  # directories: the open's own error says it
+        return
+    kinds = ((stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"))
+    kind = next((name for test, name in kinds if test(mode)), "not a regular file")
+    raise NotARegularFileError(f"{path}: is {kind}, not a regular file")
 
 
 def _memory(obj: Any) -> tuple[int, int, str]:
@@ -52,14 +61,23 @@ class File:
         self.path = os.fspath(filename)
         self.readable, self.writable, truncate = _mode(mode)
         if self.writable:
-            flags = os.O_WRONLY | os.O_CREAT | (os.O_TRUNC if truncate else 0)
+            if os.path.exists(self.path):
+                _refuse_non_regular(self.path, os.stat(self.path).st_mode)
+            # O_NONBLOCK: if the path became a FIFO meanwhile, the open fails at once (ENXIO) instead of waiting.
+            flags = os.O_WRONLY | os.O_CREAT | os.O_NONBLOCK | (os.O_TRUNC if truncate else 0)
             try:
-                os.close(os.open(self.path, flags, 0o644))
+                fd = os.open(self.path, flags, 0o644)
             except OSError as e:
-                from ._errors import WeightliftFileNotFoundError, WeightliftPermissionError
+                from ._errors import WeightliftFileNotFoundError, WeightliftIsADirectoryError, WeightliftPermissionError
 
-                cls = {2: WeightliftFileNotFoundError, 13: WeightliftPermissionError}.get(e.errno, IoError)
+                if e.errno == errno.ENXIO:
+                    _refuse_non_regular(self.path, os.stat(self.path).st_mode)
+                cls = {errno.ENOENT: WeightliftFileNotFoundError, errno.EACCES: WeightliftPermissionError, errno.EISDIR: WeightliftIsADirectoryError}.get(e.errno, IoError)
                 raise cls(f"{self.path}: cannot open for writing: {e.strerror}") from e
+            try:
+                _refuse_non_regular(self.path, os.fstat(fd).st_mode)
+            finally:
+                os.close(fd)
         elif not os.path.exists(self.path):
             from ._errors import WeightliftFileNotFoundError
 

@@ -33,22 +33,15 @@ class GGUFCheckpoint:
 def load_gguf(path: PathLike, device: Union[str, int, "torch.device"] = "cpu", *, engine=None) -> GGUFCheckpoint:
     """Loads every tensor of a GGUF file onto ``device``."""
     dev = _core.normalize_device(device)
-    info = _native.inspect([os.fspath(path)])
-    if info["format"] != "gguf":
-        raise FormatError(f"{path}: not a GGUF file (it is {info['format']})")
-    ggml = _native.ggml_types()
-    plain = set(_core.torch_dtypes())
-    tensors = info["tensors"]
-    buffers = _core.load_ranges(engine or _core.shared_engine(), [info["files"][0]["path"]], [(0, off, n) for (_, _, _, _, off, n) in tensors], dev)
-    out = GGUFCheckpoint(metadata=info["files"][0]["metadata"] or {})
-    for (name, dtype, shape, _, _, nbytes), buf in zip(tensors, buffers):
-        out.types[name] = dtype
-        out.shapes[name] = tuple(shape)
-        if dtype in plain:
-            out.tensors[name] = _core.as_tensor(buf, dtype, shape)
-        else:
-            _, block, size = ggml[dtype]
-            rows = list(shape[:-1]) or []
-            inner = shape[-1] if shape else 1
-            out.tensors[name] = _core.as_tensor(buf, "U8", [*rows, inner // block * size])
+    _core.check_cuda(dev)
+    ckpt = _native.Checkpoint([os.fspath(path)])
+    if ckpt.format != "gguf":
+        raise FormatError(f"{path}: not a GGUF file (it is {ckpt.format})")
+    infos = ckpt.tensors
+    buffers = ckpt.load(engine or _core.shared_engine(), dev)
+    out = GGUFCheckpoint(metadata=ckpt.files[0]["metadata"] or {})
+    for info, buf in zip(infos, buffers):
+        out.types[info.name] = info.dtype
+        out.shapes[info.name] = tuple(info.shape)
+        out.tensors[info.name] = _core.info_tensor(buf, info)
     return out

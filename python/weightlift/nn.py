@@ -6,8 +6,8 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Sequence, Union
 
-from . import _core, _native
-from .safetensors import _load_tensors, _paths
+from . import _core
+from .safetensors import _checkpoint, _load_tensors
 
 if TYPE_CHECKING:
     import torch
@@ -28,9 +28,9 @@ def load_into(
     device). Returns torch's ``_IncompatibleKeys(missing_keys, unexpected_keys)``; with ``strict`` a mismatch raises
     the ``RuntimeError`` torch would, before anything is read."""
     t = _core.torch_module()
-    info = _native.inspect(_paths(path))
+    ckpt = _checkpoint(path)
     expected = list(model.state_dict(keep_vars=True).keys())
-    in_file = {name for name, *_ in info["tensors"]}
+    in_file = {i.name for i in ckpt.tensors}
     missing = [k for k in expected if k not in in_file]
     present = set(expected)
     unexpected = sorted(k for k in in_file if k not in present)
@@ -44,6 +44,6 @@ def load_into(
     if device is None:
         first = next(iter(model.parameters()), None)
         device = "cpu" if first is None or first.device.type == "meta" else first.device
-    tensors = _load_tensors(info, [k for k in expected if k in in_file], _core.normalize_device(device), engine)
+    tensors = _load_tensors(ckpt, [k for k in expected if k in in_file], _core.normalize_device(device), engine)
     model.load_state_dict(tensors, strict=False, assign=True)
     return t.nn.modules.module._IncompatibleKeys(missing, unexpected)

@@ -21,6 +21,13 @@ def _paths(path: Union[PathLike, Sequence[PathLike]]) -> list[str]:
     return [os.fspath(p) for p in path]
 
 
+def _checkpoint(filename: Union[PathLike, Sequence[PathLike]]) -> "_native.Checkpoint":
+    ckpt = _native.Checkpoint(_paths(filename))
+    if ckpt.format != "safetensors":
+        raise FormatError(f"{filename}: not a safetensors checkpoint (it is {ckpt.format}); use load_gguf for GGUF")
+    return ckpt
+
+
 def load_file(
     filename: Union[PathLike, Sequence[PathLike]],
     device: Union[str, int, "torch.device"] = "cpu",
@@ -30,69 +37,64 @@ def load_file(
 ) -> dict[str, "torch.Tensor"]:
     """Loads every tensor of a safetensors checkpoint — one file, several shards, or a
     ``model.safetensors.index.json`` — onto ``device`` ("cpu", "cuda", "cuda:N"), as ``safetensors.torch.load_file``
-    does. Tensors on a GPU are ready for work on the current stream when this returns. ``backend`` picks the read
-    engine for this call ("auto", "uring", "pread", "gds", "nvme-sim"; default: ``WEIGHTLIFT_IO`` or auto)."""
+    does. Tensors on a GPU are ready for work on the current stream when this returns. ``backend`` picks the data
+    path for this call (one of the ``backend`` setting's values; default: ``WEIGHTLIFT_BACKEND`` or auto)."""
     dev = _core.normalize_device(device)
     if backend is not None and engine is None:
-        engine = _core.new_engine(io=backend)
-    info = _native.inspect(_paths(filename))
-    if info["format"] not in ("safetensors",):
-        raise FormatError(f"{filename}: not a safetensors checkpoint (it is {info['format']}); use load_gguf for GGUF")
-    return _load_tensors(info, None, dev, engine)
+        engine = _core.new_engine(backend=backend)
+    return _load_tensors(_checkpoint(filename), None, dev, engine)
 
 
-def _load_tensors(info: dict, names: "Sequence[str] | None", device: str, engine) -> dict[str, "torch.Tensor"]:
-    tensors = info["tensors"]
-    if names is not None:
-        by_name = {t[0]: t for t in tensors}
-        missing = [n for n in names if n not in by_name]
-        if missing:
-            raise TensorNotFoundError(f"no tensor {missing[0]!r} in {', '.join(f['path'] for f in info['files'])}")
-        tensors = [by_name[n] for n in names]
-    paths = [f["path"] for f in info["files"]]
-    ranges = [(file, offset, nbytes) for (_, _, _, file, offset, nbytes) in tensors]
-    buffers = _core.load_ranges(engine or _core.shared_engine(), paths, ranges, device)
-    return {name: _core.as_tensor(buf, dtype, shape) for (name, dtype, shape, *_), buf in zip(tensors, buffers)}
+def _load_tensors(ckpt: "_native.Checkpoint", names: "Sequence[str] | None", device: str, engine) -> dict[str, "torch.Tensor"]:
+    _core.check_cuda(device)
+    infos = ckpt.tensors if names is None else [ckpt.tensor(n) for n in names]
+    buffers = ckpt.load(engine or _core.shared_engine(), device, None if names is None else list(names))
+    return {i.name: _core.info_tensor(buf, i) for i, buf in zip(infos, buffers)}
 
 
 class _Slice:
     """A tensor's lazy slice, as ``safe_open(...).get_slice(name)`` returns: shape and dtype without reading;
     indexing reads only the rows asked for when they are contiguous in the file."""
 
-    def __init__(self, handle: "safe_open", entry: tuple):
+    def __init__(self, handle: "safe_open", info: "_native.TensorInfo"):
         self._handle = handle
-        self._entry = entry
+        self._info = info
 
     def get_shape(self) -> list[int]:
-        return list(self._entry[2])
+        return list(self._info.shape)
 
     def get_dtype(self) -> str:
-        return self._entry[1]
+        return self._info.dtype
 
     def __len__(self) -> int:
-        shape = self._entry[2]
-        if not shape:
+        if not self._info.shape:
             raise TypeError("len() of a 0-d tensor")
-        return shape[0]
+        return self._info.shape[0]
 
     def __getitem__(self, index: Any) -> "torch.Tensor":
-        name, dtype, shape, file, offset, nbytes = self._entry
+        info = self._info
         idx = index if isinstance(index, tuple) else (index,)
         first = idx[0] if idx else slice(None)
         rest = idx[1:]
-        if shape and isinstance(first, slice) and first.step in (None, 1):
-            start, stop, _ = first.indices(shape[0])
+        if info.shape and isinstance(first, slice) and first.step in (None, 1):
+            start, stop, _ = first.indices(info.shape[0])
             stop = max(start, stop)
-            row = nbytes // shape[0] if shape[0] else 0
-            rows = [stop - start, *shape[1:]]
-            [buf] = _core.load_ranges(self._handle._engine, [self._handle._paths[file]], [(0, offset + start * row, (stop - start) * row)], self._handle._device)
-            t = _core.as_tensor(buf, dtype, rows)
+            h = self._handle
+            _core.check_cuda(h._device)
+            buf = h._ckpt.rows(h._engine, info.name, start, stop, h._device)
+            t = _core.as_tensor(buf, info.dtype, [stop - start, *info.shape[1:]])
             return t[(slice(None), *rest)] if rest else t
-        return self._handle.get_tensor(name)[index]
+        return self._handle.get_tensor(info.name)[index]
 
 
 class safe_open:
-    """``safetensors.safe_open``: opens a checkpoint's header; tensors are read one by one, only when asked for.
+    """``safetensors.safe_open``: opens a checkpoint's header; tensors are read when asked for.
+
+    The first ``get_tensor`` starts streaming the checkpoint in file order through the engine's lanes, reading at
+    most the ``prefetch_bytes`` setting ahead of the tensors taken; each ``get_tensor`` then waits only for its own
+    tensor, so a loop over the keys runs as fast as a whole-file load. A tensor asked for before the stream reached
+    it is read at once on its own; asking for one twice reads it again. Leaving the ``with`` block (or ``close()``)
+    stops the read-ahead and frees what nobody took.
 
     >>> with safe_open("model.safetensors", framework="pt", device="cuda:0") as f:
     ...     w = f.get_tensor("lm_head.weight")
@@ -102,47 +104,74 @@ class safe_open:
         if framework not in ("pt", "torch", "pytorch"):
             raise InvalidArgumentError(f"framework {framework!r} is not supported (weightlift hands out PyTorch tensors)")
         self._device = _core.normalize_device(device)
-        self._info = _native.inspect(_paths(filename))
-        if self._info["format"] != "safetensors":
-            raise FormatError(f"{filename}: not a safetensors checkpoint")
-        self._paths = [f["path"] for f in self._info["files"]]
-        self._by_name = {t[0]: t for t in self._info["tensors"]}
+        self._ckpt = _checkpoint(filename)
+        self._infos = {i.name: i for i in self._ckpt.tensors}
         self._engine = engine or _core.shared_engine()
+        self._stream: "_native.NativeStream | None" = None
+        self._taken: set[str] = set()
+        self._stats: "dict | None" = None
 
     def __enter__(self) -> "safe_open":
         return self
 
     def __exit__(self, *exc) -> None:
-        return None
+        self.close()
+
+    def close(self) -> None:
+        """Stops the read-ahead; what was read ahead and not taken is freed (and counted in :meth:`stream_stats`)."""
+        if self._stream is not None:
+            self._stats = self._stream.close()
+            self._stream = None
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - interpreter shutdown; nothing to report to
+            pass
+
+    def stream_stats(self) -> "dict | None":
+        """What the stream read in file order, on demand, and ahead without being taken (after ``close``)."""
+        return self._stats
 
     def keys(self) -> list[str]:
-        """Tensor names in file order (safetensors sorts them; so does this)."""
-        return sorted(self._by_name)
+        """Tensor names, sorted (as safetensors returns them)."""
+        return sorted(self._infos)
 
     def offset_keys(self) -> list[str]:
-        return [t[0] for t in sorted(self._info["tensors"], key=lambda t: (t[3], t[4]))]
+        return [i.name for i in sorted(self._infos.values(), key=lambda i: (i.file, i.offset))]
 
     def metadata(self) -> "dict[str, str] | None":
-        meta = self._info["files"][0]["metadata"]
+        meta = self._ckpt.files[0]["metadata"]
         return dict(meta) if meta else None
 
     def get_tensor(self, name: str) -> "torch.Tensor":
-        return _load_tensors(self._info, [name], self._device, self._engine)[name]
+        info = self._infos.get(name)
+        if info is None:
+            raise TensorNotFoundError(f"no tensor {name!r} in {', '.join(f['path'] for f in self._ckpt.files)}")
+        if name in self._taken:
+            return _load_tensors(self._ckpt, [name], self._device, self._engine)[name]
+        if self._stream is None:
+            _core.check_cuda(self._device)
+            self._stream = self._ckpt.stream(self._engine, self._device)
+        buf = self._stream.take(name)
+        self._taken.add(name)
+        return _core.info_tensor(buf, info)
 
     def get_tensors(self, names: Sequence[str]) -> dict[str, "torch.Tensor"]:
         """Several tensors through one plan (one submission)."""
-        return _load_tensors(self._info, list(names), self._device, self._engine)
+        return _load_tensors(self._ckpt, list(names), self._device, self._engine)
 
     def get_slice(self, name: str) -> _Slice:
-        if name not in self._by_name:
-            raise TensorNotFoundError(f"no tensor {name!r} in {', '.join(self._paths)}")
-        return _Slice(self, self._by_name[name])
+        info = self._infos.get(name)
+        if info is None:
+            raise TensorNotFoundError(f"no tensor {name!r} in {', '.join(f['path'] for f in self._ckpt.files)}")
+        return _Slice(self, info)
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.keys())
 
     def __contains__(self, name: str) -> bool:
-        return name in self._by_name
+        return name in self._infos
 
 
 def save_file(tensors: dict[str, "torch.Tensor"], filename: PathLike, metadata: "dict[str, str] | None" = None, *, align: int = 8) -> None:

@@ -10,9 +10,9 @@ use std::sync::Arc;
 
 use pyo3::ffi;
 use pyo3::prelude::*;
+use weightlift::cuda::PinnedBuffer;
 use weightlift::io::HostBuffer;
 use weightlift::{DeviceTensor, TensorData};
-use weightlift_cuda::PinnedBuffer;
 
 #[repr(C)]
 #[derive(Clone, Copy)]
@@ -121,7 +121,7 @@ unsafe extern "C" fn deleter(managed: *mut DLManagedTensor) {
             // SAFETY: the consumer passed this stream handle to `__dlpack__` for the block's device; DLPack requires
             // it to stay valid while the consumer holds the tensor.
             unsafe {
-                weightlift_cuda::order_after_stream(d.block.gpu(), ctx.consumer_stream as weightlift_cuda::CUstream)
+                weightlift::cuda::order_after_stream(d.block.gpu(), ctx.consumer_stream as weightlift::cuda::CUstream)
             };
         }
     }

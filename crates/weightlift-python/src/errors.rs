@@ -9,14 +9,31 @@ use weightlift::Error;
 use weightlift::format::ErrorKind;
 use weightlift::io::IoError;
 
-fn raise(class: &str, message: String) -> PyErr {
+fn raise(class: &str, message: String, status: Option<i64>) -> PyErr {
     Python::attach(|py| match py.import("weightlift._errors").and_then(|m| m.getattr(class)) {
         Ok(cls) => match cls.call1((message.clone(),)) {
-            Ok(obj) => PyErr::from_value(obj),
+            Ok(obj) => {
+                // cuFile's status code, where the failure carries one (`except CudaError as e: e.status`).
+                let _ = obj.setattr("status", status);
+                PyErr::from_value(obj)
+            }
             Err(e) => e,
         },
         Err(e) => e,
     })
+}
+
+/// cuFile's status code behind an error: a cuFile call's own, or the cause of a read or write through cuFile.
+fn cufile_status(e: &Error) -> Option<i64> {
+    use weightlift::cuda::CudaError;
+    use weightlift::cuda::cufile::CufileError;
+    match e {
+        Error::Cuda(CudaError::Cufile(c)) => Some(c.code),
+        Error::Io(IoError::Read { cause, .. } | IoError::Write { cause, .. }) => {
+            cause.get_ref().and_then(|inner| inner.downcast_ref::<CufileError>()).map(|c| c.code)
+        }
+        _ => None,
+    }
 }
 
 fn io_class(kind: Option<io::ErrorKind>, default: &'static str) -> &'static str {
@@ -29,7 +46,7 @@ fn io_class(kind: Option<io::ErrorKind>, default: &'static str) -> &'static str 
 }
 
 pub fn invalid_argument(message: &str) -> PyErr {
-    raise("InvalidArgumentError", message.to_string())
+    raise("InvalidArgumentError", message.to_string(), None)
 }
 
 pub fn to_py(e: Error) -> PyErr {
@@ -37,17 +54,18 @@ pub fn to_py(e: Error) -> PyErr {
     let class = match &e {
         Error::Format(f) => match &f.kind {
             ErrorKind::Open(cause) => io_class(Some(cause.kind()), "IoError"),
+            ErrorKind::NotAFile { .. } => "NotARegularFileError",
             ErrorKind::Read { .. } | ErrorKind::Write(_) => "IoError",
             _ => "FormatError",
         },
-        Error::Io(IoError::Setting { .. }) => "InvalidArgumentError",
-        Error::Io(IoError::Staging { .. }) => "OutOfMemoryError",
+        e if e.is_out_of_memory() => "OutOfMemoryError",
+        Error::Io(IoError::Setting { .. }) | Error::Io(IoError::Destinations(_)) => "InvalidArgumentError",
+        Error::Io(IoError::NotAFile { .. }) => "NotARegularFileError",
         Error::Io(io) => io_class(io.io_kind(), "IoError"),
-        Error::OutOfMemory { .. } => "OutOfMemoryError",
-        Error::Cuda(_) => "CudaError",
+        Error::Cuda(_) | Error::Nvme(_) => "CudaError",
         Error::TensorNotFound { .. } => "TensorNotFoundError",
         Error::InvalidArgument(_) => "InvalidArgumentError",
         _ => "WeightliftError",
     };
-    raise(class, message)
+    raise(class, message, cufile_status(&e))
 }

@@ -2,20 +2,24 @@
 //! and hands them to PyTorch through DLPack; the plain-Python package on top turns them into typed, shaped tensors
 //! and offers the familiar APIs (safetensors, dstorage-gpu, torch.cuda.gds, GGUF). The GIL is released during I/O.
 
+mod bridge;
+mod checkpoint;
 mod dlpack;
 mod errors;
+mod inject;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 use serde_json::Value;
-use weightlift::format::{DType, Metadata, RawSpec};
-use weightlift::io::{Backend, DirectMode};
-use weightlift::{Config, Device, Engine, LoadOpts, RawDest, RawSrc};
+use weightlift::format::DType;
+use weightlift::{Device, Engine, LoadOpts, Overrides, RawDest, RawSrc, Settings, TensorData};
 
+use crate::bridge::interruptible;
+use crate::checkpoint::Checkpoint;
 use crate::dlpack::Holder;
 use crate::errors::to_py;
 
@@ -34,6 +38,12 @@ fn parse_device(s: &str) -> PyResult<Device> {
 #[pyclass(module = "weightlift._native", frozen)]
 struct NativeBuffer {
     holder: Holder,
+}
+
+impl NativeBuffer {
+    fn new(data: TensorData) -> NativeBuffer {
+        NativeBuffer { holder: Holder::from_data(data) }
+    }
 }
 
 #[pymethods]
@@ -71,65 +81,48 @@ impl NativeBuffer {
     }
 }
 
-/// The engine with its settings and cached staging memory; safe to share between threads (loads take turns).
+/// The engine: its settings, persistent I/O lanes and caches. Safe to share between threads: loads run
+/// concurrently on the same lanes.
 #[pyclass(module = "weightlift._native", frozen)]
 struct NativeEngine {
-    engine: Mutex<Engine>,
-    settings: Value,
+    engine: Arc<Engine>,
 }
 
-fn lock(m: &Mutex<Engine>) -> std::sync::MutexGuard<'_, Engine> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
+/// `settings` as overrides: each value's text form, parsed by the engine's settings table.
+fn overrides(settings: Option<&Bound<'_, PyDict>>) -> PyResult<Overrides> {
+    let mut o = Overrides::new();
+    for (k, v) in settings.into_iter().flat_map(|d| d.iter()) {
+        let name: String = k.extract()?;
+        if !v.is_none() {
+            o.set(name, v.str()?.to_string());
+        }
+    }
+    Ok(o)
 }
 
 #[pymethods]
 impl NativeEngine {
-    /// Settings not given (None) come from `WEIGHTLIFT_*` variables, else their defaults.
+    /// Settings given by keyword (any of `SETTINGS`' names; None leaves one alone) override the
+    /// `WEIGHTLIFT_*` variables, which override the defaults.
     #[new]
-    #[pyo3(signature = (*, chunk_bytes=None, queue_depth=None, staging_bytes=None, threads=None, direct=None, io=None))]
-    fn new(
-        chunk_bytes: Option<u64>,
-        queue_depth: Option<u32>,
-        staging_bytes: Option<u64>,
-        threads: Option<u32>,
-        direct: Option<String>,
-        io: Option<String>,
-    ) -> PyResult<NativeEngine> {
-        let mut config = Config::from_env().map_err(to_py)?;
-        let mut c = config.io;
-        if let Some(v) = chunk_bytes {
-            c = c.chunk_bytes(v);
-        }
-        if let Some(v) = queue_depth {
-            c = c.queue_depth(v);
-        }
-        if let Some(v) = staging_bytes {
-            c = c.staging_bytes(v);
-        }
-        if let Some(v) = threads {
-            c = c.threads(v);
-        }
-        if let Some(v) = direct {
-            c = c.direct(v.parse::<DirectMode>().map_err(|e| errors::invalid_argument(&format!("direct={v:?}: {e}")))?);
-        }
-        if let Some(v) = io {
-            c = c.backend(v.parse::<Backend>().map_err(|e| errors::invalid_argument(&format!("io={v:?}: {e}")))?);
-        }
-        c.validate().map_err(|e| to_py(e.into()))?;
-        let settings = Value::Object(
-            c.describe()
-                .into_iter()
-                .map(|(k, v, s)| (k.to_string(), serde_json::json!({"value": v, "source": s.to_string()})))
-                .collect(),
-        );
-        config.io = c;
-        let engine = Engine::new(config).map_err(to_py)?;
-        Ok(NativeEngine { engine: Mutex::new(engine), settings })
+    #[pyo3(signature = (**settings))]
+    fn new(settings: Option<&Bound<'_, PyDict>>) -> PyResult<NativeEngine> {
+        let s = Settings::resolve(&overrides(settings)?).map_err(to_py)?;
+        let engine = Engine::new(s).map_err(to_py)?;
+        Ok(NativeEngine { engine: Arc::new(engine) })
     }
 
     /// The settings in use and where each came from.
     fn settings(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
-        json_to_py(py, &self.settings)
+        let v = Value::Object(
+            self.engine
+                .settings()
+                .describe()
+                .into_iter()
+                .map(|(k, v, s)| (k.to_string(), serde_json::json!({"value": v, "source": s.to_string()})))
+                .collect(),
+        );
+        json_to_py(py, &v)
     }
 
     /// Loads byte ranges `(file index, offset, length)` of `paths` onto `device`, through one plan.
@@ -141,11 +134,13 @@ impl NativeEngine {
         device: &str,
     ) -> PyResult<Vec<NativeBuffer>> {
         let device = parse_device(device)?;
-        let loaded = py
-            .detach(|| lock(&self.engine).load_ranges(&paths, &ranges, device, &LoadOpts::default()))
-            .map_err(to_py)?;
+        let engine = self.engine.clone();
+        let loaded = interruptible(py, move |cancel| {
+            engine.load_ranges(&paths, &ranges, device, &LoadOpts { cancel: Some(cancel), ..LoadOpts::default() })
+        })?
+        .map_err(to_py)?;
         remember(loaded.report.to_json());
-        Ok(loaded.tensors.into_iter().map(|t| NativeBuffer { holder: Holder::from_data(t.data) }).collect())
+        Ok(loaded.tensors.into_iter().map(|t| NativeBuffer::new(t.data)).collect())
     }
 
     /// Reads up to `nbytes` of `path` at `offset` into memory at address `ptr` (host, or device `cuda:N`); returns
@@ -159,21 +154,45 @@ impl NativeEngine {
         ptr: usize,
         device: &str,
     ) -> PyResult<u64> {
-        let dest = match parse_device(device)? {
-            Device::Cpu | Device::PinnedCpu => RawDest::Host(ptr as *mut u8),
-            Device::Cuda(ordinal) => RawDest::Device { ordinal, ptr: ptr as u64 },
-        };
-        let dest = SendPtr(dest);
-        let (n, report) = py
-            .detach(|| {
-                let dest = dest;
-                // SAFETY: the Python layer passes the data pointer and byte size of a live, contiguous tensor or
-                // storage that it keeps alive (and does not hand to other work) for the duration of this call.
-                unsafe { lock(&self.engine).read_into(&path, offset, nbytes, dest.0) }
-            })
-            .map_err(to_py)?;
+        let dest = SendPtr(raw_dest(device, ptr)?);
+        let engine = self.engine.clone();
+        let (n, report) = interruptible(py, move |_| {
+            let dest = dest;
+            // SAFETY: the Python layer passes the data pointer and byte size of a live, contiguous tensor or
+            // storage that it keeps alive (and does not hand to other work) for the duration of this call.
+            unsafe { engine.read_into(&path, offset, nbytes, dest.0) }
+        })?
+        .map_err(to_py)?;
         remember(report.to_json());
         Ok(n)
+    }
+
+    /// Reads byte ranges `(file index, offset, length, destination offset)` of `paths` into the `nbytes` of memory
+    /// at address `ptr` (host, or device `cuda:N`), through one plan; returns the load's report. Honours the test
+    /// hook `WEIGHTLIFT_INJECT_EIO` (see `inject`).
+    fn read_ranges_into(
+        &self,
+        py: Python<'_>,
+        paths: Vec<PathBuf>,
+        ranges: Vec<(usize, u64, u64, u64)>,
+        ptr: usize,
+        nbytes: u64,
+        device: &str,
+    ) -> PyResult<Py<PyAny>> {
+        let dest = SendPtr(raw_dest(device, ptr)?);
+        let faults = inject::from_env(&paths)?;
+        let engine = self.engine.clone();
+        let report = interruptible(py, move |cancel| {
+            let dest = dest;
+            let opts = LoadOpts { faults: faults.as_ref(), cancel: Some(cancel), ..LoadOpts::default() };
+            // SAFETY: the Python layer passes the data pointer and byte size of a live, contiguous tensor that it
+            // keeps alive (and does not hand to other work) for the duration of this call.
+            unsafe { engine.read_ranges_into(&paths, &ranges, dest.0, nbytes, &opts) }
+        })?
+        .map_err(to_py)?
+        .to_json();
+        remember(report.clone());
+        json_to_py(py, &report)
     }
 
     /// Writes `nbytes` from address `ptr` (host, or device `cuda:N`) into `path` at `offset`; fsyncs when `durable`.
@@ -193,13 +212,21 @@ impl NativeEngine {
             Device::Cuda(ordinal) => RawSrc::Device { ordinal, ptr: ptr as u64 },
         };
         let src = SendPtr(src);
-        py.detach(|| {
+        let engine = self.engine.clone();
+        interruptible(py, move |_| {
             let src = src;
             // SAFETY: as for `read_into`: a live, contiguous tensor or storage kept alive by the caller.
-            unsafe { lock(&self.engine).write_from(&path, offset, nbytes, src.0, durable) }
-        })
+            unsafe { engine.write_from(&path, offset, nbytes, src.0, durable) }
+        })?
         .map_err(to_py)
     }
+}
+
+fn raw_dest(device: &str, ptr: usize) -> PyResult<RawDest> {
+    Ok(match parse_device(device)? {
+        Device::Cpu | Device::PinnedCpu => RawDest::Host(ptr as *mut u8),
+        Device::Cuda(ordinal) => RawDest::Device { ordinal, ptr: ptr as u64 },
+    })
 }
 
 /// A cuFile-style session (see `weightlift.cufile`).
@@ -221,8 +248,8 @@ impl NativeSession {
     #[new]
     #[pyo3(signature = (use_cufile=false))]
     fn new(use_cufile: bool) -> PyResult<NativeSession> {
-        let config = Config::from_env().map_err(to_py)?;
-        let session = weightlift::cufile_api::Session::open(config, use_cufile).map_err(to_py)?;
+        let settings = Settings::from_env().map_err(to_py)?;
+        let session = weightlift::cufile_api::Session::open(settings, use_cufile).map_err(to_py)?;
         Ok(NativeSession { session: std::sync::Arc::new(session) })
     }
 
@@ -341,7 +368,7 @@ impl NativeSession {
         stream: Option<usize>,
     ) -> PyResult<NativeAsync> {
         let op = op_of(op)?;
-        let stream = stream.map(|s| s as weightlift_cuda::CUstream);
+        let stream = stream.map(|s| s as weightlift::cuda::CUstream);
         // SAFETY: the Python layer passes a stream handle of the tensor's device that PyTorch keeps alive.
         let io =
             unsafe { self.session.submit_async(op, fh, base, size, file_offset, buf_offset, stream) }.map_err(to_py)?;
@@ -376,7 +403,8 @@ fn json_to_py(py: Python<'_>, v: &Value) -> PyResult<Py<PyAny>> {
     Ok(json.call_method1("loads", (v.to_string(),))?.unbind())
 }
 
-/// Parses checkpoint headers: `{"format", "files": [...], "tensors": [(name, dtype, shape, file, offset, nbytes)]}`.
+/// Parses checkpoint headers: `{"format", "files": [...], "tensors": [TensorInfo, ...]}` (a `Checkpoint` keeps the
+/// index in Rust and loads by name; this is its description as plain data).
 #[pyfunction]
 #[pyo3(signature = (paths, raw_dtype=None, raw_count=None))]
 fn inspect(
@@ -385,38 +413,35 @@ fn inspect(
     raw_dtype: Option<String>,
     raw_count: Option<u64>,
 ) -> PyResult<Py<PyAny>> {
-    let raw = match raw_dtype {
-        Some(d) => Some(RawSpec {
-            dtype: DType::parse(&d).ok_or_else(|| errors::invalid_argument(&format!("unknown dtype {d:?}")))?,
-            count: raw_count,
-        }),
-        None => None,
-    };
-    let index = py.detach(|| weightlift::format::open(&paths, raw)).map_err(|e| to_py(e.into()))?;
+    let ckpt = Checkpoint::new(py, paths, raw_dtype, raw_count)?;
     let out = PyDict::new(py);
-    out.set_item("format", index.format().map_or("mixed", |f| f.name()))?;
-    let files = PyList::empty(py);
-    for f in &index.files {
-        let d = PyDict::new(py);
-        d.set_item("path", f.path.to_string_lossy().into_owned())?;
-        d.set_item("format", f.format.name())?;
-        d.set_item("len", f.len)?;
-        d.set_item("data_start", f.data_start)?;
-        let meta: Value = match &f.metadata {
-            Metadata::None => Value::Null,
-            Metadata::Safetensors(m) => serde_json::json!(m),
-            Metadata::Gguf(kv) => Value::Object(kv.iter().map(|(k, v)| (k.clone(), v.to_json())).collect()),
-        };
-        d.set_item("metadata", json_to_py(py, &meta)?)?;
-        files.append(d)?;
-    }
-    out.set_item("files", files)?;
-    let tensors = PyList::empty(py);
-    for t in &index.tensors {
-        tensors.append((t.name.as_str(), t.dtype.name(), t.shape.clone(), t.file, t.offset, t.nbytes))?;
-    }
-    out.set_item("tensors", tensors)?;
+    out.set_item("format", ckpt.format())?;
+    out.set_item("files", ckpt.files(py)?)?;
+    out.set_item("tensors", ckpt.tensors())?;
     Ok(out.into_any().unbind())
+}
+
+/// The canonical form of a device string (`cpu`, `cpu:pinned`, `cuda:N`; `cuda` and `gpu` mean device 0).
+#[pyfunction]
+fn parse_device_string(s: &str) -> PyResult<String> {
+    Ok(parse_device(s)?.to_string())
+}
+
+/// A row of the settings table.
+#[pyclass(module = "weightlift._native", frozen, get_all)]
+struct SettingInfo {
+    name: &'static str,
+    env: &'static str,
+    default: &'static str,
+    meaning: &'static str,
+    values: Vec<&'static str>,
+}
+
+#[pymethods]
+impl SettingInfo {
+    fn __repr__(&self) -> String {
+        format!("SettingInfo(name={:?}, env={:?}, default={:?})", self.name, self.env, self.default)
+    }
 }
 
 /// Writes a safetensors file durably: a temporary file in the same directory, fsync, rename over `path`, fsync of
@@ -489,6 +514,13 @@ fn last_report(py: Python<'_>) -> PyResult<Option<Py<PyAny>>> {
     r.map(|v| json_to_py(py, &v)).transpose()
 }
 
+/// A file mode as weightlift's cuFile-style handles parse it: `(read, write, create, truncate, direct)`.
+#[pyfunction]
+fn parse_file_mode(mode: &str) -> PyResult<(bool, bool, bool, bool, bool)> {
+    let m = weightlift::cufile_api::FileMode::parse(mode).map_err(to_py)?;
+    Ok((m.read, m.write, m.create, m.truncate, m.direct))
+}
+
 /// Every ggml tensor type: name → (id, elements per block, bytes per block).
 #[pyfunction]
 fn ggml_types() -> BTreeMap<&'static str, (u32, u64, u64)> {
@@ -498,7 +530,7 @@ fn ggml_types() -> BTreeMap<&'static str, (u32, u64, u64)> {
 /// Whether CUDA is usable, and why not.
 #[pyfunction]
 fn cuda_status() -> (bool, String) {
-    match weightlift_cuda::available() {
+    match weightlift::cuda::available() {
         Ok(d) => (
             true,
             format!("{} device(s), driver supports CUDA {}.{}", d.devices, d.version / 1000, d.version % 1000 / 10),
@@ -519,11 +551,20 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(last_report, m)?)?;
     m.add_function(wrap_pyfunction!(cuda_status, m)?)?;
     m.add_function(wrap_pyfunction!(ggml_types, m)?)?;
+    m.add_function(wrap_pyfunction!(parse_device_string, m)?)?;
+    m.add_function(wrap_pyfunction!(parse_file_mode, m)?)?;
+    m.add_class::<checkpoint::Checkpoint>()?;
+    m.add_class::<checkpoint::TensorInfo>()?;
+    m.add_class::<checkpoint::NativeStream>()?;
+    m.add_class::<SettingInfo>()?;
     let settings = PyList::empty(m.py());
-    for s in weightlift::io::config::SETTINGS {
-        settings.append((s.name, s.env, s.default, s.meaning))?;
+    for s in weightlift::settings::SETTINGS {
+        let row =
+            SettingInfo { name: s.name, env: s.env, default: s.default, meaning: s.meaning, values: s.values.to_vec() };
+        settings.append(Py::new(m.py(), row)?)?;
     }
     m.add("SETTINGS", settings)?;
+    bridge::install();
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

@@ -1,0 +1,120 @@
+//! What crosses between the engine's threads and Python: `tracing` events become records of Python's `logging`
+//! (logger `weightlift`), and long calls stay interruptible by Ctrl-C.
+//!
+//! Events are queued by a `tracing` layer and handed to `logging` by the thread that made the call, once it holds
+//! the GIL again: an I/O thread taking the GIL itself could deadlock against a Python thread waiting on it.
+
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use pyo3::prelude::*;
+use tracing::field::{Field, Visit};
+use tracing_subscriber::layer::{Context, SubscriberExt};
+
+/// Queued records: (Python logging level, message).
+static QUEUE: Mutex<Vec<(u8, String)>> = Mutex::new(Vec::new());
+/// Records kept at most between two flushes (a burst of warnings must not grow without bound).
+const MAX_QUEUED: usize = 1000;
+
+struct Message(String);
+
+impl Visit for Message {
+    fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
+        if field.name() == "message" {
+            self.0 = format!("{value:?}");
+        } else {
+            self.0 += &format!(" {}={value:?}", field.name());
+        }
+    }
+    fn record_str(&mut self, field: &Field, value: &str) {
+        if field.name() == "message" {
+            self.0 = value.to_string();
+        } else {
+            self.0 += &format!(" {}={value}", field.name());
+        }
+    }
+}
+
+struct ToLogging;
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for ToLogging {
+    fn on_event(&self, event: &tracing::Event<'_>, _ctx: Context<'_, S>) {
+        let level = match *event.metadata().level() {
+            tracing::Level::ERROR => 40,
+            tracing::Level::WARN => 30,
+            tracing::Level::INFO => 20,
+            _ => 10,
+        };
+        let mut m = Message(String::new());
+        event.record(&mut m);
+        let mut q = QUEUE.lock().unwrap_or_else(|p| p.into_inner());
+        if q.len() < MAX_QUEUED {
+            q.push((level, m.0));
+        }
+    }
+}
+
+/// Installs the layer as this process's `tracing` subscriber (if no other was installed first).
+pub fn install() {
+    let filter = tracing_subscriber::filter::LevelFilter::DEBUG;
+    let subscriber = tracing_subscriber::registry().with(ToLogging.with_filter(filter));
+    let _ = tracing::subscriber::set_global_default(subscriber);
+}
+
+use tracing_subscriber::Layer as _;
+
+/// Hands queued records to `logging.getLogger("weightlift")`.
+pub fn flush(py: Python<'_>) {
+    let records = std::mem::take(&mut *QUEUE.lock().unwrap_or_else(|p| p.into_inner()));
+    if records.is_empty() {
+        return;
+    }
+    let Ok(logger) = py.import("logging").and_then(|l| l.call_method1("getLogger", ("weightlift",))) else { return };
+    for (level, msg) in records {
+        let _ = logger.call_method1("log", (level, msg));
+    }
+}
+
+/// Runs `work` without the GIL on a thread of its own, while the calling thread checks for signals every 50 ms:
+/// on Ctrl-C (or any signal handler raising), `cancel` is set, `work` is left to stop and drain (it must watch
+/// `cancel`), and the exception is raised once it has returned, with every resource it held released.
+pub fn interruptible<T: Send>(py: Python<'_>, work: impl FnOnce(&AtomicBool) -> T + Send) -> PyResult<T> {
+    let cancel = AtomicBool::new(false);
+    let (tx, rx) = std::sync::mpsc::sync_channel(1);
+    // `detach` needs what it borrows to be shareable; the receiver is used by this thread alone.
+    let rx = Mutex::new(rx);
+    let result = std::thread::scope(|s| {
+        let cancel = &cancel;
+        let spawned = std::thread::Builder::new().name("weightlift-call".into()).spawn_scoped(s, move || {
+            let _ = tx.send(work(cancel));
+        });
+        if let Err(e) = spawned {
+            return Err(crate::errors::to_py(weightlift::Error::Io(weightlift::io::IoError::Thread(e))));
+        }
+        let mut interrupted = None;
+        loop {
+            let wait = || rx.lock().unwrap_or_else(|p| p.into_inner()).recv_timeout(Duration::from_millis(50));
+            match py.detach(wait) {
+                Ok(v) => break Ok((v, interrupted)),
+                Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+                    break Err(crate::errors::invalid_argument("the worker thread ended without a result"));
+                }
+                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                    if interrupted.is_none() {
+                        if let Err(e) = py.check_signals() {
+                            cancel.store(true, Ordering::Relaxed);
+                            interrupted = Some(e);
+                        }
+                    }
+                }
+            }
+        }
+    });
+    flush(py);
+    let (value, interrupted) = result?;
+    match interrupted {
+        Some(e) => Err(e),
+        None => Ok(value),
+    }
+}

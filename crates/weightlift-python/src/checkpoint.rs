@@ -1,0 +1,270 @@
+//! Checkpoints seen from Python: the parsed index stays in Rust, Python asks for tensors by name and gets byte
+//! buffers (DLPack) plus a named [`TensorInfo`] to view them with. Streaming loads (`safe_open`) are
+//! [`NativeStream`]s.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyList};
+use serde_json::Value;
+use weightlift::format::{DType, Metadata, RawSpec, TensorIndex};
+use weightlift::{LoadOpts, Stream};
+
+use crate::bridge::interruptible;
+use crate::errors::{invalid_argument, to_py};
+use crate::{NativeBuffer, NativeEngine, json_to_py, parse_device, remember};
+
+/// What a checkpoint says about one tensor.
+#[pyclass(module = "weightlift._native", frozen, get_all)]
+#[derive(Clone, Debug)]
+pub struct TensorInfo {
+    pub name: String,
+    /// safetensors' dtype name (`BF16`, `F32`, …) or, for GGUF, the ggml type name.
+    pub dtype: String,
+    pub shape: Vec<u64>,
+    /// Index of the file holding it, and where: absolute offset and byte count.
+    pub file: usize,
+    pub offset: u64,
+    pub nbytes: u64,
+    /// The shape of the stored bytes as elements of `dtype` where it has elements; for block-quantized ggml types
+    /// the rows of the logical shape, each as its blocks' bytes (the layout the `gguf` package presents).
+    pub storage_shape: Vec<u64>,
+    /// Whether `dtype` is a block-quantized ggml type (its bytes are viewed as uint8).
+    pub quantized: bool,
+}
+
+#[pymethods]
+impl TensorInfo {
+    fn __repr__(&self) -> String {
+        format!(
+            "TensorInfo(name={:?}, dtype={:?}, shape={:?}, file={}, offset={}, nbytes={})",
+            self.name, self.dtype, self.shape, self.file, self.offset, self.nbytes
+        )
+    }
+}
+
+/// A parsed checkpoint (one file, shards, an index, GGUF, or raw files).
+#[pyclass(module = "weightlift._native", frozen)]
+#[derive(Debug)]
+pub struct Checkpoint {
+    index: Arc<TensorIndex>,
+    by_name: HashMap<String, usize>,
+}
+
+impl Checkpoint {
+    fn positions(&self, names: Option<Vec<String>>) -> PyResult<Vec<usize>> {
+        match names {
+            None => Ok((0..self.index.tensors.len()).collect()),
+            Some(names) => names.iter().map(|n| self.position(n)).collect(),
+        }
+    }
+
+    fn position(&self, name: &str) -> PyResult<usize> {
+        self.by_name.get(name).copied().ok_or_else(|| {
+            let files: Vec<String> = self.index.files.iter().map(|f| f.path.display().to_string()).collect();
+            to_py(weightlift::Error::TensorNotFound { name: name.to_string(), where_: files.join(", ") })
+        })
+    }
+}
+
+#[pymethods]
+impl Checkpoint {
+    /// Parses the headers of `paths` (`raw_dtype`: read them as raw tensors of that dtype).
+    #[new]
+    #[pyo3(signature = (paths, raw_dtype=None, raw_count=None))]
+    pub fn new(
+        py: Python<'_>,
+        paths: Vec<PathBuf>,
+        raw_dtype: Option<String>,
+        raw_count: Option<u64>,
+    ) -> PyResult<Checkpoint> {
+        let raw = match raw_dtype {
+            Some(d) => Some(RawSpec {
+                dtype: DType::parse(&d).ok_or_else(|| invalid_argument(&format!("unknown dtype {d:?}")))?,
+                count: raw_count,
+            }),
+            None => None,
+        };
+        let index = py.detach(|| weightlift::format::open(&paths, raw)).map_err(|e| to_py(e.into()))?;
+        let by_name = index.tensors.iter().enumerate().map(|(i, t)| (t.name.clone(), i)).collect();
+        Ok(Checkpoint { index: Arc::new(index), by_name })
+    }
+
+    /// `safetensors`, `gguf`, `raw` or `mixed`.
+    #[getter]
+    pub fn format(&self) -> &'static str {
+        self.index.format().map_or("mixed", |f| f.name())
+    }
+
+    /// Every tensor, in index order.
+    #[getter]
+    pub fn tensors(&self) -> Vec<TensorInfo> {
+        self.index.tensors.iter().map(info).collect()
+    }
+
+    /// The named tensor's description.
+    fn tensor(&self, name: &str) -> PyResult<TensorInfo> {
+        Ok(info(&self.index.tensors[self.position(name)?]))
+    }
+
+    fn __contains__(&self, name: &str) -> bool {
+        self.by_name.contains_key(name)
+    }
+
+    /// The files: path, format, length, where tensor data starts, and metadata.
+    #[getter]
+    pub fn files(&self, py: Python<'_>) -> PyResult<Py<PyList>> {
+        let files = PyList::empty(py);
+        for f in &self.index.files {
+            let d = PyDict::new(py);
+            d.set_item("path", f.path.to_string_lossy().into_owned())?;
+            d.set_item("format", f.format.name())?;
+            d.set_item("len", f.len)?;
+            d.set_item("data_start", f.data_start)?;
+            let meta: Value = match &f.metadata {
+                Metadata::None => Value::Null,
+                Metadata::Safetensors(m) => serde_json::json!(m),
+                Metadata::Gguf(kv) => Value::Object(kv.iter().map(|(k, v)| (k.clone(), v.to_json())).collect()),
+            };
+            d.set_item("metadata", json_to_py(py, &meta)?)?;
+            files.append(d)?;
+        }
+        Ok(files.unbind())
+    }
+
+    /// Loads the named tensors (all of them by default) onto `device` through one plan, in the order asked.
+    #[pyo3(signature = (engine, device, names=None))]
+    fn load(
+        &self,
+        py: Python<'_>,
+        engine: &NativeEngine,
+        device: &str,
+        names: Option<Vec<String>>,
+    ) -> PyResult<Vec<NativeBuffer>> {
+        let device = parse_device(device)?;
+        let which = self.positions(names)?;
+        let (index, engine) = (self.index.clone(), engine.engine.clone());
+        let loaded = interruptible(py, move |cancel| {
+            engine.load_some(&index, &which, device, &LoadOpts { cancel: Some(cancel), ..LoadOpts::default() })
+        })?
+        .map_err(to_py)?;
+        remember(loaded.report.to_json());
+        Ok(loaded.tensors.into_iter().map(|t| NativeBuffer::new(t.data)).collect())
+    }
+
+    /// Rows `[start, stop)` of the named tensor (its first dimension), read alone.
+    fn rows(
+        &self,
+        py: Python<'_>,
+        engine: &NativeEngine,
+        name: &str,
+        start: u64,
+        stop: u64,
+        device: &str,
+    ) -> PyResult<NativeBuffer> {
+        let t = &self.index.tensors[self.position(name)?];
+        let rows = t.shape.first().copied().unwrap_or(0);
+        if start > stop || stop > rows {
+            return Err(invalid_argument(&format!("rows {start}..{stop} of {name:?}, which has {rows}")));
+        }
+        let row = t.nbytes.checked_div(rows).unwrap_or(0);
+        let path = self.index.files[t.file].path.clone();
+        let range = (0usize, t.offset + start * row, (stop - start) * row);
+        let device = parse_device(device)?;
+        let engine = engine.engine.clone();
+        let loaded = interruptible(py, move |cancel| {
+            engine.load_ranges(&[path], &[range], device, &LoadOpts { cancel: Some(cancel), ..LoadOpts::default() })
+        })?
+        .map_err(to_py)?;
+        remember(loaded.report.to_json());
+        let t = loaded.tensors.into_iter().next().ok_or_else(|| invalid_argument("no rows were loaded"))?;
+        Ok(NativeBuffer::new(t.data))
+    }
+
+    /// Starts streaming the named tensors (all by default) onto `device`, in file order; see `NativeStream`.
+    #[pyo3(signature = (engine, device, names=None))]
+    fn stream(
+        &self,
+        py: Python<'_>,
+        engine: &NativeEngine,
+        device: &str,
+        names: Option<Vec<String>>,
+    ) -> PyResult<NativeStream> {
+        let device = parse_device(device)?;
+        let which = self.positions(names)?;
+        let (index, e) = (self.index.clone(), engine.engine.clone());
+        let stream = py.detach(|| e.stream(&index, &which, device)).map_err(to_py)?;
+        let positions = which.iter().enumerate().map(|(p, &i)| (self.index.tensors[i].name.clone(), p)).collect();
+        Ok(NativeStream { stream: Arc::new(Mutex::new(Some(stream))), positions })
+    }
+}
+
+fn info(t: &weightlift::format::TensorEntry) -> TensorInfo {
+    let (storage_shape, quantized) = match t.dtype {
+        DType::Ggml(g) => {
+            let (rows, inner) = t.shape.split_at(t.shape.len().saturating_sub(1));
+            let inner = inner.first().copied().unwrap_or(1);
+            let mut s = rows.to_vec();
+            s.push(inner / g.block_size().max(1) * g.type_size());
+            (s, true)
+        }
+        _ => (t.shape.clone(), false),
+    };
+    TensorInfo {
+        name: t.name.clone(),
+        dtype: t.dtype.name().to_string(),
+        shape: t.shape.clone(),
+        file: t.file,
+        offset: t.offset,
+        nbytes: t.nbytes,
+        storage_shape,
+        quantized,
+    }
+}
+
+/// A streaming load: `take(name)` returns a tensor's buffer once its bytes have landed (reading it at once if the
+/// stream has not reached it), `close()` stops the read-ahead and returns what the stream did.
+#[pyclass(module = "weightlift._native", frozen)]
+#[derive(Debug)]
+pub struct NativeStream {
+    stream: Arc<Mutex<Option<Stream>>>,
+    positions: HashMap<String, usize>,
+}
+
+#[pymethods]
+impl NativeStream {
+    /// The named tensor's buffer. A tensor can be taken once (`KeyError` if not streamed, `ValueError` if taken).
+    fn take(&self, py: Python<'_>, name: &str) -> PyResult<NativeBuffer> {
+        let i = *self.positions.get(name).ok_or_else(|| {
+            to_py(weightlift::Error::TensorNotFound { name: name.to_string(), where_: "this stream".into() })
+        })?;
+        let stream = self.stream.clone();
+        let data = interruptible(py, move |_cancel| {
+            let guard = stream.lock().unwrap_or_else(|p| p.into_inner());
+            match guard.as_ref() {
+                Some(s) => s.take(i),
+                None => Err(weightlift::Error::InvalidArgument("the stream is closed".into())),
+            }
+        })?
+        .map_err(to_py)?;
+        Ok(NativeBuffer::new(data))
+    }
+
+    /// Whether the stream still runs (not closed).
+    #[getter]
+    fn open(&self) -> bool {
+        self.stream.lock().unwrap_or_else(|p| p.into_inner()).is_some()
+    }
+
+    /// Stops reading ahead; returns what the stream read, on demand and ahead (and how much of that nobody took).
+    fn close(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        let stream = self.stream.lock().unwrap_or_else(|p| p.into_inner()).take();
+        let stats = match stream {
+            Some(s) => py.detach(|| s.close()).map_err(to_py)?,
+            None => weightlift::StreamStats::default(),
+        };
+        json_to_py(py, &stats.to_json())
+    }
+}
