@@ -1,0 +1,506 @@
+"""weightlift.distributed on several GPUs of one host: rates against one GPU and the disk, bytes read from storage,
+and bit-equality with single-GPU loads. Meant for 2 GPUs; any number works.
+
+    torchrun --standalone --nproc_per_node 2 bench/distributed_bench.py OUTDIR [--scratch DIR] [--gib 4] [--runs 3]
+
+``--device cpu`` (gloo, CPU tensors, no copy ceilings) with a small ``--gib`` and ``--no-cold`` checks the script
+itself on a machine without GPUs.
+
+Rank 0 writes two checkpoints into DIR (default /tmp/weightlift-distributed-bench; reused when present): a ~4 GiB
+bf16 file written by ``safetensors.torch.save_file`` and a sharded checkpoint written by ``transformers``
+``save_pretrained``. Measured in this one run, in this order:
+
+- ceilings: pinned host→device copy per GPU (alone and all GPUs at once); the page cache read by one ``dd``; the
+  disk read cold by 8 parallel ``dd iflag=direct`` (after dropping the caches; needs root);
+- warm (file in the page cache): one GPU loading alone with ``weightlift.load_file``; every rank loading the whole
+  file itself (the status quo: the file read once per GPU); ``weightlift.distributed.load_file`` with each
+  collective and block size; the sharded checkpoint the same way; fastsafetensors with its process group when it
+  is importable;
+- bit-equality on every rank: the distributed load, the single-GPU weightlift load and ``safetensors`` load;
+- tensor-parallel slices (rows of q/k/v/gate/up, columns of o/down): rate, bytes read, equality with slices;
+- storage bytes (from the reports) against the file's tensor bytes and size;
+- cold (caches dropped right before each): the disk ceiling, the distributed load and the one-GPU load,
+  interleaved.
+
+Writes OUTDIR/distributed.json (rank 0) and prints a summary.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+import weightlift
+import weightlift.distributed as wd
+
+GiB = 1 << 30
+DEV = "cuda:0"  # this rank's device, set in main
+
+
+def on_gpu() -> bool:
+    return DEV.startswith("cuda")
+
+
+def sync() -> None:
+    if on_gpu():
+        torch.cuda.synchronize()
+
+
+def log(msg: str) -> None:
+    if dist.get_rank() == 0:
+        print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def max_over_ranks(x: float) -> float:
+    t = torch.tensor([x], dtype=torch.float64, device=DEV if on_gpu() else "cpu")
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return float(t.item())
+
+
+def gather(obj) -> list:
+    out = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def timed(fn, participate: bool = True):
+    """Runs ``fn`` on the participating ranks from a common start; returns (result, wall seconds of the slowest)."""
+    dist.barrier()
+    sync()
+    t0 = time.perf_counter()
+    out = fn() if participate else None
+    sync()
+    return out, max_over_ranks(time.perf_counter() - t0 if participate else 0.0)
+
+
+def drop_caches() -> None:
+    subprocess.run(["sync"], check=True)
+    with open("/proc/sys/vm/drop_caches", "w") as f:
+        f.write("3\n")
+
+
+def stats(xs: list[float]) -> dict:
+    return {"best": max(xs), "median": statistics.median(xs), "all": xs}
+
+
+# ---------------------------------------------------------------- checkpoints
+
+
+def write_big(path: Path, gib: float) -> None:
+    """Llama-like layers of random bf16 tensors (never zeros), about ``gib`` GiB, by safetensors.torch.save_file."""
+    import safetensors.torch as st
+
+    g = torch.Generator(device=DEV).manual_seed(1234)
+    hidden, inter, vocab = (4096, 11008, 32000) if gib >= 1 else (256, 688, 1000)
+    layer = 4 * hidden * hidden + 3 * hidden * inter + 2 * hidden
+    layers = max(1, int((gib * GiB / 2 - 2 * vocab * hidden) // layer))
+    shapes = {"model.embed_tokens.weight": (vocab, hidden), "lm_head.weight": (vocab, hidden), "model.norm.weight": (hidden,)}
+    for i in range(layers):
+        p = f"model.layers.{i}."
+        shapes.update({p + f"self_attn.{n}_proj.weight": (hidden, hidden) for n in "qkvo"})
+        shapes.update({p + "mlp.gate_proj.weight": (inter, hidden), p + "mlp.up_proj.weight": (inter, hidden), p + "mlp.down_proj.weight": (hidden, inter)})
+        shapes.update({p + "input_layernorm.weight": (hidden,), p + "post_attention_layernorm.weight": (hidden,)})
+    tensors = {n: torch.randn(s, generator=g, device=DEV, dtype=torch.float32).to(torch.bfloat16).cpu() for n, s in shapes.items()}
+    tmp = path.with_suffix(".tmp")
+    st.save_file(tensors, str(tmp), metadata={"format": "pt"})
+    os.replace(tmp, path)
+
+
+def write_hf(folder: Path, small: bool) -> None:
+    """A Llama model of random weights (~1.1 GB bf16; ~10 MB when ``small``) saved by transformers in shards of
+    about a third of it, with an index."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    h, i, n, v = (256, 688, 2, 1000) if small else (2048, 5632, 8, 32000)
+    cfg = LlamaConfig(hidden_size=h, intermediate_size=i, num_hidden_layers=n, num_attention_heads=16, num_key_value_heads=16, vocab_size=v)
+    torch.manual_seed(7)
+    with torch.device(DEV):
+        model = LlamaForCausalLM(cfg).to(torch.bfloat16)
+    tmp = folder.with_name(folder.name + ".tmp")
+    model.save_pretrained(str(tmp), max_shard_size="4MB" if small else "400MB")
+    os.replace(tmp, folder)
+
+
+def prepare(scratch: Path, gib: float) -> tuple[Path, Path]:
+    big, hf = scratch / f"llama-{gib:g}gib-bf16.safetensors", scratch / "hf-llama-sharded"
+    if dist.get_rank() == 0:
+        scratch.mkdir(parents=True, exist_ok=True)
+        if not big.exists():
+            log(f"writing {big}")
+            write_big(big, gib)
+        if not (hf / "model.safetensors.index.json").exists():
+            log(f"writing {hf}")
+            write_hf(hf, small=gib < 1)
+    dist.barrier()
+    return big, hf / "model.safetensors.index.json"
+
+
+def shard_files(index: Path) -> list[Path]:
+    weight_map = json.loads(index.read_text())["weight_map"]
+    return [index.parent / f for f in sorted(set(weight_map.values()))]
+
+
+def make_resident(paths: list[Path]) -> None:
+    if dist.get_rank() == 0:
+        for p in paths:
+            subprocess.run(["dd", f"if={p}", "of=/dev/null", "bs=16M", "status=none"], check=True)
+    dist.barrier()
+
+
+# ---------------------------------------------------------------- ceilings
+
+
+def h2d_gbps(nbytes: int = GiB, reps: int = 5) -> float:
+    host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+    host.fill_(7)
+    dev = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+    dev.copy_(host, non_blocking=True)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        dev.copy_(host, non_blocking=True)
+    torch.cuda.synchronize()
+    return reps * nbytes / (time.perf_counter() - t0) / 1e9
+
+
+def dd_parallel(path: Path, n: int = 8) -> float:
+    """Cold read rate of ``path`` by ``n`` parallel O_DIRECT dd, each over 1/n of the file (GB/s)."""
+    size = path.stat().st_size
+    bs = 4 << 20
+    blocks = -(-size // bs)
+    per = -(-blocks // n)
+    drop_caches()
+    t0 = time.perf_counter()
+    procs = [
+        subprocess.Popen(["dd", f"if={path}", "of=/dev/null", f"bs={bs}", "iflag=direct", f"skip={i * per}", f"count={per}", "status=none"])
+        for i in range(n)
+    ]
+    for p in procs:
+        p.wait()
+    return size / (time.perf_counter() - t0) / 1e9
+
+
+def dd_warm(path: Path) -> float:
+    t0 = time.perf_counter()
+    subprocess.run(["dd", f"if={path}", "of=/dev/null", "bs=16M", "status=none"], check=True)
+    return path.stat().st_size / (time.perf_counter() - t0) / 1e9
+
+
+def ceilings(big: Path) -> dict:
+    rank = dist.get_rank()
+    out = {}
+    if rank == 0:
+        out["page_cache_one_dd_gbps"] = dd_warm(big)
+    dist.barrier()
+    if not on_gpu():
+        return out
+    alone, _ = timed(lambda: h2d_gbps(), participate=rank == 0)
+    out["h2d_pinned_gbps_one_gpu"] = gather(alone)[0]
+    together, _ = timed(lambda: h2d_gbps())
+    out["h2d_pinned_gbps_all_gpus"] = gather(together)
+    return out
+
+
+# ---------------------------------------------------------------- loads
+
+
+def tensor_bytes(tensors: dict) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors.values())
+
+
+def raw(t: torch.Tensor) -> torch.Tensor:
+    return t.contiguous().reshape(-1).view(torch.uint8)
+
+
+def same(a: dict, b: dict) -> tuple[bool, str]:
+    if set(a) != set(b):
+        return False, f"names differ: {sorted(set(a) ^ set(b))[:5]}"
+    for k in a:
+        x, y = a[k], b[k]
+        if x.dtype != y.dtype or tuple(x.shape) != tuple(y.shape) or not torch.equal(raw(x), raw(y)):
+            return False, f"{k} differs"
+    return True, "bit-equal"
+
+
+def warm_runs(path: Path, runs: int, dev: str, checkpoint_bytes: int) -> dict:
+    rank = dist.get_rank()
+    res = {}
+    xs = []
+    for _ in range(runs):
+        out, s = timed(lambda: weightlift.load_file(str(path), device=dev), participate=rank == 0)
+        xs.append(checkpoint_bytes / s / 1e9)
+        del out
+    res["one_gpu_gbps"] = stats(xs)
+    xs = []
+    for _ in range(runs):
+        out, s = timed(lambda: weightlift.load_file(str(path), device=dev))
+        xs.append(checkpoint_bytes / s / 1e9)
+        del out
+    res["every_rank_reads_all_gbps"] = stats(xs)
+    for coll in ("all_gather", "broadcast"):
+        for block in (None, 64 << 20, 256 << 20):
+            xs, reports = [], []
+            for _ in range(runs):
+                out, s = timed(lambda: wd.load_file(str(path), device=dev, collective=coll, block_bytes=block))
+                xs.append(checkpoint_bytes / s / 1e9)
+                reports.append(wd.last_report())
+                del out
+            key = f"distributed_{coll}_block_{'auto' if block is None else block >> 20}"
+            rep = reports[-1]
+            res[key] = {
+                **stats(xs),
+                "block_bytes": rep["block_bytes"],
+                "steps": rep["steps"],
+                "summary": rep["summary"],
+                "ranks": [{k: r[k] for k in ("rank", "storage_requested_bytes", "storage_bytes", "group_bytes_received", "seconds", "read_seconds", "wait_seconds", "direct_policy")} for r in rep["ranks"]],
+            }
+    best_dist = max(v["best"] for k, v in res.items() if k.startswith("distributed_"))
+    best_auto = res[f"distributed_{'all_gather' if on_gpu() else 'broadcast'}_block_auto"]["best"]  # the defaults
+    res["ratio_best_distributed_to_one_gpu"] = best_dist / res["one_gpu_gbps"]["best"]
+    res["ratio_default_distributed_to_one_gpu"] = best_auto / res["one_gpu_gbps"]["best"]
+    return res
+
+
+def check_bits(path: Path, dev: str) -> dict:
+    import safetensors.torch as st
+
+    d = wd.load_file(str(path), device=dev)
+    rep = wd.last_report()
+    single = weightlift.load_file(str(path), device=dev)
+    ok1, why1 = same(d, single)
+    del single
+    if path.name.endswith(".index.json"):
+        ref = {}
+        for f in shard_files(path):
+            ref.update(st.load_file(str(f), device=dev))
+    else:
+        ref = st.load_file(str(path), device=dev)
+    ok2, why2 = same(d, ref)
+    del ref, d
+    if on_gpu():
+        torch.cuda.empty_cache()
+    per_rank = gather({"vs_weightlift_single_gpu": [ok1, why1], "vs_safetensors": [ok2, why2]})
+    files = [path] if not path.name.endswith(".index.json") else shard_files(path)
+    file_bytes = sum(f.stat().st_size for f in files)
+    s = rep["summary"]
+    return {
+        "bit_equal": all(r["vs_weightlift_single_gpu"][0] and r["vs_safetensors"][0] for r in per_rank),
+        "per_rank": per_rank,
+        "file_bytes": file_bytes,
+        "tensor_bytes": s["checkpoint_bytes"],
+        "storage_requested_bytes": s["storage_requested_bytes"],
+        "storage_bytes": s["storage_bytes"],
+        "header_bytes_all_ranks": sum(r["header_bytes"] for r in rep["ranks"]),
+        "requested_equals_tensor_bytes": s["storage_requested_bytes"] == s["checkpoint_bytes"],
+        "storage_bytes_over_file_bytes": s["storage_bytes"] / file_bytes,
+    }
+
+
+def tp_spec(world: int, rank: int):
+    """Megatron-style tensor parallelism: q/k/v/gate/up/embeddings/lm_head by rows, o/down by columns."""
+
+    def spec(name: str, shape: tuple) -> "tuple[int, int, int] | None":
+        if len(shape) != 2:
+            return None
+        return (1 if name.endswith(("o_proj.weight", "down_proj.weight")) else 0, world, rank)
+
+    return spec
+
+
+def tp_runs(path: Path, runs: int, dev: str, checkpoint_bytes: int) -> dict:
+    """Tensor-parallel slices of the file: rate, bytes read in all, and equality with slices of a full load."""
+    world, rank = dist.get_world_size(), dist.get_rank()
+    spec = tp_spec(world, rank)
+    xs = []
+    for _ in range(runs):
+        out, s = timed(lambda: wd.load_file(str(path), device=dev, shard=spec))
+        xs.append(checkpoint_bytes / s / 1e9)
+        rep = wd.last_report()
+    full = weightlift.load_file(str(path), device=dev)
+    want = {}
+    for name, t in full.items():
+        sp = spec(name, tuple(t.shape))
+        want[name] = t if sp is None else torch.tensor_split(t, world, sp[0])[rank]
+    equal = same(out, want)
+    del full, want, out
+    s = rep["summary"]
+    return {
+        "gbps_whole_checkpoint_per_wall_second": stats(xs),
+        "bit_equal_to_slices_of_a_full_load": all(ok for ok, _ in gather(equal)),
+        "storage_requested_bytes": s["storage_requested_bytes"],
+        "storage_bytes": s["storage_bytes"],
+        "tensor_bytes": s["checkpoint_bytes"],
+        "group_bytes_received": s["group_bytes_received"],
+        "ranks": [{k: r[k] for k in ("rank", "bytes", "storage_bytes", "group_bytes_received", "seconds", "read_seconds", "wait_seconds")} for r in rep["ranks"]],
+    }
+
+
+def cold_runs(big: Path, runs: int, dev: str, checkpoint_bytes: int) -> dict:
+    """Interleaved, caches dropped right before each: the disk ceiling, the distributed load, one GPU alone."""
+    rank = dist.get_rank()
+    disk, dist_rates, one, summaries = [], [], [], []
+    for _ in range(runs):
+        if rank == 0:
+            disk.append(dd_parallel(big))
+            drop_caches()
+        out, s = timed(lambda: wd.load_file(str(big), device=dev))
+        dist_rates.append(checkpoint_bytes / s / 1e9)
+        summaries.append(wd.last_report()["summary"])
+        out = None
+        if rank == 0:
+            drop_caches()
+        out, s = timed(lambda: weightlift.load_file(str(big), device=dev), participate=rank == 0)
+        one.append(checkpoint_bytes / s / 1e9)
+        out = None
+    disk = gather(disk)[0]
+    return {
+        "disk_8dd_direct_gbps": stats(disk),
+        "distributed_gbps": stats(dist_rates),
+        "one_gpu_gbps": stats(one),
+        "ratio_distributed_to_disk_median": statistics.median(dist_rates) / statistics.median(disk),
+        "ratio_distributed_to_disk_best": max(dist_rates) / max(disk),
+        "summaries": summaries,
+    }
+
+
+def fastsafetensors_runs(paths: list[Path], runs: int, dev: str, checkpoint_bytes: int, reference: dict | None) -> dict:
+    try:
+        from fastsafetensors import SafeTensorsFileLoader
+    except Exception as e:  # noqa: BLE001 - any import failure is a reason to skip
+        return {"skipped": f"fastsafetensors is not importable: {type(e).__name__}: {e}"}
+    world, rank = dist.get_world_size(), dist.get_rank()
+
+    def load() -> dict:
+        loader = SafeTensorsFileLoader(dist.group.WORLD, torch.device(dev), nogds=True)
+        loader.add_filenames({r: [str(p) for p in paths[r::world]] for r in range(world)})
+        fb = loader.copy_files_to_device()
+        out = {k: fb.get_tensor(k).clone() for k in sorted(fb.key_to_rank_lidx)}
+        fb.close()
+        loader.close()
+        return out
+
+    try:
+        xs = []
+        for _ in range(runs):
+            out, s = timed(load)
+            xs.append(checkpoint_bytes / s / 1e9)
+        res = {"warm_gbps": stats(xs), "how": "SafeTensorsFileLoader(process group, nogds=True), files split over ranks, get_tensor per key"}
+        if reference is not None:
+            res["bit_equal_to_weightlift_distributed"] = same(out, reference)[0]
+        return res
+    except Exception as e:  # noqa: BLE001
+        return {"skipped": f"fastsafetensors failed here: {type(e).__name__}: {e}"}
+
+
+# ---------------------------------------------------------------- main
+
+
+def main() -> None:
+    global DEV
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("outdir", type=Path)
+    ap.add_argument("--scratch", type=Path, default=Path("/tmp/weightlift-distributed-bench"))
+    ap.add_argument("--gib", type=float, default=4.0)
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
+    ap.add_argument("--no-cold", action="store_true", help="skip the cold runs (they drop the page cache)")
+    args = ap.parse_args()
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    if args.device == "cuda":
+        torch.cuda.set_device(local)
+        DEV = f"cuda:{local}"
+        dist.init_process_group("nccl", device_id=torch.device(DEV), timeout=datetime.timedelta(minutes=10))
+    else:
+        DEV = "cpu"
+        dist.init_process_group("gloo", timeout=datetime.timedelta(minutes=10))
+    rank, world = dist.get_rank(), dist.get_world_size()
+    start = time.perf_counter()
+    result: dict = {
+        "world": world,
+        "device": DEV,
+        "gpus": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] if on_gpu() else [],
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "weightlift": weightlift.__version__,
+        "nccl": ".".join(map(str, torch.cuda.nccl.version())) if on_gpu() else None,
+    }
+    big, hf = prepare(args.scratch, args.gib)
+    result["filesystem"] = subprocess.run(["df", "-T", str(args.scratch)], capture_output=True, text=True).stdout
+    hf_files = shard_files(hf)
+    make_resident([big, *hf_files])
+    result["residency_big"] = weightlift.probe(big)["file"] if rank == 0 else None
+    big_bytes, hf_bytes = tensor_bytes_of(big), tensor_bytes_of(hf)
+    result["checkpoints"] = {
+        "big": {"path": str(big), "file_bytes": big.stat().st_size, "tensor_bytes": big_bytes},
+        "hf": {"index": str(hf), "files": len(hf_files), "file_bytes": sum(f.stat().st_size for f in hf_files), "tensor_bytes": hf_bytes},
+    }
+    log("ceilings")
+    result["ceilings"] = ceilings(big)
+    log("warm, one file")
+    result["warm_big"] = warm_runs(big, args.runs, DEV, big_bytes)
+    log("warm, sharded save_pretrained checkpoint")
+    result["warm_hf"] = warm_runs(hf, args.runs, DEV, hf_bytes)
+    log("bit-equality and storage bytes")
+    result["check_big"] = check_bits(big, DEV)
+    result["check_hf"] = check_bits(hf, DEV)
+    log("tensor-parallel slices")
+    result["tp_big"] = tp_runs(big, args.runs, DEV, big_bytes)
+    log("fastsafetensors")
+    reference = wd.load_file(str(big), device=DEV)
+    result["fastsafetensors_big"] = fastsafetensors_runs([big], args.runs, DEV, big_bytes, reference)
+    del reference
+    result["fastsafetensors_hf"] = fastsafetensors_runs(hf_files, args.runs, DEV, hf_bytes, None)
+    if on_gpu():
+        torch.cuda.empty_cache()
+    if args.no_cold:
+        result["cold_big"] = {"skipped": "--no-cold"}
+    elif os.geteuid() != 0:
+        result["cold_big"] = {"skipped": "dropping the page cache needs root"}
+    else:
+        log("cold")
+        result["cold_big"] = cold_runs(big, args.runs, DEV, big_bytes)
+    result["seconds"] = time.perf_counter() - start
+    result["goals"] = goals(result)
+    if rank == 0:
+        args.outdir.mkdir(parents=True, exist_ok=True)
+        (args.outdir / "distributed.json").write_text(json.dumps(result, indent=1))
+        print(json.dumps(result["goals"], indent=1))
+        print(f"wrote {args.outdir / 'distributed.json'} in {result['seconds']:.0f} s")
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def tensor_bytes_of(path: Path) -> int:
+    return sum(t[5] for t in weightlift._native.inspect([str(path)])["tensors"])
+
+
+def goals(r: dict) -> dict:
+    cold = r["cold_big"]
+    return {
+        "bit_equal": r["check_big"]["bit_equal"] and r["check_hf"]["bit_equal"],
+        "storage_requested_equals_tensor_bytes": r["check_big"]["requested_equals_tensor_bytes"] and r["check_hf"]["requested_equals_tensor_bytes"],
+        "storage_bytes_over_file_bytes": [r["check_big"]["storage_bytes_over_file_bytes"], r["check_hf"]["storage_bytes_over_file_bytes"]],
+        "tp_slices_bit_equal": r["tp_big"]["bit_equal_to_slices_of_a_full_load"],
+        "tp_storage_requested_equals_tensor_bytes": r["tp_big"]["storage_requested_bytes"] == r["tp_big"]["tensor_bytes"],
+        "warm_ratio_to_one_gpu_default": r["warm_big"]["ratio_default_distributed_to_one_gpu"],
+        "warm_ratio_to_one_gpu_best_setting": r["warm_big"]["ratio_best_distributed_to_one_gpu"],
+        "warm_ratio_goal": 1.8,
+        "cold_ratio_to_disk_median": cold.get("ratio_distributed_to_disk_median"),
+        "cold_ratio_goal": 0.97,
+        "seconds": r["seconds"],
+    }
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,105 @@
+"""One rank of the distributed-load tests (tests/test_distributed.py starts several): joins a gloo process group,
+runs every scenario in order and writes, per scenario, each returned tensor's dtype, shape and SHA-256 of its bytes,
+the load report, or the error raised, to OUTDIR/rank<R>.json. The test compares them with references it computes
+itself.
+
+    python tests/distributed_worker.py RANK WORLD PORT CONFIG.json OUTDIR
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import json
+import os
+import sys
+import time
+import traceback
+
+import torch
+import torch.distributed as dist
+
+import weightlift
+import weightlift.distributed as wd
+
+
+def digest(tensors: dict) -> dict:
+    out = {}
+    for name, t in tensors.items():
+        raw = t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+        out[name] = [str(t.dtype), list(t.shape), str(t.device), hashlib.sha256(raw).hexdigest()]
+    return out
+
+
+def attempt(fn) -> dict:
+    try:
+        tensors = fn()
+    except Exception as e:  # noqa: BLE001 - the test inspects what was raised
+        return {
+            "error": type(e).__name__,
+            "message": str(e),
+            "distributed_error": isinstance(e, wd.DistributedError),
+            "weightlift_error": isinstance(e, weightlift.WeightliftError),
+            "failures": getattr(e, "failures", None),
+            "cause": repr(e.__cause__) if e.__cause__ else None,
+            "trace": traceback.format_exc(),
+        }
+    return {"tensors": digest(tensors), "report": wd.last_report()}
+
+
+def main() -> None:
+    rank, world, port = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+    with open(sys.argv[4]) as f:
+        cfg = json.load(f)
+    out_path = os.path.join(sys.argv[5], f"rank{rank}.json")
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=60)
+    )
+    results: dict = {}
+
+    def save() -> None:
+        with open(out_path + ".tmp", "w") as f:
+            json.dump(results, f)
+        os.replace(out_path + ".tmp", out_path)
+
+    mixed, index, aligned = cfg["mixed"], cfg["index"], cfg["aligned"]
+    cpu = {"device": "cpu"}
+    results["all_gather"] = attempt(lambda: wd.load_file(mixed, collective="all_gather", block_bytes=8192, **cpu))
+    results["broadcast"] = attempt(lambda: wd.load_file(mixed, collective="broadcast", block_bytes=8192, **cpu))
+    results["index"] = attempt(lambda: wd.load_file(index, **cpu))
+    results["aligned"] = attempt(lambda: wd.load_file(aligned, block_bytes=4096, **cpu))
+    spec = {"rows": (0, world, rank), "cols": (1, world, rank), "w3d": (2, world, rank), "w3d_mid": (1, world, rank)}
+    results["shard_dict"] = attempt(lambda: wd.load_file(mixed, shard=spec, block_bytes=8192, **cpu))
+    # Slices of another world than the group's: each rank reads its row segments itself.
+    odd = {"cols": (1, world + 1, rank), "w3d": (2, world + 1, world - rank)}
+    results["shard_segments"] = attempt(lambda: wd.load_file(mixed, shard=odd, block_bytes=8192, **cpu))
+    last_dim = lambda name, shape: (len(shape) - 1, world, rank) if len(shape) >= 2 else None  # noqa: E731
+    results["shard_callable"] = attempt(lambda: wd.load_file(mixed, shard=last_dim, **cpu))
+
+    # Two pretend hosts: ranks 0..world-2 on one, the last rank alone on the other.
+    wd._host_name = lambda: "host-a" if rank < world - 1 else "host-b"
+    results["split_host"] = attempt(lambda: wd.load_file(mixed, split="host", block_bytes=8192, **cpu))
+    wd._host_name = lambda: "host-a"
+    save()
+
+    os.environ["WEIGHTLIFT_INJECT_EIO"] = f"{mixed}@{cfg['eio_offset']}"
+    results["eio"] = attempt(lambda: wd.load_file(mixed, block_bytes=8192, **cpu))
+    del os.environ["WEIGHTLIFT_INJECT_EIO"]
+    results["after_eio"] = attempt(lambda: wd.load_file(mixed, block_bytes=8192, **cpu))
+    results["mismatch"] = attempt(lambda: wd.load_file(mixed if rank != 1 else aligned, **cpu))
+    results["bad_spec"] = attempt(lambda: wd.load_file(mixed, shard={"rows": (0, world, rank + (rank == 1) * world)}, **cpu))
+    save()
+
+    # Last: one rank stops answering (it sleeps past the deadline); the others must raise in time, not hang.
+    if rank == world - 1:
+        time.sleep(5)
+        os._exit(0)
+    start = time.monotonic()
+    results["rank_hangs"] = attempt(lambda: wd.load_file(mixed, block_bytes=8192, timeout=2, **cpu))
+    results["rank_hangs"]["elapsed_s"] = time.monotonic() - start
+    save()
+    os._exit(0)  # the group cannot be torn down cleanly without the silent rank
+
+
+if __name__ == "__main__":
+    main()
