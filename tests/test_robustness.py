@@ -1,0 +1,156 @@
+"""Paths that are not regular files, and writers killed mid-write.
+
+Every entry point refuses a FIFO, a socket or a character device at once with NotARegularFileError naming the path
+(each case runs in a subprocess with a deadline, so a blocking open fails the test instead of hanging it), and a
+save removes the temporary files that killed writers left, but never a live writer's."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+weightlift = pytest.importorskip("weightlift")
+st = pytest.importorskip("safetensors.torch")
+
+# Runs each entry point on one path and prints, per entry point, the exception's class names and message.
+ENTRY_POINTS = r"""
+import json, sys, torch, weightlift
+path = sys.argv[1]
+results = {}
+def attempt(name, fn):
+    try:
+        fn()
+        results[name] = {"classes": [], "message": "no error"}
+    except Exception as e:
+        results[name] = {"classes": [c.__name__ for c in type(e).__mro__], "message": str(e)}
+t = torch.empty(4, dtype=torch.uint8)
+attempt("load_file", lambda: weightlift.load_file(path))
+attempt("safe_open", lambda: weightlift.safe_open(path, framework="pt"))
+attempt("load_gguf", lambda: weightlift.load_gguf(path))
+attempt("Loader.load_tensor", lambda: weightlift.Loader(device="cpu").load_tensor(path, 4, torch.uint8))
+attempt("File.load_storage", lambda: weightlift.File(path, "r").load_storage(t.untyped_storage()))
+attempt("File(w)", lambda: weightlift.File(path, "w"))
+print(json.dumps(results))
+"""
+
+
+def entry_point_errors(path: Path) -> dict:
+    try:
+        proc = subprocess.run([sys.executable, "-c", ENTRY_POINTS, str(path)], capture_output=True, text=True, timeout=120)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"{path}: an entry point blocked for 120 s")
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture
+def special_files(tmp_path):
+    fifo = tmp_path / "model.safetensors"
+    os.mkfifo(fifo)
+    bare = tmp_path / "checkpoint"
+    os.mkfifo(bare)
+    sock_path = tmp_path / "model.gguf"
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.bind(str(sock_path))
+    yield {"FIFO": fifo, "FIFO without extension": bare, "socket": sock_path, "character device": Path("/dev/null")}
+    sock.close()
+
+
+def test_fifos_sockets_and_devices_are_refused_at_once_everywhere(special_files):
+    for what, path in special_files.items():
+        for entry, got in entry_point_errors(path).items():
+            assert "NotARegularFileError" in got["classes"], f"{what} via {entry}: {got}"
+            assert "OSError" in got["classes"] and "WeightliftError" in got["classes"], f"{what} via {entry}: {got}"
+            assert str(path) in got["message"] and "not a regular file" in got["message"], f"{what} via {entry}: {got}"
+
+
+def test_a_directory_is_an_is_a_directory_error_everywhere(tmp_path):
+    for entry, got in entry_point_errors(tmp_path).items():
+        assert "IsADirectoryError" in got["classes"], f"{entry}: {got}"
+        assert str(tmp_path) in got["message"], f"{entry}: {got}"
+
+
+WRITER = r"""
+import sys, torch, weightlift
+big = torch.arange(1 << 27, dtype=torch.int32)  # 512 MiB of distinct values
+print("ready", flush=True)
+weightlift.save_file({"big": big}, sys.argv[1])
+"""
+
+
+def stopped_writer(target: Path) -> tuple[subprocess.Popen, Path]:
+    """A writer process stopped (SIGSTOP) in the middle of a save_file to ``target``, and its temporary file."""
+    for _ in range(3):
+        p = subprocess.Popen([sys.executable, "-c", WRITER, str(target)], stdout=subprocess.PIPE)
+        assert p.stdout.readline().strip() == b"ready"
+        prefix = f"{target.name}.weightlift-tmp-{p.pid}-"
+        deadline = time.monotonic() + 60
+        while p.poll() is None and time.monotonic() < deadline:
+            temps = [f for f in target.parent.iterdir() if f.name.startswith(prefix)]
+            if temps and temps[0].stat().st_size > 0:
+                p.send_signal(signal.SIGSTOP)
+                if temps[0].exists():
+                    return p, temps[0]
+                p.send_signal(signal.SIGCONT)  # it finished the write in between: try again
+                break
+            time.sleep(0.001)
+        p.kill()
+        p.wait()
+    pytest.fail("could not stop a writer in the middle of its write in three tries")
+
+
+def test_save_file_removes_killed_writers_temp_files_and_keeps_live_ones(tmp_path):
+    target = tmp_path / "model.safetensors"
+    writer, temp = stopped_writer(target)
+    try:
+        # Alive (stopped) mid-write: its temporary file must survive another save to the same path.
+        first = {"a": torch.arange(6, dtype=torch.float32).reshape(2, 3)}
+        weightlift.save_file(first, target)
+        assert temp.exists(), "a live writer's temporary file was removed"
+        assert torch.equal(st.load_file(str(target))["a"], first["a"])
+    finally:
+        writer.kill()  # SIGKILL: nothing in the writer runs any more
+        writer.wait()
+    assert temp.exists(), "the killed writer left no temporary file: nothing to test"
+    second = {"b": torch.arange(5, dtype=torch.int64) * 7}
+    weightlift.save_file(second, target)
+    assert not temp.exists(), f"{temp.name} survived the next save"
+    assert torch.equal(st.load_file(str(target))["b"], second["b"])
+    assert sorted(f.name for f in tmp_path.iterdir()) == ["model.safetensors"]
+
+
+def test_the_python_package_never_unpickles_or_evaluates():
+    """Backs SECURITY.md: checkpoint bytes are parsed as data only. No module of the package imports pickle (or
+    marshal, shelve, dill) or calls torch.load, eval, exec or compile."""
+    import ast
+
+    package = Path(weightlift.__file__).parent
+    banned_modules = {"pickle", "cPickle", "_pickle", "marshal", "shelve", "dill", "cloudpickle", "joblib"}
+    banned_calls = {"eval", "exec", "compile", "__import__"}
+    sources = sorted(package.glob("*.py"))
+    assert sources, package
+    for source in sources:
+        tree = ast.parse(source.read_text(), str(source))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                names = {a.name.split(".")[0] for a in node.names}
+            elif isinstance(node, ast.ImportFrom):
+                names = {(node.module or "").split(".")[0]}
+            else:
+                names = set()
+            assert not names & banned_modules, f"{source.name}:{node.lineno} imports {names & banned_modules}"
+            if isinstance(node, ast.Call):
+                f = node.func
+                if isinstance(f, ast.Name):  # the builtins; re.compile and the like are fine
+                    assert f.id not in banned_calls, f"{source.name}:{node.lineno} calls {f.id}"
+                is_torch_load = isinstance(f, ast.Attribute) and f.attr == "load" and isinstance(f.value, ast.Name) and f.value.id in {"torch", "t"}
+                assert not is_torch_load, f"{source.name}:{node.lineno} calls torch.load"
