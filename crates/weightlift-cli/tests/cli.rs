@@ -206,3 +206,26 @@ fn fifos_sockets_devices_and_directories_fail_at_once() {
         assert!(err.contains(path) && err.contains(what), "{args:?}: {err}");
     }
 }
+
+/// `WEIGHTLIFT_CACHE` names the folder for generated checkpoints (and is no setting's variable: the page-cache
+/// policy is `WEIGHTLIFT_PAGE_CACHE`).
+#[test]
+fn load_without_a_path_generates_into_weightlift_cache() {
+    let dir = tempfile::tempdir().unwrap();
+    let o = Command::new(env!("CARGO_BIN_EXE_weightlift"))
+        .args(["load", "--device", "cpu", "--demo-size", "8MiB", "--json"])
+        .env("WEIGHTLIFT_CACHE", dir.path())
+        .output()
+        .expect("run weightlift");
+    assert!(o.status.success(), "{}", stderr(&o));
+    let generated: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
+    assert!(!generated.is_empty(), "nothing generated in WEIGHTLIFT_CACHE");
+    let bad = Command::new(env!("CARGO_BIN_EXE_weightlift"))
+        .args(["load", "--device", "cpu", "--demo-size", "8MiB"])
+        .env("WEIGHTLIFT_CACHE", dir.path())
+        .env("WEIGHTLIFT_PAGE_CACHE", "sometimes")
+        .output()
+        .expect("run weightlift");
+    assert_eq!(bad.status.code(), Some(2), "{}", stderr(&bad));
+    assert!(stderr(&bad).contains("WEIGHTLIFT_PAGE_CACHE") || stderr(&bad).contains("cache"), "{}", stderr(&bad));
+}

@@ -195,7 +195,7 @@ settings! {
     direct: DirectMode = DirectMode::Auto, "auto", env "WEIGHTLIFT_DIRECT", parse named::<DirectMode>,
         values &["auto", "always", "never"],
         "O_DIRECT policy: auto (cached ranges buffered, cold ranges as the cache setting says), always, never";
-    cache: CachePolicy = CachePolicy::Auto, "auto", env "WEIGHTLIFT_CACHE", parse named::<CachePolicy>,
+    cache: CachePolicy = CachePolicy::Auto, "auto", env "WEIGHTLIFT_PAGE_CACHE", parse named::<CachePolicy>,
         values &["auto", "keep", "bypass"],
         "what a load leaves in the page cache: keep (cold ranges read buffered, warm for the next process), bypass (O_DIRECT), auto (keep when the files fit in half of the available memory)";
     backend: Backend = Backend::Auto, "auto", env "WEIGHTLIFT_BACKEND", parse named::<Backend>,
