@@ -15,8 +15,10 @@ pub mod defaults {
     pub const QUEUE_DEPTH: u32 = 1;
     /// Bound on staging (pinned) memory.
     pub const STAGING_BYTES: u64 = 256 << 20;
-    /// Lanes: the CPU count, at most this many.
-    pub const MAX_THREADS: u32 = 8;
+    /// Lanes: the CPU count, at most this many. Warm page-cache loads are bound by how fast the lanes copy out
+    /// of the page cache: on a 16-vCPU H100 host, 8 lanes gave 23.0 GB/s to the GPU and 16 lanes 45.1
+    /// (bench/results/2026-11-23-h100/bench.json and bench-threads16.json).
+    pub const MAX_THREADS: u32 = 16;
 
     /// I/O threads: the CPU count, at most [`MAX_THREADS`].
     pub fn threads() -> u32 {

@@ -190,7 +190,7 @@ settings! {
         "reads in flight per I/O thread";
     staging_bytes: u64 = defaults::STAGING_BYTES, "256 MiB", env "WEIGHTLIFT_STAGING_BYTES", parse bytes,
         values &[], "upper bound on staging (pinned) memory, whatever the checkpoint size";
-    threads: u32 = defaults::threads(), "CPU count, at most 8", env "WEIGHTLIFT_THREADS", parse count::<u32>,
+    threads: u32 = defaults::threads(), "CPU count, at most 16", env "WEIGHTLIFT_THREADS", parse count::<u32>,
         values &[], "I/O threads (lanes), each with its own ring, staging slots and CUDA stream, kept between loads";
     direct: DirectMode = DirectMode::Auto, "auto", env "WEIGHTLIFT_DIRECT", parse named::<DirectMode>,
         values &["auto", "always", "never"],
