@@ -433,7 +433,7 @@ def _torch_load(t: Target, dev: str, o: Options) -> dict:
 
 
 def _kvikio_threads(o: Options) -> None:
-    import kvikio
+    import kvikio.defaults  # a submodule: `import kvikio` alone does not bind it
 
     kvikio.defaults.set("num_threads", o.kvikio_threads)
 

@@ -1,5 +1,6 @@
 //! Element types: every dtype the safetensors format defines, and every ggml tensor type that GGUF files carry.
 
+use crate::error::ErrorKind;
 use std::fmt;
 
 /// The element type of a tensor.
@@ -260,6 +261,23 @@ impl GgmlType {
     pub fn is_quantized(self) -> bool {
         matches!(self.dtype(), DType::Ggml(_))
     }
+}
+
+/// The byte size of tensor `name`, or the error naming it (shared by every reader and writer).
+pub(crate) fn expected_size(name: &str, dtype: DType, shape: &[u64]) -> Result<u64, ErrorKind> {
+    dtype.byte_size(shape).map_err(|e| match e {
+        SizeError::Overflow => ErrorKind::ShapeOverflow { tensor: name.to_string(), shape: shape.to_vec() },
+        SizeError::NotWholeBytes { bits } => {
+            let elements: u64 = shape.iter().product();
+            ErrorKind::NotWholeBytes { tensor: name.to_string(), elements_desc: format!("{elements} elements"), bits }
+        }
+        SizeError::NotWholeBlocks { block } => ErrorKind::NotWholeBlocks {
+            tensor: name.to_string(),
+            dtype: dtype.name(),
+            inner: shape.last().copied().unwrap_or(1),
+            block,
+        },
+    })
 }
 
 #[cfg(test)]

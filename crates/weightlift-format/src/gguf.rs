@@ -10,10 +10,11 @@ use std::io::{self, BufReader, Read, Seek, SeekFrom, Write};
 use std::path::Path;
 
 use crate::dtype::GgmlType;
+use crate::dtype::expected_size;
 use crate::error::{ErrorKind, FormatError};
 use crate::index::{Format, Metadata, SourceFile, TensorEntry, TensorIndex};
 use crate::input::Input;
-use crate::safetensors::expected_size;
+pub use crate::metadata::GgufValue;
 
 pub const MAGIC: [u8; 4] = *b"GGUF";
 pub const DEFAULT_ALIGNMENT: u64 = 32;
@@ -21,104 +22,6 @@ pub const DEFAULT_ALIGNMENT: u64 = 32;
 pub const MAX_DIMS: u32 = 4;
 /// Deepest array nesting accepted in metadata (real files nest at most once).
 pub const MAX_NESTING: usize = 8;
-
-/// A metadata value.
-#[derive(Clone, Debug, PartialEq)]
-pub enum GgufValue {
-    U8(u8),
-    I8(i8),
-    U16(u16),
-    I16(i16),
-    U32(u32),
-    I32(i32),
-    F32(f32),
-    Bool(bool),
-    /// GGUF strings should be UTF-8; invalid sequences are replaced with U+FFFD.
-    String(String),
-    /// An array with the type id of its elements (kept so an empty array round-trips).
-    Array(u32, Vec<GgufValue>),
-    U64(u64),
-    I64(i64),
-    F64(f64),
-}
-
-impl GgufValue {
-    pub fn type_id(&self) -> u32 {
-        match self {
-            GgufValue::U8(_) => 0,
-            GgufValue::I8(_) => 1,
-            GgufValue::U16(_) => 2,
-            GgufValue::I16(_) => 3,
-            GgufValue::U32(_) => 4,
-            GgufValue::I32(_) => 5,
-            GgufValue::F32(_) => 6,
-            GgufValue::Bool(_) => 7,
-            GgufValue::String(_) => 8,
-            GgufValue::Array(..) => 9,
-            GgufValue::U64(_) => 10,
-            GgufValue::I64(_) => 11,
-            GgufValue::F64(_) => 12,
-        }
-    }
-
-    pub fn type_name(&self) -> &'static str {
-        type_name(self.type_id())
-    }
-
-    /// The value as an unsigned integer, if it is a non-negative integer of any width.
-    pub fn as_u64(&self) -> Option<u64> {
-        match *self {
-            GgufValue::U8(v) => Some(v.into()),
-            GgufValue::U16(v) => Some(v.into()),
-            GgufValue::U32(v) => Some(v.into()),
-            GgufValue::U64(v) => Some(v),
-            GgufValue::I8(v) => u64::try_from(v).ok(),
-            GgufValue::I16(v) => u64::try_from(v).ok(),
-            GgufValue::I32(v) => u64::try_from(v).ok(),
-            GgufValue::I64(v) => u64::try_from(v).ok(),
-            _ => None,
-        }
-    }
-
-    /// The value as JSON (arrays become JSON arrays).
-    pub fn to_json(&self) -> serde_json::Value {
-        use serde_json::Value as J;
-        match self {
-            GgufValue::U8(v) => J::from(*v),
-            GgufValue::I8(v) => J::from(*v),
-            GgufValue::U16(v) => J::from(*v),
-            GgufValue::I16(v) => J::from(*v),
-            GgufValue::U32(v) => J::from(*v),
-            GgufValue::I32(v) => J::from(*v),
-            GgufValue::F32(v) => J::from(*v),
-            GgufValue::Bool(v) => J::from(*v),
-            GgufValue::String(v) => J::from(v.as_str()),
-            GgufValue::Array(_, items) => J::Array(items.iter().map(GgufValue::to_json).collect()),
-            GgufValue::U64(v) => J::from(*v),
-            GgufValue::I64(v) => J::from(*v),
-            GgufValue::F64(v) => J::from(*v),
-        }
-    }
-}
-
-fn type_name(id: u32) -> &'static str {
-    match id {
-        0 => "uint8",
-        1 => "int8",
-        2 => "uint16",
-        3 => "int16",
-        4 => "uint32",
-        5 => "int32",
-        6 => "float32",
-        7 => "bool",
-        8 => "string",
-        9 => "array",
-        10 => "uint64",
-        11 => "int64",
-        12 => "float64",
-        _ => "unknown",
-    }
-}
 
 /// Smallest encoding of a value of a type: used to bound array counts by the bytes left in the file.
 fn min_encoded_size(type_id: u32) -> u64 {
@@ -463,7 +366,7 @@ impl GgufLayout {
         piece: usize,
         fill: impl FnMut(usize, u64, &mut [u8]) -> io::Result<()>,
     ) -> io::Result<()> {
-        crate::safetensors::write_file(out, &self.header, &self.tensors, self.file_len, piece, fill)
+        crate::writer::write_file(out, &self.header, &self.tensors, self.file_len, piece, fill)
     }
 }
 

@@ -1,11 +1,11 @@
 //! The result of parsing: which bytes of which file are which tensor.
 
-use std::collections::{BTreeMap, HashMap};
-use std::path::{Path, PathBuf};
+use std::collections::HashMap;
+use std::path::PathBuf;
 
 use crate::dtype::DType;
 use crate::error::{ErrorKind, FormatError};
-use crate::gguf::GgufValue;
+pub use crate::metadata::Metadata;
 
 /// The container format of one file.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -23,16 +23,6 @@ impl Format {
             Format::Raw => "raw",
         }
     }
-}
-
-/// Metadata a file carries besides its tensors.
-#[derive(Clone, Debug, PartialEq)]
-pub enum Metadata {
-    None,
-    /// The safetensors `__metadata__` string map.
-    Safetensors(BTreeMap<String, String>),
-    /// GGUF key/value pairs, in file order.
-    Gguf(Vec<(String, GgufValue)>),
 }
 
 /// One file of a checkpoint.
@@ -93,10 +83,6 @@ impl TensorIndex {
 
     pub fn get(&self, name: &str) -> Option<&TensorEntry> {
         self.tensors.iter().find(|t| t.name == name)
-    }
-
-    pub fn path_of(&self, tensor: &TensorEntry) -> &Path {
-        &self.files[tensor.file].path
     }
 
     /// Joins indexes of separate files into one, rejecting a tensor name held by two files.

@@ -11,18 +11,21 @@
 //! from the file before checking it. [`open`] picks the reader by extension, then by the file's first bytes.
 #![forbid(unsafe_code)]
 
+#[cfg(feature = "test-support")]
 pub mod corpus;
 mod dtype;
 mod error;
 pub mod gguf;
 mod index;
 mod input;
+mod metadata;
 pub mod pack;
 pub mod raw;
 pub mod regular;
 pub mod safetensors;
 pub mod sharded;
 pub mod synth;
+mod writer;
 
 use std::path::{Path, PathBuf};
 

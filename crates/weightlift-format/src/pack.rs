@@ -30,9 +30,10 @@ use serde::{Deserialize, Serialize};
 use xxhash_rust::xxh3::Xxh3;
 
 use crate::dtype::DType;
+use crate::dtype::expected_size;
 use crate::error::{ErrorKind, FormatError};
 use crate::input::Input;
-use crate::safetensors::{MAX_HEADER_BYTES, expected_size};
+use crate::safetensors::MAX_HEADER_BYTES;
 
 /// The first 8 bytes of a pack; the last byte is the major version.
 pub const MAGIC: [u8; 8] = *b"WLPACK\0\x01";

@@ -7,13 +7,14 @@
 
 use std::collections::{BTreeMap, HashSet};
 use std::fmt;
-use std::io::{self, Read, Write};
+use std::io::{self, Write};
 use std::path::Path;
 
 use serde::de::{Deserializer, MapAccess, Visitor};
 use serde_json::Value;
 
-use crate::dtype::{DType, SizeError};
+use crate::dtype::DType;
+use crate::dtype::expected_size;
 use crate::error::{ErrorKind, FormatError};
 use crate::index::{Format, Metadata, SourceFile, TensorEntry, TensorIndex};
 use crate::input::Input;
@@ -187,22 +188,6 @@ fn parse_entry(name: String, value: Value) -> Result<Parsed, ErrorKind> {
     Ok(Parsed { name, dtype, shape, begin, end })
 }
 
-pub(crate) fn expected_size(name: &str, dtype: DType, shape: &[u64]) -> Result<u64, ErrorKind> {
-    dtype.byte_size(shape).map_err(|e| match e {
-        SizeError::Overflow => ErrorKind::ShapeOverflow { tensor: name.to_string(), shape: shape.to_vec() },
-        SizeError::NotWholeBytes { bits } => {
-            let elements: u64 = shape.iter().product();
-            ErrorKind::NotWholeBytes { tensor: name.to_string(), elements_desc: format!("{elements} elements"), bits }
-        }
-        SizeError::NotWholeBlocks { block } => ErrorKind::NotWholeBlocks {
-            tensor: name.to_string(),
-            dtype: dtype.name(),
-            inner: shape.last().copied().unwrap_or(1),
-            block,
-        },
-    })
-}
-
 /// Collects the top-level header object as an ordered list, so that a repeated key is seen rather than silently
 /// replaced (which is what deserializing into a map would do).
 struct EntriesVisitor;
@@ -333,36 +318,8 @@ impl Layout {
         piece: usize,
         fill: impl FnMut(usize, u64, &mut [u8]) -> io::Result<()>,
     ) -> io::Result<()> {
-        write_file(out, &self.header, &self.tensors, self.file_len, piece, fill)
+        crate::writer::write_file(out, &self.header, &self.tensors, self.file_len, piece, fill)
     }
-}
-
-/// Writes `header`, then each tensor's bytes at its offset (zeros in between and up to `file_len`), the bytes coming
-/// from `fill` in pieces of at most `piece` bytes. Shared by the safetensors and GGUF writers.
-pub(crate) fn write_file<W: Write>(
-    out: &mut W,
-    header: &[u8],
-    tensors: &[TensorEntry],
-    file_len: u64,
-    piece: usize,
-    mut fill: impl FnMut(usize, u64, &mut [u8]) -> io::Result<()>,
-) -> io::Result<()> {
-    out.write_all(header)?;
-    let mut pos = header.len() as u64;
-    let mut buf = vec![0u8; piece.max(1)];
-    for (i, t) in tensors.iter().enumerate() {
-        io::copy(&mut io::repeat(0).take(t.offset.saturating_sub(pos)), out)?;
-        let mut done = 0u64;
-        while done < t.nbytes {
-            let n = (t.nbytes - done).min(buf.len() as u64) as usize;
-            fill(i, done, &mut buf[..n])?;
-            out.write_all(&buf[..n])?;
-            done += n as u64;
-        }
-        pos = t.end();
-    }
-    io::copy(&mut io::repeat(0).take(file_len.saturating_sub(pos)), out)?;
-    Ok(())
 }
 
 /// Serializes tensors held in memory into a complete safetensors file image.

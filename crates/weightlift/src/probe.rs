@@ -11,26 +11,7 @@ use crate::settings::Settings;
 
 /// A JSON description of the machine (and of `path`, if given). Never fails: what cannot be probed says why.
 pub fn probe(path: Option<&Path>) -> Value {
-    let cuda = match weightlift_cuda::available() {
-        Ok(d) => {
-            let devices: Vec<Value> = (0..d.devices)
-                .map(|i| match weightlift_cuda::Gpu::open(i) {
-                    Ok(g) => {
-                        let info = g.info();
-                        let (free, total) = g.mem_info().unwrap_or((0, 0));
-                        json!({
-                            "ordinal": i, "name": info.name, "pci_bus_id": info.pci_bus_id, "pcie_link": info.pcie_link,
-                            "compute_capability": format!("{}.{}", info.compute_capability.0, info.compute_capability.1),
-                            "total_bytes": total, "free_bytes": free,
-                        })
-                    }
-                    Err(e) => json!({"ordinal": i, "error": e.to_string()}),
-                })
-                .collect();
-            json!({"available": true, "driver_cuda_version": format!("{}.{}", d.version / 1000, d.version % 1000 / 10), "devices": devices})
-        }
-        Err(why) => json!({"available": false, "reason": why}),
-    };
+    let cuda = probe_cuda();
     let uring = match weightlift_io::uring_available() {
         Ok(()) => json!({"available": true}),
         Err(why) => json!({"available": false, "reason": why}),
@@ -62,6 +43,48 @@ pub fn probe(path: Option<&Path>) -> Value {
         Ok(c) => crate::cufile_status(c),
         Err(e) => json!({"error": e.to_string()}),
     };
+    let file = path.map(probe_file);
+    json!({
+        "weightlift": env!("CARGO_PKG_VERSION"),
+        "kernel": std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default().trim(),
+        "cpus": std::thread::available_parallelism().map_or(0, |n| n.get()),
+        "cuda": cuda,
+        "io_uring": uring,
+        "cufile": cufile,
+        "backend": read_engine,
+        "gpu_path": gpu_path,
+        "settings": settings,
+        "file": file,
+    })
+}
+
+/// CUDA devices and their links, or why there are none.
+fn probe_cuda() -> Value {
+    match weightlift_cuda::available() {
+        Ok(d) => {
+            let devices: Vec<Value> = (0..d.devices)
+                .map(|i| match weightlift_cuda::Gpu::open(i) {
+                    Ok(g) => {
+                        let info = g.info();
+                        let (free, total) = g.mem_info().unwrap_or((0, 0));
+                        json!({
+                            "ordinal": i, "name": info.name, "pci_bus_id": info.pci_bus_id, "pcie_link": info.pcie_link,
+                            "compute_capability": format!("{}.{}", info.compute_capability.0, info.compute_capability.1),
+                            "total_bytes": total, "free_bytes": free,
+                        })
+                    }
+                    Err(e) => json!({"ordinal": i, "error": e.to_string()}),
+                })
+                .collect();
+            json!({"available": true, "driver_cuda_version": format!("{}.{}", d.version / 1000, d.version % 1000 / 10), "devices": devices})
+        }
+        Err(why) => json!({"available": false, "reason": why}),
+    }
+}
+
+/// How `path` would be read: O_DIRECT support, block size, page-cache residency.
+fn probe_file(path: &Path) -> Value {
+    let path = Some(path);
     // A directory is probed through a small file created in it (its filesystem is what matters).
     let scratch = path.filter(|p| p.is_dir()).and_then(|d| {
         let f = d.join(format!(".weightlift-probe-{}", std::process::id()));
@@ -92,16 +115,5 @@ pub fn probe(path: Option<&Path>) -> Value {
         }
         (_, f) => f,
     };
-    json!({
-        "weightlift": env!("CARGO_PKG_VERSION"),
-        "kernel": std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default().trim(),
-        "cpus": std::thread::available_parallelism().map_or(0, |n| n.get()),
-        "cuda": cuda,
-        "io_uring": uring,
-        "cufile": cufile,
-        "backend": read_engine,
-        "gpu_path": gpu_path,
-        "settings": settings,
-        "file": file,
-    })
+    file.unwrap_or(Value::Null)
 }

@@ -153,41 +153,10 @@ pub fn run(args: &Args, ordinal: u32) -> Result<()> {
         log(&format!("  {}: best {:.2} GB/s", c.name, c.rate.best()));
         cases.push(c);
     };
-    if let Some(c) = cold.filter(|_| args.wants("cold")) {
-        let (rate, detail) = time_loads(&engine, &llama_index, device, runs, llama_sum, drop_caches)?;
-        add(Case::new("llama, cold disk".into(), rate, "8 × dd iflag=direct", Some(c), detail));
-    }
-    if args.wants("warm") {
-        let (rate, detail) = time_loads(&engine, &llama_index, device, runs, llama_sum, || warm(&f.llama))?;
-        add(Case::new("llama, warm page cache".into(), rate, "pinned host→device", Some(h2d), detail));
-    }
-    if let Some(p) = f.shm.as_ref().filter(|_| args.wants("tmpfs")) {
-        let idx = open(p, None)?;
-        let (rate, detail) = time_loads(&engine, &idx, device, runs, llama_sum, || Ok(()))?;
-        add(Case::new("llama, tmpfs".into(), rate, "pinned host→device", Some(h2d), detail));
-    }
-    if args.wants("small") {
-        let idx = open(&f.small, None)?;
-        let (rate, detail) = time_loads(&engine, &idx, device, runs, file_checksum(&idx)?, || warm(&f.small))?;
-        add(Case::new(
-            format!("{} small tensors, warm", args.small_tensors),
-            rate,
-            "pinned host→device",
-            Some(h2d),
-            detail,
-        ));
+    for c in page_cache_cases(args, &engine, device, &f, &llama_index, llama_sum, cold, h2d)? {
+        add(c);
     }
     let raw_index = open(&f.raw, Some(RawSpec { dtype: DType::U8, count: None })).ok();
-    if let Some(idx) = raw_index.as_ref().filter(|_| args.wants("raw")) {
-        let (rate, detail) = time_loads(&engine, idx, device, runs, file_checksum(idx)?, || warm(&f.raw))?;
-        add(Case::new(
-            format!("raw {}, warm", units::bytes(args.raw_size)),
-            rate,
-            "pinned host→device",
-            Some(h2d),
-            detail,
-        ));
-    }
     let mut notes = serde_json::Map::new();
     if args.wants("gds") {
         match gds_case(args, &llama_index, device, runs, llama_sum, &f.llama, h2d) {
@@ -228,6 +197,59 @@ pub fn run(args: &Args, ordinal: u32) -> Result<()> {
         "python": python,
     });
     finish(args, &result, &cases)
+}
+
+/// The whole-file cases read from the disk or the page cache: cold, warm, tmpfs, many small tensors, a raw file.
+#[allow(clippy::too_many_arguments)]
+fn page_cache_cases(
+    args: &Args,
+    engine: &Engine,
+    device: Device,
+    f: &Files,
+    llama_index: &TensorIndex,
+    llama_sum: u64,
+    cold: Option<f64>,
+    h2d: f64,
+) -> Result<Vec<Case>> {
+    let runs = args.runs.max(1);
+    let open = |p: &Path, raw: Option<RawSpec>| weightlift::format::open(&[p.to_path_buf()], raw);
+    let mut cases = Vec::new();
+    if let Some(c) = cold.filter(|_| args.wants("cold")) {
+        let (rate, detail) = time_loads(engine, llama_index, device, runs, llama_sum, drop_caches)?;
+        cases.push(Case::new("llama, cold disk".into(), rate, "8 × dd iflag=direct", Some(c), detail));
+    }
+    if args.wants("warm") {
+        let (rate, detail) = time_loads(engine, llama_index, device, runs, llama_sum, || warm(&f.llama))?;
+        cases.push(Case::new("llama, warm page cache".into(), rate, "pinned host→device", Some(h2d), detail));
+    }
+    if let Some(p) = f.shm.as_ref().filter(|_| args.wants("tmpfs")) {
+        let idx = open(p, None)?;
+        let (rate, detail) = time_loads(engine, &idx, device, runs, llama_sum, || Ok(()))?;
+        cases.push(Case::new("llama, tmpfs".into(), rate, "pinned host→device", Some(h2d), detail));
+    }
+    if args.wants("small") {
+        let idx = open(&f.small, None)?;
+        let (rate, detail) = time_loads(engine, &idx, device, runs, file_checksum(&idx)?, || warm(&f.small))?;
+        cases.push(Case::new(
+            format!("{} small tensors, warm", args.small_tensors),
+            rate,
+            "pinned host→device",
+            Some(h2d),
+            detail,
+        ));
+    }
+    if let Some(idx) = open(&f.raw, Some(RawSpec { dtype: DType::U8, count: None })).ok().filter(|_| args.wants("raw"))
+    {
+        let (rate, detail) = time_loads(engine, &idx, device, runs, file_checksum(&idx)?, || warm(&f.raw))?;
+        cases.push(Case::new(
+            format!("raw {}, warm", units::bytes(args.raw_size)),
+            rate,
+            "pinned host→device",
+            Some(h2d),
+            detail,
+        ));
+    }
+    Ok(cases)
 }
 
 /// The warm load through cuFile. cuFile may refuse this machine's files (it needs udev attributes of the block
