@@ -154,3 +154,53 @@ def test_the_python_package_never_unpickles_or_evaluates():
                     assert f.id not in banned_calls, f"{source.name}:{node.lineno} calls {f.id}"
                 is_torch_load = isinstance(f, ast.Attribute) and f.attr == "load" and isinstance(f.value, ast.Name) and f.value.id in {"torch", "t"}
                 assert not is_torch_load, f"{source.name}:{node.lineno} calls torch.load"
+
+
+def _sparse_checkpoint(path: Path, length: int) -> None:
+    """One U8 tensor of `length` bytes whose data is a hole: long to read in small pieces, cheap on disk (for
+    cancellation only; no byte of it is checked)."""
+    header = json.dumps({"t": {"dtype": "U8", "shape": [length], "data_offsets": [0, length]}}).encode()
+    header += b" " * (-len(header) % 8)
+    with open(path, "wb") as f:
+        f.write(len(header).to_bytes(8, "little") + header)
+        f.truncate(8 + len(header) + length)
+
+
+def test_ctrl_c_interrupts_a_load_within_a_fraction_of_a_second_and_the_engine_goes_on(tmp_path):
+    import _thread
+    import threading
+
+    import safetensors.torch as st
+    import torch
+    from weightlift import _core
+
+    import weightlift.safetensors as wst
+
+    big = tmp_path / "sparse.safetensors"
+    _sparse_checkpoint(big, 2 << 30)
+    engine = _core.new_engine(threads=1, chunk_bytes="4KiB", cache="bypass")
+    sent = []
+
+    def interrupt():
+        sent.append(time.perf_counter())
+        _thread.interrupt_main()  # what Ctrl-C does: KeyboardInterrupt in the main thread
+
+    timer = threading.Timer(0.5, interrupt)
+    timer.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            wst.load_file(big, "cpu", engine=engine)
+    finally:
+        timer.cancel()
+    took = time.perf_counter() - sent[0]
+    print(f"KeyboardInterrupt {took * 1e3:.0f} ms after Ctrl-C")
+    assert took < 0.5, took
+    # The engine is usable afterwards, and loads the right bytes.
+    g = torch.Generator().manual_seed(7)
+    small = tmp_path / "small.safetensors"
+    st.save_file({f"w{i}": torch.randn(64, 33 + i, generator=g) for i in range(8)}, str(small))
+    got = wst.load_file(small, "cpu", engine=engine)
+    ref = st.load_file(str(small))
+    assert got.keys() == ref.keys()
+    for k in ref:
+        assert got[k].dtype == ref[k].dtype and torch.equal(got[k].view(torch.uint8), ref[k].view(torch.uint8))

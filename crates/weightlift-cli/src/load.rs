@@ -182,9 +182,12 @@ pub fn run(args: &Args) -> Result<()> {
     let index = weightlift::format::open(&paths, raw)?;
     let (device, why) = args.engine.device()?;
     let engine = Engine::new(args.engine.settings()?)?;
-    let mut loaded = with_progress(index.total_bytes(), |progress| {
-        engine.load(&index, device, &LoadOpts { progress: Some(progress), ..LoadOpts::default() })
-    })?;
+    let interrupt = Interrupt::watch()?;
+    let loaded = with_progress(index.total_bytes(), |progress| {
+        let opts = LoadOpts { progress: Some(progress), cancel: Some(interrupt.flag()), ..LoadOpts::default() };
+        engine.load(&index, device, &opts)
+    });
+    let mut loaded = interrupt.outcome(loaded)?;
     if args.verify {
         verify(&index, &loaded)?;
         loaded.report.verified = Some(true);
@@ -243,4 +246,57 @@ pub fn with_progress<T>(total: u64, f: impl FnOnce(&AtomicU64) -> T) -> T {
         done.store(true, Ordering::Relaxed);
         out
     })
+}
+
+/// The CLI's exit on Ctrl-C: a load in progress is cancelled (its reads drained, its memory released) and the
+/// process exits with status 130 (128 + SIGINT), as shells expect.
+#[derive(Debug)]
+pub struct Interrupted;
+
+impl std::fmt::Display for Interrupted {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("interrupted: the load was cancelled and its memory released")
+    }
+}
+
+impl std::error::Error for Interrupted {}
+
+/// SIGINT turned into a cancel flag for the duration of a load: the first Ctrl-C cancels it, a second one exits at
+/// once (status 130). Outside a load, Ctrl-C keeps its default effect.
+struct Interrupt {
+    flag: std::sync::Arc<AtomicBool>,
+    ids: [signal_hook::SigId; 2],
+}
+
+impl Interrupt {
+    fn watch() -> Result<Interrupt> {
+        use signal_hook::{consts::SIGINT, flag};
+        let f = std::sync::Arc::new(AtomicBool::new(false));
+        // Registered first, so that it sees the flag as the previous Ctrl-C left it.
+        let second =
+            flag::register_conditional_shutdown(SIGINT, 130, f.clone()).context("installing a SIGINT handler")?;
+        let first = flag::register(SIGINT, f.clone()).context("installing a SIGINT handler")?;
+        Ok(Interrupt { flag: f, ids: [second, first] })
+    }
+
+    fn flag(&self) -> &AtomicBool {
+        &self.flag
+    }
+
+    /// The load's result, or [`Interrupted`] when Ctrl-C cancelled it.
+    fn outcome<T>(&self, r: weightlift::Result<T>) -> Result<T> {
+        match r {
+            Err(e) if e.is_cancelled() && self.flag.load(Ordering::Relaxed) => Err(Interrupted.into()),
+            Err(e) => Err(e.into()),
+            Ok(v) => Ok(v),
+        }
+    }
+}
+
+impl Drop for Interrupt {
+    fn drop(&mut self) {
+        for id in self.ids {
+            signal_hook::low_level::unregister(id);
+        }
+    }
 }

@@ -132,6 +132,10 @@ fn main() -> ExitCode {
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
+        Err(e) if e.downcast_ref::<load::Interrupted>().is_some() => {
+            eprintln!("weightlift: {e}");
+            ExitCode::from(130)
+        }
         Err(e) => {
             eprintln!("weightlift: error: {e:#}");
             ExitCode::from(2)

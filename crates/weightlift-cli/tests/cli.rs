@@ -229,3 +229,46 @@ fn load_without_a_path_generates_into_weightlift_cache() {
     assert_eq!(bad.status.code(), Some(2), "{}", stderr(&bad));
     assert!(stderr(&bad).contains("WEIGHTLIFT_PAGE_CACHE") || stderr(&bad).contains("cache"), "{}", stderr(&bad));
 }
+
+/// A safetensors file of one `len`-byte U8 tensor whose data is a hole (sparse): long to read in small pieces,
+/// cheap on disk. For cancellation tests only (no byte of it is checked).
+fn sparse_checkpoint(path: &Path, len: u64) {
+    let mut header = format!(r#"{{"t":{{"dtype":"U8","shape":[{len}],"data_offsets":[0,{len}]}}}}"#).into_bytes();
+    header.resize(header.len().next_multiple_of(8), b' ');
+    let mut bytes = (header.len() as u64).to_le_bytes().to_vec();
+    bytes.extend_from_slice(&header);
+    std::fs::write(path, &bytes).unwrap();
+    std::fs::OpenOptions::new().write(true).open(path).unwrap().set_len(bytes.len() as u64 + len).unwrap();
+}
+
+/// Ctrl-C during a load: the load is cancelled, its memory released, and the process exits with status 130 soon
+/// after the signal.
+#[test]
+fn sigint_cancels_a_load_and_exits_130() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("sparse.safetensors");
+    sparse_checkpoint(&path, 2 << 30);
+    let mut child = Command::new(env!("CARGO_BIN_EXE_weightlift"))
+        .args(["load", path.to_str().unwrap(), "--device", "cpu", "--threads", "1", "--chunk-bytes", "4KiB"])
+        .args(["--cache", "bypass"])
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run weightlift");
+    std::thread::sleep(std::time::Duration::from_millis(700));
+    assert!(child.try_wait().unwrap().is_none(), "the load finished before the signal: make it longer");
+    let sent = std::time::Instant::now();
+    assert!(Command::new("kill").args(["-INT", &child.id().to_string()]).status().unwrap().success());
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(sent.elapsed() < std::time::Duration::from_secs(5), "no exit 5 s after SIGINT");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    };
+    let took = sent.elapsed();
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
+    println!("exit {:?} {:.0} ms after SIGINT", status.code(), took.as_secs_f64() * 1e3);
+    assert_eq!(status.code(), Some(130), "{err}");
+    assert!(err.contains("interrupted"), "{err}");
+}

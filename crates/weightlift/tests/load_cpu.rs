@@ -80,3 +80,53 @@ fn a_file_that_changed_since_parsing_is_refused() {
     let err = Engine::new(Settings::default()).unwrap().load(&index, Device::Cpu, &LoadOpts::default()).unwrap_err();
     assert!(err.to_string().contains("g.safetensors"), "{err}");
 }
+
+/// The cancel flag under load: set while other threads load through the same engine, it ends that load with a
+/// cancellation error soon after, the others get every byte, and the engine loads correctly afterwards.
+#[test]
+fn cancel_under_concurrent_load_stops_only_that_load() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let dir = tempfile::tempdir().unwrap();
+    // A long load: 1 GiB of holes read in 4 KiB pieces by one lane.
+    let big = dir.path().join("sparse.bin");
+    std::fs::File::create(&big).unwrap().set_len(1 << 30).unwrap();
+    let real = generate(dir.path(), "real.safetensors", Layout::Llama, Container::Safetensors, None);
+    let file = std::fs::read(&real).unwrap();
+    let engine = Engine::new(Settings::default().threads(2).chunk_bytes(4096)).unwrap();
+    let big_index = weightlift::format::open(&[big], Some(RawSpec { dtype: DType::U8, count: None })).unwrap();
+    let real_index = weightlift::format::open(std::slice::from_ref(&real), None).unwrap();
+    let check = |loaded: &weightlift::Loaded| {
+        for (t, e) in loaded.tensors.iter().zip(&real_index.tensors) {
+            let mut buf = vec![0u8; t.data.len()];
+            t.data.read_back(0, &mut buf).unwrap();
+            assert!(buf[..] == file[e.offset as usize..(e.offset + e.nbytes) as usize], "{} differs", e.name);
+        }
+    };
+    let cancel = AtomicBool::new(false);
+    std::thread::scope(|s| {
+        let cancelled = s.spawn(|| {
+            let t = std::time::Instant::now();
+            let r = engine.load(&big_index, Device::Cpu, &LoadOpts { cancel: Some(&cancel), ..LoadOpts::default() });
+            (r.map(|_| ()), t.elapsed())
+        });
+        let others: Vec<_> =
+            (0..2).map(|_| s.spawn(|| engine.load(&real_index, Device::Cpu, &LoadOpts::default()).unwrap())).collect();
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        let set = std::time::Instant::now();
+        cancel.store(true, Ordering::Relaxed);
+        let (r, total) = cancelled.join().unwrap();
+        let after = set.elapsed();
+        let e = r.expect_err("the cancelled load must fail");
+        assert!(e.is_cancelled(), "{e}");
+        println!(
+            "cancelled {:.0} ms after the flag (load ran {:.0} ms)",
+            after.as_secs_f64() * 1e3,
+            total.as_secs_f64() * 1e3
+        );
+        assert!(after < std::time::Duration::from_secs(2), "{after:?}");
+        for o in others {
+            check(&o.join().unwrap());
+        }
+    });
+    check(&engine.load(&real_index, Device::Cpu, &LoadOpts::default()).unwrap());
+}
