@@ -204,3 +204,32 @@ def test_ctrl_c_interrupts_a_load_within_a_fraction_of_a_second_and_the_engine_g
     assert got.keys() == ref.keys()
     for k in ref:
         assert got[k].dtype == ref[k].dtype and torch.equal(got[k].view(torch.uint8), ref[k].view(torch.uint8))
+
+
+def test_ctrl_c_interrupts_a_streaming_get_tensor(tmp_path):
+    import _thread
+    import threading
+
+    import weightlift
+    from weightlift import _core
+
+    big = tmp_path / "sparse.safetensors"
+    _sparse_checkpoint(big, 2 << 30)
+    engine = _core.new_engine(threads=1, chunk_bytes="4KiB", cache="bypass")
+    sent = []
+
+    def interrupt():
+        sent.append(time.perf_counter())
+        _thread.interrupt_main()
+
+    timer = threading.Timer(0.5, interrupt)
+    timer.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            with weightlift.safe_open(big, framework="pt", device="cpu", engine=engine) as f:
+                f.get_tensor("t")
+    finally:
+        timer.cancel()
+    took = time.perf_counter() - sent[0]
+    print(f"KeyboardInterrupt {took * 1e3:.0f} ms after Ctrl-C, stream closed")
+    assert took < 0.5, took

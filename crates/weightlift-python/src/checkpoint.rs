@@ -241,10 +241,10 @@ impl NativeStream {
             to_py(weightlift::Error::TensorNotFound { name: name.to_string(), where_: "this stream".into() })
         })?;
         let stream = self.stream.clone();
-        let data = interruptible(py, move |_cancel| {
+        let data = interruptible(py, move |cancel| {
             let guard = stream.lock().unwrap_or_else(|p| p.into_inner());
             match guard.as_ref() {
-                Some(s) => s.take(i),
+                Some(s) => s.take_with(i, Some(cancel)),
                 None => Err(weightlift::Error::InvalidArgument("the stream is closed".into())),
             }
         })?

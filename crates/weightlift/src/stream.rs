@@ -358,6 +358,12 @@ impl Stream {
     /// Tensor `i`'s bytes, waiting only until they have landed (reading them at once if the stream has not
     /// reached them yet).
     pub fn take(&self, i: usize) -> Result<TensorData> {
+        self.take_with(i, None)
+    }
+
+    /// [`Stream::take`], giving up with a cancellation error once `cancel` is set while it waits (Ctrl-C); the
+    /// tensor can then be taken again, and the stream reads on.
+    pub fn take_with(&self, i: usize, cancel: Option<&AtomicBool>) -> Result<TensorData> {
         let entry = self.entries.get(i).ok_or_else(|| Error::InvalidArgument(format!("no streamed tensor {i}")))?;
         let (block, offset) = self.placement.tensors[i];
         let demand = {
@@ -380,7 +386,12 @@ impl Stream {
         if demand {
             self.read_now(block)?;
         }
-        self.wait_landed(block)?;
+        if let Err(e) = self.wait_landed(block, cancel) {
+            if e.is_cancelled() {
+                self.shared.lock().taken[i] = false;
+            }
+            return Err(e);
+        }
         let data = self.hand_out(block, offset, entry.nbytes)?;
         let mut b = self.shared.lock();
         b.untaken[block] -= 1;
@@ -419,8 +430,11 @@ impl Stream {
         b
     }
 
-    fn wait_landed(&self, block: usize) -> Result<()> {
+    fn wait_landed(&self, block: usize, cancel: Option<&AtomicBool>) -> Result<()> {
         loop {
+            if cancel.is_some_and(|c| c.load(Ordering::Relaxed)) {
+                return Err(Error::Io(weightlift_io::IoError::Cancelled));
+            }
             // Read before locking the blocks: the job's lock is taken before the blocks' by the lanes (the gate
             // runs under it), so asking the job while holding the blocks would be the other order, a deadlock. A
             // load that is done stays done, so reading it first is safe.
