@@ -5,7 +5,6 @@ every other rank raise instead of hanging (each process has a deadline)."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import socket
@@ -23,15 +22,11 @@ if not torch.distributed.is_available() or not torch.distributed.is_gloo_availab
     pytest.skip("this torch has no torch.distributed with gloo", allow_module_level=True)
 
 WORKER = Path(__file__).with_name("distributed_worker.py")
+sys.path.insert(0, str(WORKER.parent))
+from distributed_worker import digest  # noqa: E402  (the workers' digest: one definition for both sides)
 DEADLINE_S = 90
 
 
-def digest(tensors: dict) -> dict:
-    out = {}
-    for name, t in tensors.items():
-        raw = t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
-        out[name] = [str(t.dtype), list(t.shape), str(t.device), hashlib.sha256(raw).hexdigest()]
-    return out
 
 
 @pytest.fixture(scope="module")

@@ -166,10 +166,24 @@ def _sparse_checkpoint(path: Path, length: int) -> None:
         f.truncate(8 + len(header) + length)
 
 
-def test_ctrl_c_interrupts_a_load_within_a_fraction_of_a_second_and_the_engine_goes_on(tmp_path):
+def _interrupt_after(seconds: float):
+    """Raises KeyboardInterrupt in the main thread after `seconds`, as Ctrl-C does; returns the timer and a list that
+    receives the time it fired."""
     import _thread
     import threading
 
+    sent = []
+
+    def interrupt():
+        sent.append(time.perf_counter())
+        _thread.interrupt_main()
+
+    timer = threading.Timer(seconds, interrupt)
+    timer.start()
+    return timer, sent
+
+
+def test_ctrl_c_interrupts_a_load_within_a_fraction_of_a_second_and_the_engine_goes_on(tmp_path):
     import safetensors.torch as st
     import torch
     from weightlift import _core
@@ -179,14 +193,7 @@ def test_ctrl_c_interrupts_a_load_within_a_fraction_of_a_second_and_the_engine_g
     big = tmp_path / "sparse.safetensors"
     _sparse_checkpoint(big, 2 << 30)
     engine = _core.new_engine(threads=1, chunk_bytes="4KiB", cache="bypass")
-    sent = []
-
-    def interrupt():
-        sent.append(time.perf_counter())
-        _thread.interrupt_main()  # what Ctrl-C does: KeyboardInterrupt in the main thread
-
-    timer = threading.Timer(0.5, interrupt)
-    timer.start()
+    timer, sent = _interrupt_after(0.5)
     try:
         with pytest.raises(KeyboardInterrupt):
             wst.load_file(big, "cpu", engine=engine)
@@ -207,23 +214,13 @@ def test_ctrl_c_interrupts_a_load_within_a_fraction_of_a_second_and_the_engine_g
 
 
 def test_ctrl_c_interrupts_a_streaming_get_tensor(tmp_path):
-    import _thread
-    import threading
-
     import weightlift
     from weightlift import _core
 
     big = tmp_path / "sparse.safetensors"
     _sparse_checkpoint(big, 2 << 30)
     engine = _core.new_engine(threads=1, chunk_bytes="4KiB", cache="bypass")
-    sent = []
-
-    def interrupt():
-        sent.append(time.perf_counter())
-        _thread.interrupt_main()
-
-    timer = threading.Timer(0.5, interrupt)
-    timer.start()
+    timer, sent = _interrupt_after(0.5)
     try:
         with pytest.raises(KeyboardInterrupt):
             with weightlift.safe_open(big, framework="pt", device="cpu", engine=engine) as f:

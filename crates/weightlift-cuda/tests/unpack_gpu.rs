@@ -83,6 +83,30 @@ fn encode(raw: &[u8], chunk: usize, codec: Codec) -> Encoded {
     (blob, streams, chunks)
 }
 
+/// The decode batch for `encode`'s streams uploaded at `src` and chunks landing at `dst` (two byte planes each).
+fn batch_of(
+    streams: &[(usize, u64, Option<NvCodec>)],
+    chunks: &[(usize, usize, u64)],
+    src: u64,
+    dst: u64,
+    chunk: usize,
+    raw_len: usize,
+) -> (Vec<StreamSrc>, Vec<ChunkJob>) {
+    let srcs =
+        streams.iter().map(|&(at, len, c)| StreamSrc { ptr: src + at as u64, stored_len: len, codec: c }).collect();
+    let jobs = chunks
+        .iter()
+        .map(|&(first, at, sum)| ChunkJob {
+            first_stream: first as u32,
+            planes: 2,
+            dst: dst + at as u64,
+            raw_len: chunk.min(raw_len - at) as u64,
+            checksum: sum,
+        })
+        .collect();
+    (srcs, jobs)
+}
+
 #[test]
 fn gpu_decode_matches_the_cpu_decoder_and_catches_a_corrupt_chunk() {
     let Some((gpu, stream)) = ready("gpu_decode_matches_the_cpu_decoder_and_catches_a_corrupt_chunk", true) else {
@@ -106,20 +130,7 @@ fn gpu_decode_matches_the_cpu_decoder_and_catches_a_corrupt_chunk() {
             let src = upload(&gpu, &stream, &blob);
             let dst = DeviceBuffer::alloc(&gpu, raw.len() + 3, &stream).unwrap();
             let base = dst.device_ptr() + 3; // odd destination, as in upstream safetensors files
-            let srcs: Vec<StreamSrc> = streams
-                .iter()
-                .map(|&(at, len, c)| StreamSrc { ptr: src.device_ptr() + at as u64, stored_len: len, codec: c })
-                .collect();
-            let jobs: Vec<ChunkJob> = chunks
-                .iter()
-                .map(|&(first, at, sum)| ChunkJob {
-                    first_stream: first as u32,
-                    planes: 2,
-                    dst: base + at as u64,
-                    raw_len: chunk.min(raw.len() - at) as u64,
-                    checksum: sum,
-                })
-                .collect();
+            let (srcs, jobs) = batch_of(&streams, &chunks, src.device_ptr(), base, chunk, raw.len());
             // SAFETY: sources and destinations are live device buffers of the sizes described; the batch is waited.
             let batch = unsafe { unpacker.decode_batch(&jobs, &srcs) }.unwrap();
             let result = batch.wait();
@@ -188,20 +199,7 @@ fn bench_gpu_decompression() {
         let (blob, streams, chunks) = encode(&raw, chunk, codec);
         let src = upload(&gpu, &stream, &blob);
         let dst = DeviceBuffer::alloc(&gpu, raw.len(), &stream).unwrap();
-        let srcs: Vec<StreamSrc> = streams
-            .iter()
-            .map(|&(at, len, c)| StreamSrc { ptr: src.device_ptr() + at as u64, stored_len: len, codec: c })
-            .collect();
-        let jobs: Vec<ChunkJob> = chunks
-            .iter()
-            .map(|&(first, at, sum)| ChunkJob {
-                first_stream: first as u32,
-                planes: 2,
-                dst: dst.device_ptr() + at as u64,
-                raw_len: chunk.min(raw.len() - at) as u64,
-                checksum: sum,
-            })
-            .collect();
+        let (srcs, jobs) = batch_of(&streams, &chunks, src.device_ptr(), dst.device_ptr(), chunk, raw.len());
         let secs = best(&stream, 5, || {
             // SAFETY: as in the tests above; each batch is waited before the next.
             let b = unsafe { unpacker.decode_batch(&jobs, &srcs) }.unwrap();

@@ -15,6 +15,16 @@ fn checkpoint(
     (path, index)
 }
 
+/// Fisher–Yates with a xorshift state (a fixed order per seed, no dependency for it).
+fn shuffle(v: &mut [usize], x: &mut u64) {
+    for k in (1..v.len()).rev() {
+        *x ^= *x << 13;
+        *x ^= *x >> 7;
+        *x ^= *x << 17;
+        v.swap(k, (*x % (k as u64 + 1)) as usize);
+    }
+}
+
 fn expect(file: &[u8], index: &weightlift::format::TensorIndex, i: usize, got: &weightlift::TensorData) {
     let t = &index.tensors[i];
     let mut buf = vec![0u8; got.len()];
@@ -45,14 +55,8 @@ fn file_order_and_random_order_give_every_byte() {
     // In file order the stream stays ahead of the takes: nothing is read apart.
     assert_eq!(stats.on_demand_reads, 0, "{stats:?}");
     // A random order (fixed seed).
-    let mut x = 0x9E37_79B9_7F4A_7C15u64;
     let mut shuffled = all.clone();
-    for k in (1..shuffled.len()).rev() {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        shuffled.swap(k, (x % (k as u64 + 1)) as usize);
-    }
+    shuffle(&mut shuffled, &mut 0x9E37_79B9_7F4A_7C15u64);
     let s = engine.stream(&index, &all, Device::Cpu).unwrap();
     for &i in &shuffled {
         expect(&file, &index, i, &s.take(i).unwrap());
@@ -101,12 +105,7 @@ fn many_streams_with_racing_takes_never_hang() {
         for round in 0..60 {
             let mut order = all.clone();
             if round % 2 == 0 {
-                for k in (1..order.len()).rev() {
-                    x ^= x << 13;
-                    x ^= x >> 7;
-                    x ^= x << 17;
-                    order.swap(k, (x % (k as u64 + 1)) as usize);
-                }
+                shuffle(&mut order, &mut x);
             }
             let s = engine.stream(&index, &all, Device::Cpu).unwrap();
             for &i in &order {
