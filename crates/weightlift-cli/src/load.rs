@@ -179,15 +179,25 @@ pub fn run(args: &Args) -> Result<()> {
         args.paths.clone()
     };
     let raw = args.raw.map(|dtype| RawSpec { dtype, count: args.count });
-    let index = weightlift::format::open(&paths, raw)?;
-    let (device, why) = args.engine.device()?;
-    let engine = Engine::new(args.engine.settings()?)?;
+    let mut costs = OneShot::default();
+    let start = Instant::now();
+    let index = costs.time(|c| &mut c.parse_secs, || weightlift::format::open(&paths, raw))?;
+    let (device, why) = costs.time(|c| &mut c.device_probe_secs, || args.engine.device())?;
+    let settings = args.engine.settings()?;
+    let engine = costs.time(|c| &mut c.engine_start_secs, || Engine::new(settings))?;
+    if let Device::Cuda(n) = device {
+        let t = Instant::now();
+        engine.gpu(n)?;
+        costs.cuda_context_secs = Some(t.elapsed().as_secs_f64());
+    }
     let interrupt = Interrupt::watch()?;
     let loaded = with_progress(index.total_bytes(), |progress| {
         let opts = LoadOpts { progress: Some(progress), cancel: Some(interrupt.flag()), ..LoadOpts::default() };
         engine.load(&index, device, &opts)
     });
     let mut loaded = interrupt.outcome(loaded)?;
+    costs.load_secs = loaded.report.seconds;
+    costs.command_secs = start.elapsed().as_secs_f64();
     if args.verify {
         verify(&index, &loaded)?;
         loaded.report.verified = Some(true);
@@ -200,12 +210,57 @@ pub fn run(args: &Args) -> Result<()> {
     if args.json {
         let mut v = loaded.report.to_json();
         v["device_reason"] = why.into();
+        v["one_shot"] = costs.json();
         println!("{v}");
     } else {
         println!("{}", loaded.report.summary());
         println!("  device: {why}");
+        println!("  {}", costs.line());
     }
     Ok(())
+}
+
+/// What a one-shot `weightlift load` spends besides the load itself (before any verification or ceiling
+/// measurement): parsing the headers, probing the device, starting the engine, creating the CUDA context.
+#[derive(Default)]
+struct OneShot {
+    parse_secs: f64,
+    device_probe_secs: f64,
+    engine_start_secs: f64,
+    cuda_context_secs: Option<f64>,
+    load_secs: f64,
+    command_secs: f64,
+}
+
+impl OneShot {
+    /// Runs `f`, adding its time to the field `field` picks.
+    fn time<T, E>(
+        &mut self,
+        field: impl FnOnce(&mut OneShot) -> &mut f64,
+        f: impl FnOnce() -> std::result::Result<T, E>,
+    ) -> std::result::Result<T, E> {
+        let t = Instant::now();
+        let r = f();
+        *field(self) += t.elapsed().as_secs_f64();
+        r
+    }
+
+    fn json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "parse_secs": self.parse_secs, "device_probe_secs": self.device_probe_secs,
+            "engine_start_secs": self.engine_start_secs, "cuda_context_secs": self.cuda_context_secs,
+            "load_secs": self.load_secs, "command_secs": self.command_secs,
+        })
+    }
+
+    fn line(&self) -> String {
+        let context = self.cuda_context_secs.map(|s| format!(", CUDA context {s:.3} s")).unwrap_or_default();
+        format!(
+            "one-shot costs: parse {:.3} s, device probe {:.3} s, engine start {:.3} s{context}, load {:.3} s; \
+             {:.3} s in all",
+            self.parse_secs, self.device_probe_secs, self.engine_start_secs, self.load_secs, self.command_secs
+        )
+    }
 }
 
 pub fn verify(index: &TensorIndex, loaded: &weightlift::Loaded) -> Result<()> {

@@ -220,6 +220,13 @@ fn load_without_a_path_generates_into_weightlift_cache() {
     assert!(o.status.success(), "{}", stderr(&o));
     let generated: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
     assert!(!generated.is_empty(), "nothing generated in WEIGHTLIFT_CACHE");
+    // A one-shot load reports its own fixed costs, which with the load make up the command's time.
+    let report: Value = serde_json::from_slice(&o.stdout).unwrap();
+    let c = &report["one_shot"];
+    let part = |k: &str| c[k].as_f64().unwrap_or_else(|| panic!("one_shot.{k} missing: {c}"));
+    let parts = part("parse_secs") + part("device_probe_secs") + part("engine_start_secs") + part("load_secs");
+    assert!(parts <= part("command_secs") + 1e-6, "{c}");
+    assert!(c["cuda_context_secs"].is_null(), "no CUDA on a CPU load: {c}");
     let bad = Command::new(env!("CARGO_BIN_EXE_weightlift"))
         .args(["load", "--device", "cpu", "--demo-size", "8MiB"])
         .env("WEIGHTLIFT_CACHE", dir.path())
