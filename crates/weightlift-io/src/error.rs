@@ -47,7 +47,51 @@ pub enum IoError {
     Cancelled,
 }
 
+fn copy_io(e: &io::Error) -> io::Error {
+    e.raw_os_error().map_or_else(|| io::Error::new(e.kind(), e.to_string()), io::Error::from_raw_os_error)
+}
+
 impl IoError {
+    /// A copy of this error (the same variant, path, offsets and OS error; boxed causes as their text), for a
+    /// failure several callers report: a background load's error, given to each take that waited on it.
+    pub fn duplicate(&self) -> IoError {
+        let text = |e: &(dyn std::error::Error + Send + Sync)| -> Box<dyn std::error::Error + Send + Sync> {
+            e.to_string().into()
+        };
+        match self {
+            IoError::Open { path, cause } => IoError::Open { path: path.clone(), cause: copy_io(cause) },
+            IoError::NotAFile { path, node } => IoError::NotAFile { path: path.clone(), node: *node },
+            IoError::Read { path, offset, len, cause } => {
+                IoError::Read { path: path.clone(), offset: *offset, len: *len, cause: copy_io(cause) }
+            }
+            IoError::Write { path, offset, len, cause } => {
+                IoError::Write { path: path.clone(), offset: *offset, len: *len, cause: copy_io(cause) }
+            }
+            IoError::Truncated { path, offset, expected_end } => {
+                IoError::Truncated { path: path.clone(), offset: *offset, expected_end: *expected_end }
+            }
+            IoError::PastEnd { path, offset, len, file_len } => {
+                IoError::PastEnd { path: path.clone(), offset: *offset, len: *len, file_len: *file_len }
+            }
+            IoError::Setting { name, value, reason } => {
+                IoError::Setting { name, value: value.clone(), reason: reason.clone() }
+            }
+            IoError::Staging { bytes, cause } => IoError::Staging { bytes: *bytes, cause: text(cause.as_ref()) },
+            IoError::OutOfMemory { what, bytes, cause } => {
+                IoError::OutOfMemory { what, bytes: *bytes, cause: cause.as_ref().map(copy_io) }
+            }
+            IoError::Uring { call, cause } => IoError::Uring { call, cause: copy_io(cause) },
+            IoError::UringUnavailable { origin, reason } => {
+                IoError::UringUnavailable { origin: origin.clone(), reason: reason.clone() }
+            }
+            IoError::Thread(cause) => IoError::Thread(copy_io(cause)),
+            IoError::Panicked(why) => IoError::Panicked(why.clone()),
+            IoError::Destinations(why) => IoError::Destinations(why.clone()),
+            IoError::Sink(cause) => IoError::Sink(text(cause.as_ref())),
+            IoError::Cancelled => IoError::Cancelled,
+        }
+    }
+
     /// The OS error number behind this error, if any.
     pub fn raw_os_error(&self) -> Option<i32> {
         match self {

@@ -290,6 +290,11 @@ impl Job {
         s.completed
     }
 
+    /// A copy of the error the job failed with, if it failed.
+    pub(crate) fn error(&self) -> Option<IoError> {
+        self.lock().error.as_ref().map(IoError::duplicate)
+    }
+
     pub(crate) fn is_complete(&self) -> bool {
         self.lock().completed
     }

@@ -59,6 +59,8 @@ pub struct StreamOptions {
     pub cancel: Option<Arc<AtomicBool>>,
     pub gate: Option<Arc<dyn Gate>>,
     pub pinner: Option<Arc<dyn Pinner>>,
+    /// Injected faults (tests).
+    pub faults: Option<Arc<FaultPlan>>,
 }
 
 impl std::fmt::Debug for StreamOptions {
@@ -288,7 +290,7 @@ impl IoEngine {
             gate: opts.gate.map(Held::Owned),
             progress: opts.progress.map(Held::Owned),
             cancel: opts.cancel.map(Held::Owned),
-            faults: None,
+            faults: opts.faults.map(Held::Owned),
             pinner: opts.pinner,
             priority: Priority::Background,
         };
@@ -336,6 +338,11 @@ pub struct Running {
 }
 
 impl Running {
+    /// The error the load failed with, if it failed (a copy: `wait` still returns it).
+    pub fn error(&self) -> Option<IoError> {
+        self.job.error()
+    }
+
     /// Whether every read has landed (or the load failed).
     pub fn is_done(&self) -> bool {
         self.job.is_complete()

@@ -16,6 +16,7 @@ use std::time::Instant;
 use serde_json::{Value, json};
 use weightlift_cuda::{DeviceBuffer, DeviceSink, Gpu, Targets};
 use weightlift_format::{TensorEntry, TensorIndex};
+use weightlift_io::fault::FaultPlan;
 use weightlift_io::{
     Admit, Extent, Gate, HostBuffer, HostSink, InPlace, IoEngine, LoadOptions, LoadRequest, OpenFile, Pending, Piece,
     Pinner, ReadOp, Running, Sink, SinkError, StreamOptions,
@@ -221,6 +222,7 @@ pub struct Stream {
     running: Option<Running>,
     allocator: Option<std::thread::JoinHandle<()>>,
     started: Instant,
+    faults: Option<Arc<FaultPlan>>,
 }
 
 impl std::fmt::Debug for Stream {
@@ -233,6 +235,17 @@ impl Engine {
     /// Starts streaming the tensors of `index` at positions `which` onto `device`, reading at most the engine's
     /// `prefetch_bytes` ahead of what has been taken.
     pub fn stream(&self, index: &TensorIndex, which: &[usize], device: Device) -> Result<Stream> {
+        self.stream_with(index, which, device, None)
+    }
+
+    /// [`Engine::stream`] with faults injected into its reads, the stream's and the on-demand ones (tests).
+    pub fn stream_with(
+        &self,
+        index: &TensorIndex,
+        which: &[usize],
+        device: Device,
+        faults: Option<Arc<FaultPlan>>,
+    ) -> Result<Stream> {
         let entries: Vec<TensorEntry> = which
             .iter()
             .map(|&i| {
@@ -297,6 +310,7 @@ impl Engine {
             running: None,
             allocator: None,
             started: Instant::now(),
+            faults,
         };
         s.start()?;
         Ok(s)
@@ -341,7 +355,7 @@ impl Stream {
                 (Arc::new(StreamSink { inner, shared: self.shared.clone() }), Some(pinner))
             }
         };
-        let opts = StreamOptions { gate: Some(gate), pinner, ..StreamOptions::default() };
+        let opts = StreamOptions { gate: Some(gate), pinner, faults: self.faults.clone(), ..StreamOptions::default() };
         self.running = Some(self.io.start(&req, opts, sink)?);
         Ok(())
     }
@@ -425,7 +439,14 @@ impl Stream {
             if left.is_zero() {
                 break;
             }
-            b = self.shared.changed.wait_timeout(b, left).unwrap_or_else(|p| p.into_inner()).0;
+            let step = left.min(std::time::Duration::from_millis(20));
+            drop(self.shared.changed.wait_timeout(b, step));
+            // A stream that ended (failed) admits nothing more: stop waiting (asked without the blocks held).
+            let done = self.running.as_ref().is_none_or(Running::is_done);
+            b = self.shared.lock();
+            if done {
+                break;
+            }
         }
         b
     }
@@ -454,8 +475,11 @@ impl Stream {
         }
     }
 
-    /// The stream ended without landing an admitted block: its error.
+    /// The stream ended without landing an admitted block: the error it failed with (naming file and offset).
     fn stream_error(&self) -> Result<()> {
+        if let Some(e) = self.running.as_ref().and_then(Running::error) {
+            return Err(Error::Io(e));
+        }
         let msg = "the streaming load stopped before this tensor arrived".to_string();
         self.shared.lock().failed.get_or_insert(msg.clone());
         Err(Error::InvalidArgument(msg))
@@ -465,7 +489,7 @@ impl Stream {
     fn read_now(&self, block: usize) -> Result<()> {
         let b = self.placement.blocks[block];
         let extents = [Extent { file: b.file as u32, offset: b.start, len: b.len, dest: 0, dest_offset: 0 }];
-        let opts = LoadOpts::default();
+        let opts = LoadOpts { faults: self.faults.as_deref(), ..LoadOpts::default() };
         match &self.memory {
             Memory::Host(bufs) => {
                 let mut guard = bufs[block].lock().unwrap_or_else(|p| p.into_inner());
@@ -473,7 +497,7 @@ impl Stream {
                 // SAFETY: the block buffer is owned by the stream and, being out of band, untouched by its lanes.
                 let sink = unsafe { HostSink::new(vec![dest]) };
                 let req = LoadRequest { files: &self.files, extents: &extents, dest_lens: &[b.len] };
-                self.io.load(&req, &LoadOptions::default(), &sink)?;
+                self.io.load(&req, &LoadOptions { faults: self.faults.as_deref(), ..LoadOptions::default() }, &sink)?;
             }
             Memory::Device { gpu, path, buffers, .. } => {
                 let buf = ensure_allocated(gpu, buffers, block, b.len, self.io.lanes())?;
