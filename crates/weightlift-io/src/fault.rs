@@ -15,6 +15,12 @@ pub enum Fault {
     Short { file: u32, offset: u64 },
     /// Before the first read reaching `offset`, the file is truncated to `offset` bytes.
     TruncateAt { file: u32, offset: u64 },
+    /// Every write covering `offset` fails with EIO.
+    WriteEio { offset: u64 },
+    /// Every write covering `offset` fails with ENOSPC (a full file system).
+    WriteFull { offset: u64 },
+    /// The first write covering `offset` stores only the bytes before it (a transient short write).
+    ShortWrite { offset: u64 },
 }
 
 /// A set of faults, each of the one-shot kinds firing once.
@@ -39,6 +45,28 @@ impl FaultPlan {
                 }
             }
         }
+    }
+
+    /// Runs on the result of a write of `[offset, offset + len)`, possibly replacing it.
+    pub fn after_write(&self, offset: u64, len: u64, result: io::Result<usize>) -> io::Result<usize> {
+        let covers = |at: u64| at >= offset && at < offset + len;
+        for (fault, fired) in &self.faults {
+            match *fault {
+                Fault::WriteEio { offset: at } if covers(at) => return Err(io::Error::from_raw_os_error(libc::EIO)),
+                Fault::WriteFull { offset: at } if covers(at) => {
+                    return Err(io::Error::from_raw_os_error(libc::ENOSPC));
+                }
+                Fault::ShortWrite { offset: at } if covers(at) && at > offset => {
+                    if let Ok(n) = result {
+                        if !fired.swap(true, Ordering::SeqCst) {
+                            return Ok(n.min((at - offset) as usize));
+                        }
+                    }
+                }
+                _ => {}
+            }
+        }
+        result
     }
 
     /// Runs on the result of a read of `[offset, offset + len)` of `file`, possibly replacing it.

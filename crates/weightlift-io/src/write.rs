@@ -58,6 +58,8 @@ pub struct WriteRequest<'a> {
     pub offset: u64,
     pub len: u64,
     pub durable: bool,
+    /// Injected faults (tests).
+    pub faults: Option<&'a crate::fault::FaultPlan>,
 }
 
 /// Writes `req.len` bytes of `source` as `req` says.
@@ -68,7 +70,7 @@ pub fn write_at(
     pool: &mut StagingPool,
     pinner: Option<&dyn Pinner>,
 ) -> Result<WriteReport, IoError> {
-    let WriteRequest { path, offset, len, durable } = *req;
+    let WriteRequest { path, offset, len, durable, faults } = *req;
     let t0 = Instant::now();
     let buffered = open_checked(path, Access::WRITE_CREATE)?;
     let want_direct = params.direct != DirectMode::Never;
@@ -96,7 +98,7 @@ pub fn write_at(
         let slots = WRITE_SLOTS.min(len.div_ceil(chunk) as usize).max(1);
         let staging = pool.acquire(chunk as usize, slots, params.staging_bytes.max(chunk), pinner)?;
         let use_uring = params.engine != ReadEngine::Pread && crate::uring::available().is_ok();
-        let w = Writer { target: &target, offset, len, chunk, source };
+        let w = Writer { target: &target, offset, len, chunk, source, faults };
         let mut stats = LaneStats::default();
         let ptrs: Vec<(*mut u8, usize)> = (0..slots).map(|i| staging.slot_ptr(i)).collect();
         if use_uring {
@@ -125,6 +127,7 @@ struct Writer<'a> {
     len: u64,
     chunk: u64,
     source: &'a dyn WriteSource,
+    faults: Option<&'a crate::fault::FaultPlan>,
 }
 
 /// A chunk being written from a slot: its state machine and the op it writes (file offset, bytes, O_DIRECT).
@@ -139,6 +142,13 @@ impl Writer<'_> {
         let at = self.offset + pos;
         let direct = self.target.direct.is_some() && at % self.target.block == 0 && n % self.target.block == 0;
         ReadOp { file: 0, offset: at, len: n, valid: n, direct, pieces: 0..0 }
+    }
+
+    fn faulted(&self, offset: u64, len: u64, result: io::Result<usize>) -> io::Result<usize> {
+        match self.faults {
+            Some(f) => f.after_write(offset, len, result),
+            None => result,
+        }
     }
 
     fn fd(&self, direct: bool) -> i32 {
@@ -169,6 +179,7 @@ impl Writer<'_> {
                     libc::pwrite(self.fd(req.direct), slot.0.add(from).cast(), req.len as usize, req.offset as i64)
                 };
                 let result = if r < 0 { Err(io::Error::last_os_error()) } else { Ok(r as usize) };
+                let result = self.faulted(req.offset, req.len, result);
                 if let Next::Complete = w.on_result(&op, self.target, result, stats)? {
                     break;
                 }
@@ -227,6 +238,8 @@ impl Writer<'_> {
                 let slot = ud as usize;
                 let Some(mut f) = state.get_mut(slot).and_then(Option::take) else { continue };
                 let result = if res < 0 { Err(io::Error::from_raw_os_error(-res)) } else { Ok(res as usize) };
+                let req = f.writing.request(&f.op);
+                let result = self.faulted(req.offset, req.len, result);
                 match f.writing.on_result(&f.op, self.target, result, stats) {
                     Ok(Next::Complete) => {
                         stats.ops += 1;
@@ -297,7 +310,8 @@ mod tests {
                 let path = dir.path().join(format!("w-{engine}-{direct}"));
                 std::fs::write(&path, vec![0xAAu8; 100]).unwrap();
                 let config = IoParams { engine, direct, chunk_bytes: 1 << 20, ..IoParams::default() };
-                let req = WriteRequest { path: &path, offset: 4096, len: data.len() as u64, durable: true };
+                let req =
+                    WriteRequest { path: &path, offset: 4096, len: data.len() as u64, durable: true, faults: None };
                 let r = write_at(&config, &req, &HostSource(&data), &mut StagingPool::new(), None).unwrap();
                 let back = std::fs::read(&path).unwrap();
                 assert_eq!(&back[..100], &[0xAA; 100][..], "the write must not truncate or clobber earlier bytes");
@@ -322,7 +336,7 @@ mod tests {
         // On another thread, so that a blocking open fails the test instead of hanging it.
         std::thread::spawn(move || {
             for (path, _) in &sent {
-                let req = WriteRequest { path, offset: 0, len: 3, durable: true };
+                let req = WriteRequest { path, offset: 0, len: 3, durable: true, faults: None };
                 let r = write_at(&IoParams::default(), &req, &HostSource(b"abc"), &mut StagingPool::new(), None);
                 let _ = tx.send(r.map(|_| ()));
             }
@@ -344,7 +358,7 @@ mod tests {
         let mut perms = std::fs::metadata(&path).unwrap().permissions();
         perms.set_readonly(true);
         std::fs::set_permissions(&path, perms).unwrap();
-        let req = WriteRequest { path: &path, offset: 0, len: 1, durable: false };
+        let req = WriteRequest { path: &path, offset: 0, len: 1, durable: false, faults: None };
         let r = write_at(&IoParams::default(), &req, &HostSource(b"y"), &mut StagingPool::new(), None);
         // Root may write anyway; everyone else gets a permission error naming the file.
         if let Err(e) = r {

@@ -490,8 +490,25 @@ impl Engine {
     /// `src` must be valid for reads of `len` bytes (device memory of the named device for `Device`) and not be
     /// written by anything else until this returns.
     pub unsafe fn write_from(&self, path: &Path, offset: u64, len: u64, src: RawSrc, durable: bool) -> Result<u64> {
+        // SAFETY: the same contract.
+        unsafe { self.write_from_with(path, offset, len, src, durable, None) }
+    }
+
+    /// [`Engine::write_from`] with faults injected into its writes (tests).
+    ///
+    /// # Safety
+    /// As for [`Engine::write_from`].
+    pub unsafe fn write_from_with(
+        &self,
+        path: &Path,
+        offset: u64,
+        len: u64,
+        src: RawSrc,
+        durable: bool,
+        faults: Option<&weightlift_io::fault::FaultPlan>,
+    ) -> Result<u64> {
         use weightlift_io::write::{HostSource, WriteRequest, WriteSource, write_at};
-        let req = WriteRequest { path, offset, len, durable };
+        let req = WriteRequest { path, offset, len, durable, faults };
         let params = self.settings.io_params();
         let mut pool = lock(&self.write_pool);
         let report = match src {

@@ -7,8 +7,8 @@
 //! arenas, not a leak).
 //!
 //! Bounded in time: `WEIGHTLIFT_SOAK_SECONDS` (default 15); `WEIGHTLIFT_SOAK_SEED` replays a run (the seed is
-//! printed). Not covered here: writes (the fault plan injects into reads),
-//! GPU paths (the GPU tests inject EIO and out-of-memory on `cuda:0`).
+//! printed). Writes are soaked by the second test below. Not covered here: GPU paths (the GPU tests inject EIO and
+//! out-of-memory on `cuda:0`).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -267,4 +267,61 @@ fn randomized_faults_on_every_host_entry_point() {
     if let Some(g) = grew {
         assert!(g < 64 << 20, "host memory grew by {g} bytes over the soak");
     }
+}
+
+/// Writes under faults: EIO and a full file system at random offsets fail with a typed error naming the file and
+/// an offset, a short write is finished, and whatever succeeds leaves exactly the bytes written. Bounded by
+/// `WEIGHTLIFT_SOAK_SECONDS` / 3 (at least 2 s); the seed is printed.
+#[test]
+fn randomized_faults_on_writes() {
+    use weightlift::RawSrc;
+    let seconds: u64 = std::env::var("WEIGHTLIFT_SOAK_SECONDS").ok().and_then(|v| v.parse().ok()).unwrap_or(15);
+    let seed: u64 = std::env::var("WEIGHTLIFT_SOAK_SEED").ok().and_then(|v| v.parse().ok()).unwrap_or_else(|| {
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64) | 1
+    });
+    println!("write fault soak: seed {seed} (WEIGHTLIFT_SOAK_SEED={seed} replays it)");
+    let dir = tempfile::tempdir().unwrap();
+    let engines = engines();
+    let mut rng = Rng(seed);
+    let mut data = vec![0u8; 6 << 20];
+    synth::tensor_bytes(seed, 1, 0, &mut data);
+    let (mut rounds, mut errors) = (0u64, 0u64);
+    let deadline = Instant::now() + Duration::from_secs((seconds / 3).max(2));
+    while Instant::now() < deadline {
+        let (ename, engine) = &engines[rng.below(engines.len() as u64) as usize];
+        let path = dir.path().join("out.bin");
+        let _ = std::fs::remove_file(&path);
+        let offset = if rng.below(2) == 0 { rng.below(64) * 4096 } else { rng.below(1 << 20) };
+        let len = 1 + rng.below(data.len() as u64);
+        let at = offset + rng.below(len);
+        let fault = match rng.below(4) {
+            0 => None,
+            1 => Some(Fault::WriteEio { offset: at }),
+            2 => Some(Fault::WriteFull { offset: at }),
+            _ => Some(Fault::ShortWrite { offset: at }),
+        };
+        let plan = FaultPlan::new(fault.into_iter().collect());
+        let what = format!("round {rounds} (seed {seed}): {ename}, {len} bytes at {offset}, fault {fault:?}");
+        let src = RawSrc::Host(data.as_ptr());
+        // SAFETY: `data` holds at least `len` readable bytes and is not written during the call.
+        let r = unsafe { engine.write_from_with(&path, offset, len, src, rng.below(2) == 0, Some(&plan)) };
+        match r {
+            Ok(n) => {
+                assert!(!matches!(fault, Some(Fault::WriteEio { .. } | Fault::WriteFull { .. })), "{what}: succeeded");
+                assert_eq!(n, len, "{what}");
+                let back = std::fs::read(&path).unwrap();
+                assert!(back[offset as usize..] == data[..len as usize], "{what}: wrong bytes in the file");
+            }
+            Err(e) => {
+                errors += 1;
+                let msg = e.to_string();
+                assert!(matches!(fault, Some(Fault::WriteEio { .. } | Fault::WriteFull { .. })), "{what}: {msg}");
+                assert!(matches!(e, Error::Io(_)), "{what}: not an I/O error: {e:?}");
+                assert!(msg.contains(&path.display().to_string()) && msg.contains("offset"), "{what}: {msg}");
+            }
+        }
+        rounds += 1;
+    }
+    println!("write fault soak: {rounds} rounds, {errors} ended in a typed error");
+    assert!(rounds >= 10, "too few rounds: {rounds}");
 }
