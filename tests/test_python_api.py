@@ -408,3 +408,31 @@ def test_gpu_initiated_nvme_backend(files):
     report = weightlift.last_report()
     assert report["backend"] == "nvme-sim" and report["nvme"]["commands"] > 0
     assert_same(got, {k: v.to("cuda:0") for k, v in ref.items()}, "cuda:0")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_load_file_verify_checks_every_byte_against_the_manifest(files, tmp_path, device):
+    import shutil
+
+    src = tmp_path / "v.safetensors"
+    shutil.copy(files["upstream"], src)
+    with pytest.raises(weightlift.ChecksumError, match="weightlift checksum"):
+        weightlift.load_file(src, device, verify=True)
+    wl = os.environ.get("WEIGHTLIFT_BIN", "weightlift")
+    subprocess.run([wl, "checksum", str(src)], check=True, capture_output=True)
+    got = weightlift.load_file(src, device, verify=True)
+    ref = st.load_file(str(files["upstream"]), device=device)
+    assert_same(got, ref, device)
+    # One byte changed in the file after the manifest was written: the load names the tensor and chunk.
+    header = 8 + int.from_bytes(src.read_bytes()[:8], "little")
+    info = json.loads(src.read_bytes()[8:header])
+    name = next(k for k in info if k != "__metadata__")
+    begin = header + info[name]["data_offsets"][0]
+    with open(src, "r+b") as f:
+        f.seek(begin + 3)
+        b = f.read(1)
+        f.seek(begin + 3)
+        f.write(bytes([b[0] ^ 0x40]))
+    with pytest.raises(weightlift.ChecksumError, match=name):
+        weightlift.load_file(src, device, verify=True)
+    assert weightlift.load_file(src, device).keys() == ref.keys()  # without verify, loaded as it is

@@ -24,6 +24,7 @@ from typing import Any, Union
 from . import _errors, _native, cufile
 from . import distributed
 from ._errors import (
+    ChecksumError,
     CudaError,
     FormatError,
     InvalidArgumentError,

@@ -46,6 +46,10 @@ class InvalidArgumentError(WeightliftError, ValueError):
     """An argument cannot be used (unknown dtype, bad device string, bad setting, wrong sizes)."""
 
 
+class ChecksumError(WeightliftError, ValueError):
+    """Loaded bytes differ from the checksum manifest (``verify=True``), or the manifest is missing or malformed."""
+
+
 class TensorNotFoundError(InvalidArgumentError, KeyError):
     """A tensor name is not in the checkpoint."""
 
@@ -55,6 +59,7 @@ class TensorNotFoundError(InvalidArgumentError, KeyError):
 
 __all__ = [
     "WeightliftError",
+    "ChecksumError",
     "FormatError",
     "IoError",
     "WeightliftFileNotFoundError",

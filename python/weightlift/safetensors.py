@@ -34,21 +34,29 @@ def load_file(
     *,
     backend: "str | None" = None,
     engine: "_native.NativeEngine | None" = None,
+    verify: bool = False,
 ) -> dict[str, "torch.Tensor"]:
     """Loads every tensor of a safetensors checkpoint — one file, several shards, or a
     ``model.safetensors.index.json`` — onto ``device`` ("cpu", "cuda", "cuda:N"), as ``safetensors.torch.load_file``
     does. Tensors on a GPU are ready for work on the current stream when this returns. ``backend`` picks the data
-    path for this call (one of the ``backend`` setting's values; default: ``WEIGHTLIFT_BACKEND`` or auto)."""
+    path for this call (one of the ``backend`` setting's values; default: ``WEIGHTLIFT_BACKEND`` or auto).
+    ``verify=True`` (a weightlift extension) checks every loaded byte against each file's checksum manifest
+    ``FILE.xxh3.json`` (write it with ``weightlift checksum FILE``) and raises ``ChecksumError`` naming the tensor
+    and chunk that differ; GPU tensors are read back to the host for it (slower)."""
     dev = _core.normalize_device(device)
     if backend is not None and engine is None:
         engine = _core.new_engine(backend=backend)
-    return _load_tensors(_checkpoint(filename), None, dev, engine)
+    return _load_tensors(_checkpoint(filename), None, dev, engine, verify)
 
 
-def _load_tensors(ckpt: "_native.Checkpoint", names: "Sequence[str] | None", device: str, engine) -> dict[str, "torch.Tensor"]:
+def _load_tensors(
+    ckpt: "_native.Checkpoint", names: "Sequence[str] | None", device: str, engine, verify: bool = False
+) -> dict[str, "torch.Tensor"]:
     _core.check_cuda(device)
     infos = ckpt.tensors if names is None else [ckpt.tensor(n) for n in names]
     buffers = ckpt.load(engine or _core.shared_engine(), device, None if names is None else list(names))
+    if verify:
+        ckpt.verify([i.name for i in infos], buffers)
     return {i.name: _core.info_tensor(buf, i) for i, buf in zip(infos, buffers)}
 
 

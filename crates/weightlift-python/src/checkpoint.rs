@@ -154,6 +154,36 @@ impl Checkpoint {
         Ok(loaded.tensors.into_iter().map(|t| NativeBuffer::new(t.data)).collect())
     }
 
+    /// Checks loaded tensors against the checksum manifests of their files (`FILE.xxh3.json`, written by
+    /// `weightlift checksum FILE`): every chunk's xxh3 of the bytes as delivered (read back from the device for
+    /// GPU tensors). Raises `ChecksumError` naming the tensor and chunk that differ.
+    fn verify(&self, py: Python<'_>, names: Vec<String>, buffers: Vec<PyRef<'_, crate::NativeBuffer>>) -> PyResult<()> {
+        if names.len() != buffers.len() {
+            return Err(crate::errors::invalid_argument("verify: as many buffers as names are needed"));
+        }
+        let mut manifests: HashMap<usize, weightlift_pack::manifest::Manifest> = HashMap::new();
+        for (name, buf) in names.iter().zip(&buffers) {
+            let t = &self.index.tensors[self.position(name)?];
+            if let std::collections::hash_map::Entry::Vacant(v) = manifests.entry(t.file) {
+                let mut path = self.index.files[t.file].path.clone().into_os_string();
+                path.push(weightlift_pack::manifest::SUFFIX);
+                let m = weightlift_pack::manifest::Manifest::read(std::path::Path::new(&path)).map_err(|e| {
+                    to_py(weightlift::Error::Verify(format!("{e} (write it with `weightlift checksum`)")))
+                })?;
+                v.insert(m);
+            }
+            let m = &manifests[&t.file];
+            let sums = m.tensor(name).ok_or_else(|| {
+                to_py(weightlift::Error::Verify(format!("tensor {name:?} is not in the checksum manifest")))
+            })?;
+            let mut bytes = vec![0u8; buf.byte_len()];
+            buf.read_back(&mut bytes).map_err(to_py)?;
+            let chunk = m.chunk_bytes;
+            py.detach(|| sums.check(chunk, &bytes)).map_err(|e| to_py(weightlift::Error::Verify(e.to_string())))?;
+        }
+        Ok(())
+    }
+
     /// Rows `[start, stop)` of the named tensor (its first dimension), read alone.
     fn rows(
         &self,

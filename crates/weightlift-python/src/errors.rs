@@ -65,6 +65,7 @@ pub fn to_py(e: Error) -> PyErr {
         Error::Cuda(_) | Error::Nvme(_) => "CudaError",
         Error::TensorNotFound { .. } => "TensorNotFoundError",
         Error::InvalidArgument(_) => "InvalidArgumentError",
+        Error::Verify(_) => "ChecksumError",
         _ => "WeightliftError",
     };
     raise(class, message, cufile_status(&e))
