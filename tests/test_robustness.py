@@ -166,6 +166,16 @@ def _sparse_checkpoint(path: Path, length: int) -> None:
         f.truncate(8 + len(header) + length)
 
 
+def _slow_load(tmp_path: Path):
+    """A 2 GiB sparse checkpoint and an engine that reads it slowly (one lane, 4 KiB reads, no page cache): a load
+    that is still running half a second in."""
+    from weightlift import _core
+
+    big = tmp_path / "sparse.safetensors"
+    _sparse_checkpoint(big, 2 << 30)
+    return big, _core.new_engine(threads=1, chunk_bytes="4KiB", cache="bypass")
+
+
 def _interrupt_after(seconds: float):
     """Raises KeyboardInterrupt in the main thread after `seconds`, as Ctrl-C does; returns the timer and a list that
     receives the time it fired."""
@@ -186,13 +196,10 @@ def _interrupt_after(seconds: float):
 def test_ctrl_c_interrupts_a_load_within_a_fraction_of_a_second_and_the_engine_goes_on(tmp_path):
     import safetensors.torch as st
     import torch
-    from weightlift import _core
 
     import weightlift.safetensors as wst
 
-    big = tmp_path / "sparse.safetensors"
-    _sparse_checkpoint(big, 2 << 30)
-    engine = _core.new_engine(threads=1, chunk_bytes="4KiB", cache="bypass")
+    big, engine = _slow_load(tmp_path)
     timer, sent = _interrupt_after(0.5)
     try:
         with pytest.raises(KeyboardInterrupt):
@@ -215,11 +222,8 @@ def test_ctrl_c_interrupts_a_load_within_a_fraction_of_a_second_and_the_engine_g
 
 def test_ctrl_c_interrupts_a_streaming_get_tensor(tmp_path):
     import weightlift
-    from weightlift import _core
 
-    big = tmp_path / "sparse.safetensors"
-    _sparse_checkpoint(big, 2 << 30)
-    engine = _core.new_engine(threads=1, chunk_bytes="4KiB", cache="bypass")
+    big, engine = _slow_load(tmp_path)
     timer, sent = _interrupt_after(0.5)
     try:
         with pytest.raises(KeyboardInterrupt):

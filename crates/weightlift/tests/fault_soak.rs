@@ -188,12 +188,18 @@ fn engines() -> Vec<(String, Engine)> {
     .collect()
 }
 
-#[test]
-fn randomized_faults_on_every_host_entry_point() {
-    let seconds: u64 = std::env::var("WEIGHTLIFT_SOAK_SECONDS").ok().and_then(|v| v.parse().ok()).unwrap_or(15);
-    let seed: u64 = std::env::var("WEIGHTLIFT_SOAK_SEED").ok().and_then(|v| v.parse().ok()).unwrap_or_else(|| {
+/// `WEIGHTLIFT_SOAK_SECONDS` (default 15) and `WEIGHTLIFT_SOAK_SEED` (default: from the clock).
+fn soak_settings() -> (u64, u64) {
+    let seconds = std::env::var("WEIGHTLIFT_SOAK_SECONDS").ok().and_then(|v| v.parse().ok()).unwrap_or(15);
+    let seed = std::env::var("WEIGHTLIFT_SOAK_SEED").ok().and_then(|v| v.parse().ok()).unwrap_or_else(|| {
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64) | 1
     });
+    (seconds, seed)
+}
+
+#[test]
+fn randomized_faults_on_every_host_entry_point() {
+    let (seconds, seed) = soak_settings();
     println!("fault soak: seed {seed} (WEIGHTLIFT_SOAK_SEED={seed} replays it), {seconds} s");
     let dir = tempfile::tempdir().unwrap();
     let inp = inputs(dir.path());
@@ -275,10 +281,7 @@ fn randomized_faults_on_every_host_entry_point() {
 #[test]
 fn randomized_faults_on_writes() {
     use weightlift::RawSrc;
-    let seconds: u64 = std::env::var("WEIGHTLIFT_SOAK_SECONDS").ok().and_then(|v| v.parse().ok()).unwrap_or(15);
-    let seed: u64 = std::env::var("WEIGHTLIFT_SOAK_SEED").ok().and_then(|v| v.parse().ok()).unwrap_or_else(|| {
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64) | 1
-    });
+    let (seconds, seed) = soak_settings();
     println!("write fault soak: seed {seed} (WEIGHTLIFT_SOAK_SEED={seed} replays it)");
     let dir = tempfile::tempdir().unwrap();
     let engines = engines();
