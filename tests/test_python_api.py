@@ -423,6 +423,15 @@ def test_load_file_verify_checks_every_byte_against_the_manifest(files, tmp_path
     got = weightlift.load_file(src, device, verify=True)
     ref = st.load_file(str(files["upstream"]), device=device)
     assert_same(got, ref, device)
+    # A manifest that lacks a tensor of the file is an error naming the tensor, not a silent pass.
+    manifest = Path(str(src) + ".xxh3.json")
+    full = manifest.read_text()
+    m = json.loads(full)
+    dropped = m["tensors"].pop()["name"]
+    manifest.write_text(json.dumps(m))
+    with pytest.raises(weightlift.ChecksumError, match=dropped):
+        weightlift.load_file(src, device, verify=True)
+    manifest.write_text(full)
     # One byte changed in the file after the manifest was written: the load names the tensor and chunk.
     header = 8 + int.from_bytes(src.read_bytes()[:8], "little")
     info = json.loads(src.read_bytes()[8:header])
