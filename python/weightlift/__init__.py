@@ -5,6 +5,8 @@ The APIs of the tools it replaces, with their names, arguments and results:
 - safetensors: :func:`load_file`, :class:`safe_open`, :func:`save_file`
 - dstorage-gpu: :class:`Loader` (``load_tensor``, ``load_tensors``, ``load_tensor_timed``), :func:`load_tensor`
 - torch.cuda.gds: :class:`File` (``load_storage``, ``save_storage``, ``pread``, ``pwrite``)
+- drop-in modules with the originals' exact signatures: :mod:`weightlift.dstorage_gpu` (``DirectStorageLoader``),
+  :mod:`weightlift.cuda_gds` (``torch.cuda.gds``), :mod:`weightlift.cufile` (``cuda.bindings.cufile``'s functions)
 - GGUF: :func:`load_gguf`
 - cuFile (GPUDirect Storage): :mod:`weightlift.cufile` (``Session``: handles, buffers, read/write, async, batch,
   vectored I/O)
@@ -21,7 +23,7 @@ from __future__ import annotations
 import os
 from typing import Any, Union
 
-from . import _errors, _native, cufile
+from . import _core, _errors, _native, cufile
 from . import distributed
 from ._errors import (
     ChecksumError,
@@ -59,8 +61,9 @@ def probe(path: Union[str, "os.PathLike[str]", None] = None) -> dict[str, Any]:
 
 def last_report() -> "dict[str, Any] | None":
     """The report of the last load in this process: backend and why, bytes, seconds, GB/s, bytes read with
-    O_DIRECT and buffered, staging memory, timings."""
-    return _native.last_report()
+    O_DIRECT and buffered, staging memory, timings. After a call of :mod:`weightlift.cuda_gds` or the functions of
+    :mod:`weightlift.cufile`, the report of that call: ``api`` and ``path`` (``engine`` or ``cufile``) and why."""
+    return _core.last_report()
 
 
 def cuda_available() -> bool:

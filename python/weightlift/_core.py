@@ -143,3 +143,26 @@ def bytes_view(tensor: "torch.Tensor") -> "torch.Tensor":
 
 def iter_ranges(items: Iterable[tuple[int, int, int]]) -> list[tuple[int, int, int]]:
     return [(int(f), int(o), int(n)) for f, o, n in items]
+
+
+# A report made in Python (a drop-in API saying which path served it) stands until the engine records a newer one:
+# it is kept with the engine's report of the moment, and shown only while that is still the engine's latest.
+_noted_lock = threading.Lock()
+_noted: "tuple[Any, dict[str, Any]] | None" = None
+
+
+def note_report(report: "dict[str, Any]") -> None:
+    """Makes ``report`` what :func:`weightlift.last_report` returns until the engine reports a newer load."""
+    global _noted
+    snapshot = _native.last_report()
+    with _noted_lock:
+        _noted = (snapshot, dict(report))
+
+
+def last_report() -> "dict[str, Any] | None":
+    """The newest report: the engine's, or one noted by :func:`note_report` after it."""
+    native = _native.last_report()
+    with _noted_lock:
+        if _noted is not None and _noted[0] == native:
+            return dict(_noted[1])
+    return native

@@ -50,6 +50,30 @@ class ChecksumError(WeightliftError, ValueError):
     """Loaded bytes differ from the checksum manifest (``verify=True``), or the manifest is missing or malformed."""
 
 
+class GdsError(WeightliftError, RuntimeError):
+    """A :mod:`weightlift.cuda_gds` call failed where ``torch.cuda.gds`` raises ``RuntimeError``; the message starts
+    with the cuFile call torch names (``cuFileRead failed: ...``)."""
+
+
+class cuFileError(WeightliftError):  # noqa: N801 - the name cuda.bindings.cufile gives it
+    """A :mod:`weightlift.cufile` function failed: ``.status`` is the cuFile status code
+    (:class:`weightlift.cufile.Status`), the message says what went wrong."""
+
+    def __init__(self, status: int, message: str = ""):
+        from .cufile import Status  # the enumeration lives with the API it belongs to
+
+        try:
+            self.status = Status(status)
+        except ValueError:
+            self.status = status  # an errno from the operating system, as cuda.bindings passes it on
+        self.message = message
+        name = getattr(self.status, "name", f"errno {status}")
+        super().__init__(f"{name} ({int(status)}): {message}" if message else f"{name} ({int(status)})")
+
+    def __reduce__(self):
+        return (type(self), (int(self.status), self.message))
+
+
 class TensorNotFoundError(InvalidArgumentError, KeyError):
     """A tensor name is not in the checkpoint."""
 
@@ -70,4 +94,6 @@ __all__ = [
     "OutOfMemoryError",
     "InvalidArgumentError",
     "TensorNotFoundError",
+    "GdsError",
+    "cuFileError",
 ]
