@@ -292,3 +292,60 @@ pub unsafe fn order_after_stream(gpu: &Gpu, stream: sys::CUstream) {
         let _ = sys::cuEventDestroy_v2(event).result();
     }
 }
+
+/// An event recorded on a caller's stream: it completes once the work queued there before it has finished. Lets
+/// a host thread wait for a consumer's kernels (e.g. before reusing memory they read) without synchronising the
+/// whole device.
+pub struct StreamMark {
+    gpu: Gpu,
+    event: sys::CUevent,
+}
+
+// SAFETY: an event is a driver handle usable from any thread of the process.
+unsafe impl Send for StreamMark {}
+// SAFETY: shared access only issues thread-safe driver calls on the handle.
+unsafe impl Sync for StreamMark {}
+
+impl fmt::Debug for StreamMark {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "StreamMark(cuda:{})", self.gpu.ordinal())
+    }
+}
+
+impl StreamMark {
+    /// Records a mark on `stream`.
+    ///
+    /// # Safety
+    /// `stream` must be a live stream of `gpu`'s context (or [`LEGACY_STREAM`]).
+    pub unsafe fn record(gpu: &Gpu, stream: sys::CUstream) -> Result<StreamMark, CudaError> {
+        gpu.bind()?;
+        let mut event: sys::CUevent = std::ptr::null_mut();
+        // SAFETY: valid out-pointer.
+        unsafe { sys::cuEventCreate(&mut event, sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32) }
+            .result()
+            .map_err(CudaError::driver(gpu.ordinal(), "cuEventCreate"))?;
+        let mark = StreamMark { gpu: gpu.clone(), event };
+        // SAFETY: the event was just created in this context; the stream is live per the contract.
+        unsafe { sys::cuEventRecord(event, stream) }
+            .result()
+            .map_err(CudaError::driver(gpu.ordinal(), "cuEventRecord"))?;
+        Ok(mark)
+    }
+
+    /// Blocks until the work queued before the mark has finished.
+    pub fn wait(&self) -> Result<(), CudaError> {
+        self.gpu.bind()?;
+        // SAFETY: `event` is live (destroyed only on drop).
+        unsafe { sys::cuEventSynchronize(self.event) }
+            .result()
+            .map_err(CudaError::driver(self.gpu.ordinal(), "cuEventSynchronize"))
+    }
+}
+
+impl Drop for StreamMark {
+    fn drop(&mut self) {
+        let _ = self.gpu.bind();
+        // SAFETY: created in `record`, destroyed once here (the driver defers it past pending waits).
+        let _ = unsafe { sys::cuEventDestroy_v2(self.event) };
+    }
+}

@@ -106,6 +106,11 @@ impl OpenFile {
     }
 }
 
+/// The logical block size a block device reports (`BLKSSZGET`).
+pub fn logical_block_size(file: &File) -> io::Result<u32> {
+    rustix::fs::ioctl_blksszget(file).map_err(io::Error::from)
+}
+
 /// Opens `path` only if it is a regular file, without ever blocking on a FIFO or device (see
 /// [`weightlift_format::regular`]); anything else is an [`IoError::NotAFile`] naming what it is.
 pub fn open_checked(path: &Path, access: Access) -> Result<File, IoError> {

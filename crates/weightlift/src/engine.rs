@@ -111,6 +111,11 @@ impl Engine {
         self.files.open(path, self.want_direct())
     }
 
+    /// `path` opened for reads by LBA: a regular file or a block device.
+    pub(crate) fn open_device(&self, path: &Path) -> Result<Arc<OpenFile>> {
+        self.files.open_device(path, self.want_direct())
+    }
+
     pub(crate) fn open_index(&self, index: &TensorIndex) -> Result<Vec<Arc<OpenFile>>> {
         self.files.open_index(index, self.want_direct())
     }
@@ -408,10 +413,62 @@ impl Engine {
         cap: u64,
         opts: &LoadOpts<'_>,
     ) -> Result<Report> {
-        let start = Instant::now();
         let files: Vec<Arc<OpenFile>> = paths.iter().map(|p| self.open(p)).collect::<Result<_>>()?;
+        // SAFETY: the same contract.
+        unsafe { self.read_open_ranges_into(&files, ranges, dest, cap, opts) }
+    }
+
+    /// [`Engine::read_ranges_into`] on files already open.
+    ///
+    /// # Safety
+    /// As for [`Engine::read_ranges_into`].
+    pub(crate) unsafe fn read_open_ranges_into(
+        &self,
+        files: &[Arc<OpenFile>],
+        ranges: &[(usize, u64, u64, u64)],
+        dest: RawDest,
+        cap: u64,
+        opts: &LoadOpts<'_>,
+    ) -> Result<Report> {
+        let ranges: Vec<_> = ranges.iter().map(|&(f, o, l, d)| (f, o, l, 0u32, d)).collect();
+        // SAFETY: the same contract, for one destination.
+        unsafe { self.read_open_scattered_into(files, &ranges, &[(dest, cap)], opts) }
+    }
+
+    /// Reads byte ranges `(file, offset, len, destination, destination offset)` of `paths` into several
+    /// caller-owned destinations `(memory, capacity)` through one plan. Every destination must be memory of one
+    /// device (host, or one CUDA device).
+    ///
+    /// # Safety
+    /// Each destination must be valid for writes of its capacity (device memory of the named device for
+    /// `Device`), the destinations must not overlap, and nothing else may access them until this returns.
+    pub unsafe fn read_scattered_into(
+        &self,
+        paths: &[PathBuf],
+        ranges: &[(usize, u64, u64, u32, u64)],
+        dests: &[(RawDest, u64)],
+        opts: &LoadOpts<'_>,
+    ) -> Result<Report> {
+        let files: Vec<Arc<OpenFile>> = paths.iter().map(|p| self.open(p)).collect::<Result<_>>()?;
+        // SAFETY: the same contract.
+        unsafe { self.read_open_scattered_into(&files, ranges, dests, opts) }
+    }
+
+    /// [`Engine::read_scattered_into`] on files already open.
+    ///
+    /// # Safety
+    /// As for [`Engine::read_scattered_into`].
+    pub(crate) unsafe fn read_open_scattered_into(
+        &self,
+        files: &[Arc<OpenFile>],
+        ranges: &[(usize, u64, u64, u32, u64)],
+        dests: &[(RawDest, u64)],
+        opts: &LoadOpts<'_>,
+    ) -> Result<Report> {
+        let start = Instant::now();
+        let paths: Vec<PathBuf> = files.iter().map(|f| f.path.clone()).collect();
         let mut extents = Vec::with_capacity(ranges.len());
-        for &(file, offset, len, dest_offset) in ranges {
+        for &(file, offset, len, dest, dest_offset) in ranges {
             let f = files.get(file).ok_or_else(|| {
                 Error::InvalidArgument(format!("range ({file}, {offset}, {len}) names file {file} of {}", paths.len()))
             })?;
@@ -420,38 +477,61 @@ impl Engine {
                     weightlift_io::IoError::PastEnd { path: f.path.clone(), offset, len, file_len: f.len }.into()
                 );
             }
+            if dest as usize >= dests.len() {
+                return Err(Error::InvalidArgument(format!(
+                    "range ({file}, {offset}, {len}) names destination {dest} of {}",
+                    dests.len()
+                )));
+            }
             if len > 0 {
-                extents.push(Extent { file: file as u32, offset, len, dest: 0, dest_offset });
+                extents.push(Extent { file: file as u32, offset, len, dest, dest_offset });
             }
         }
-        crate::path::check_extents(&extents, &[cap])?;
+        let caps: Vec<u64> = dests.iter().map(|d| d.1).collect();
+        crate::path::check_extents(&extents, &caps)?;
         let bytes = ranges.iter().map(|r| r.2).sum();
-        let mut report = match dest {
-            RawDest::Host(ptr) => {
-                // SAFETY: the caller guarantees `ptr` is valid for `cap` bytes and unaliased during the call.
-                let sink = unsafe { HostSink::new(vec![(ptr, cap as usize)]) };
-                let req = LoadRequest { files: &files, extents: &extents, dest_lens: &[cap] };
+        let device = match dests.first().map(|d| d.0) {
+            None | Some(RawDest::Host(_)) => None,
+            Some(RawDest::Device { ordinal, .. }) => Some(ordinal),
+        };
+        let mut report = match device {
+            None => {
+                let mut host = Vec::with_capacity(dests.len());
+                for (d, cap) in dests {
+                    let RawDest::Host(ptr) = *d else {
+                        return Err(Error::InvalidArgument("destinations mix host and device memory".into()));
+                    };
+                    host.push((ptr, *cap as usize));
+                }
+                // SAFETY: the caller guarantees each pointer is valid for its capacity and unaliased during the call.
+                let sink = unsafe { HostSink::new(host) };
+                let req = LoadRequest { files, extents: &extents, dest_lens: &caps };
                 let io = self.io.load(&req, &io_opts(opts), &sink)?;
-                self.report(Device::Cpu, paths.to_vec(), ranges.len(), bytes, io)
+                self.report(Device::Cpu, paths.clone(), ranges.len(), bytes, io)
             }
-            RawDest::Device { ordinal, ptr } => {
+            Some(ordinal) => {
+                let mut dev = Vec::with_capacity(dests.len());
+                for (d, cap) in dests {
+                    match *d {
+                        RawDest::Device { ordinal: o, ptr } if o == ordinal => dev.push((ptr, *cap)),
+                        _ => {
+                            return Err(Error::InvalidArgument(format!(
+                                "destinations mix cuda:{ordinal} memory with other memory"
+                            )));
+                        }
+                    }
+                }
                 let gpu = self.gpu(ordinal)?;
                 gpu.bind()?;
                 let path = self.gpu_path(ordinal)?;
-                // SAFETY: the caller guarantees `ptr` is device memory of `ordinal` valid for `cap` bytes and unused
-                // by anything else until this returns.
-                let targets = unsafe { Targets::fixed(vec![(ptr, cap)]) };
-                let read = DeviceRead {
-                    gpu: &gpu,
-                    files: &files,
-                    extents: &extents,
-                    dest_lens: &[cap],
-                    targets: &targets,
-                    opts,
-                };
+                // SAFETY: the caller guarantees each pointer is device memory of `ordinal` valid for its capacity
+                // and unused by anything else until this returns.
+                let targets = unsafe { Targets::fixed(dev) };
+                let read =
+                    DeviceRead { gpu: &gpu, files, extents: &extents, dest_lens: &caps, targets: &targets, opts };
                 let outcome = path.imp.read(&self.io, &read, &mut || Ok(()))?;
                 let mut r = self.device_report(Device::Cuda(ordinal), &gpu, &path, outcome, ranges.len(), bytes);
-                r.files = paths.to_vec();
+                r.files = paths;
                 r
             }
         };

@@ -27,6 +27,12 @@ pub enum Error {
     /// A requested tensor does not exist.
     #[error("no tensor {name:?} in {where_}")]
     TensorNotFound { name: String, where_: String },
+    /// A read by LBA reaches past the device's last block.
+    #[error("{}: LBA {lba} + {count} blocks lies past the device's {blocks} blocks", path.display())]
+    LbaOutOfRange { path: std::path::PathBuf, lba: u64, count: u64, blocks: u64 },
+    /// A region table has no range of this kind.
+    #[error("no region of kind {kind:?} (known: {known:?})")]
+    UnknownKind { kind: String, known: Vec<String> },
     /// Loaded bytes differ from the file (only when verification was asked for).
     #[error("verification failed: {0}")]
     Verify(String),

@@ -43,6 +43,15 @@ pub(crate) struct FileCache {
 impl FileCache {
     /// `path`, opened (reusing the descriptors of an unchanged file).
     pub fn open(&self, path: &Path, want_direct: bool) -> Result<Arc<OpenFile>> {
+        self.open_as(path, want_direct, false)
+    }
+
+    /// As [`FileCache::open`], accepting a block device too (reads by LBA mean the device itself).
+    pub fn open_device(&self, path: &Path, want_direct: bool) -> Result<Arc<OpenFile>> {
+        self.open_as(path, want_direct, true)
+    }
+
+    fn open_as(&self, path: &Path, want_direct: bool, devices: bool) -> Result<Arc<OpenFile>> {
         let id = identity(path)?;
         let mut open = self.open.lock().unwrap_or_else(|p| p.into_inner());
         if let Some((known, f)) = open.get(path) {
@@ -50,7 +59,11 @@ impl FileCache {
                 return Ok(f.clone());
             }
         }
-        let f = Arc::new(OpenFile::open(path, want_direct)?);
+        let f = Arc::new(if devices {
+            OpenFile::open_device(path, want_direct)?
+        } else {
+            OpenFile::open(path, want_direct)?
+        });
         if open.len() >= MAX_FILES {
             open.clear();
         }

@@ -14,12 +14,14 @@
 //! [`cuda`] (devices, pinned memory, the device sink, cuFile), then this crate: settings, the GPU data paths
 //! ([`path`]), the engine, streaming loads and reports. `docs/architecture.md` draws it.
 
+pub mod block;
 pub mod cufile_api;
 mod device;
 mod engine;
 mod error;
 mod files;
 mod gds;
+pub mod layers;
 mod nvme_sim;
 pub mod path;
 mod placement;
@@ -30,9 +32,11 @@ mod stream;
 mod tensor;
 pub mod verify;
 
+pub use block::{BlockDevice, LbaRange, RegionTable};
 pub use device::Device;
 pub use engine::Engine;
 pub use error::{Error, Result};
+pub use layers::{LayerStreamer, LayerView, StreamerStats};
 pub use nvme_sim::NvmeStats;
 pub use path::{LoadOpts, PathKind};
 pub use report::{PathUsed, Report};
