@@ -1,0 +1,1139 @@
+//! The C API of weightlift (`include/weightlift.h`, generated from this file by cbindgen): engines, checkpoints,
+//! loads of tensors and byte ranges into host or device memory (synchronous, or ordered on a `CUstream`), writes,
+//! block devices read by LBA, region tables read by kind, and the layer streamer.
+//!
+//! Every function catches panics (returned as `WL_ERR_INTERNAL`), checks its pointers for NULL, and leaves a
+//! one-line message for `wl_last_error()` on failure.
+#![allow(non_camel_case_types)]
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::ffi::{CStr, CString, c_char, c_void};
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+use weightlift::cuda::{CUstream, CudaError, DeviceBuffer};
+use weightlift::format::{FormatError, TensorIndex};
+use weightlift::io::IoError;
+use weightlift::{BlockDevice, Device, Engine, Error, LayerStreamer, RawDest, RawSrc, RegionTable, Settings};
+
+/// Result of every call. `WL_OK` is 0; `wl_last_error()` explains any other value.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum wl_status {
+    WL_OK = 0,
+    /// A NULL pointer, a bad setting, a destination too small, memory of the wrong device.
+    WL_ERR_INVALID_ARGUMENT = 1,
+    /// A file, tensor or region kind that does not exist.
+    WL_ERR_NOT_FOUND = 2,
+    /// Reading or writing failed (the message names the file and offset).
+    WL_ERR_IO = 3,
+    /// A checkpoint's headers are malformed.
+    WL_ERR_FORMAT = 4,
+    /// A read past the end of a file, or an LBA past the end of a device.
+    WL_ERR_OUT_OF_RANGE = 5,
+    /// Host or device memory ran out.
+    WL_ERR_OUT_OF_MEMORY = 6,
+    /// CUDA (or cuFile) is not available on this machine.
+    WL_ERR_UNAVAILABLE = 7,
+    /// The CUDA driver refused a call.
+    WL_ERR_CUDA = 8,
+    /// The operation was cancelled.
+    WL_ERR_CANCELLED = 9,
+    /// The path is a FIFO, socket or device where a regular file is needed.
+    WL_ERR_NOT_A_FILE = 10,
+    /// A bug in weightlift (a caught panic); please report it with the message.
+    WL_ERR_INTERNAL = 11,
+}
+
+/// `wl_mem.device` for host memory.
+pub const WL_HOST: i32 = -1;
+
+/// A span of memory: host memory (`device == WL_HOST`, `ptr` a host address) or memory of CUDA device `device`
+/// (`ptr` a `CUdeviceptr`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct wl_mem {
+    pub device: i32,
+    pub ptr: u64,
+    pub len: u64,
+}
+
+/// An engine: I/O lanes, pinned staging and CUDA streams kept between loads. Thread-safe.
+#[derive(Debug)]
+pub struct wl_engine {
+    engine: Arc<Engine>,
+}
+
+/// An opened checkpoint (safetensors, GGUF, or a shard index `*.safetensors.index.json`).
+#[derive(Debug)]
+pub struct wl_checkpoint {
+    index: TensorIndex,
+    names: Vec<CString>,
+    dtypes: Vec<CString>,
+    files: Vec<CString>,
+}
+
+/// One tensor of a checkpoint. The pointers stay valid until the checkpoint is closed.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct wl_tensor_info {
+    pub name: *const c_char,
+    /// safetensors dtype name (`"BF16"`, `"F32"`, …) or GGML type name (`"Q4_K"`, …).
+    pub dtype: *const c_char,
+    pub ndim: usize,
+    /// `ndim` dimensions, outermost first.
+    pub shape: *const u64,
+    pub nbytes: u64,
+    /// The file holding it and the byte offset of its data there.
+    pub file: *const c_char,
+    pub offset: u64,
+}
+
+/// A read or write running in the background (`wl_read_async`, `wl_block_read_async`).
+#[derive(Debug)]
+pub struct wl_op {
+    worker: Option<std::thread::JoinHandle<()>>,
+    result: Arc<Mutex<Option<Result<u64, Error>>>>,
+}
+
+/// A block device, or a file standing for one, addressed by LBA.
+#[derive(Debug)]
+pub struct wl_block {
+    dev: BlockDevice,
+}
+
+/// Named LBA ranges ("kinds") of one block device.
+#[derive(Debug)]
+pub struct wl_regions {
+    table: RegionTable,
+}
+
+/// A layer streamer (see `wl_layers_open`).
+#[derive(Debug)]
+pub struct wl_layers {
+    streamer: LayerStreamer,
+}
+
+/// A layer handed back by `wl_layers_load`: valid until the next `wl_layers_load` or `wl_layers_close`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct wl_layer {
+    pub layer: u32,
+    pub slot: u32,
+    /// The slot's address (host or device memory, as the streamer's device).
+    pub base: u64,
+    /// Bytes of the slot the layer occupies.
+    pub bytes: u64,
+    /// Tensors of the layer: `tensors[k]` is a position in the checkpoint, at `base + offsets[k]`.
+    pub count: usize,
+    pub tensors: *const usize,
+    pub offsets: *const u64,
+}
+
+/// What a layer streamer did so far.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct wl_layers_stats {
+    pub loads: u64,
+    pub bytes: u64,
+    /// Seconds spent reading layers in the background.
+    pub load_seconds: f64,
+    /// Seconds `wl_layers_load` spent waiting for bytes.
+    pub wait_seconds: f64,
+    pub requests: u64,
+    /// Requests whose layer was already in its slot.
+    pub ready_hits: u64,
+}
+
+thread_local! {
+    static LAST_ERROR: RefCell<CString> = RefCell::new(CString::default());
+}
+
+fn set_error(msg: String) {
+    let c = CString::new(msg.replace('\0', "\\0")).unwrap_or_default();
+    LAST_ERROR.with(|e| *e.borrow_mut() = c);
+}
+
+fn status_of(e: &Error) -> wl_status {
+    use wl_status::*;
+    match e {
+        Error::Format(f) => format_status(f),
+        Error::Io(io) => match io {
+            IoError::Open { cause, .. } if cause.kind() == std::io::ErrorKind::NotFound => WL_ERR_NOT_FOUND,
+            IoError::NotAFile { .. } => WL_ERR_NOT_A_FILE,
+            IoError::PastEnd { .. } => WL_ERR_OUT_OF_RANGE,
+            IoError::OutOfMemory { .. } => WL_ERR_OUT_OF_MEMORY,
+            IoError::Cancelled => WL_ERR_CANCELLED,
+            IoError::Setting { .. } => WL_ERR_INVALID_ARGUMENT,
+            _ => WL_ERR_IO,
+        },
+        Error::Cuda(c) => match c {
+            CudaError::Unavailable(_) | CudaError::CufileUnavailable(_) | CudaError::NoSuchDevice { .. } => {
+                WL_ERR_UNAVAILABLE
+            }
+            CudaError::OutOfMemory { .. } => WL_ERR_OUT_OF_MEMORY,
+            CudaError::OutOfBounds { .. } => WL_ERR_INVALID_ARGUMENT,
+            _ => WL_ERR_CUDA,
+        },
+        Error::InvalidArgument(_) => WL_ERR_INVALID_ARGUMENT,
+        Error::TensorNotFound { .. } | Error::UnknownKind { .. } => WL_ERR_NOT_FOUND,
+        Error::LbaOutOfRange { .. } => WL_ERR_OUT_OF_RANGE,
+        _ => WL_ERR_IO,
+    }
+}
+
+fn format_status(f: &FormatError) -> wl_status {
+    use weightlift::format::ErrorKind;
+    match &f.kind {
+        ErrorKind::Open(e) if e.kind() == std::io::ErrorKind::NotFound => wl_status::WL_ERR_NOT_FOUND,
+        ErrorKind::Open(_) | ErrorKind::Read { .. } | ErrorKind::Write(_) => wl_status::WL_ERR_IO,
+        ErrorKind::NotAFile { .. } => wl_status::WL_ERR_NOT_A_FILE,
+        _ => wl_status::WL_ERR_FORMAT,
+    }
+}
+
+/// Runs `f`, turning an error or a panic into a status and a message.
+fn guard(f: impl FnOnce() -> Result<(), Error>) -> wl_status {
+    match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(Ok(())) => wl_status::WL_OK,
+        Ok(Err(e)) => {
+            set_error(e.to_string());
+            status_of(&e)
+        }
+        Err(panic) => {
+            let what = panic
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "a panic".into());
+            set_error(format!("internal error (please report): {what}"));
+            wl_status::WL_ERR_INTERNAL
+        }
+    }
+}
+
+fn invalid(msg: impl Into<String>) -> Error {
+    Error::InvalidArgument(msg.into())
+}
+
+/// `&T` from a pointer the caller passed, or an error naming the argument.
+///
+/// # Safety
+/// `p` must be NULL or point at a live `T`.
+unsafe fn arg<'a, T>(p: *const T, name: &str) -> Result<&'a T, Error> {
+    // SAFETY: per the contract, a non-NULL `p` points at a live `T`.
+    unsafe { p.as_ref() }.ok_or_else(|| invalid(format!("{name} is NULL")))
+}
+
+/// # Safety
+/// `p` must be NULL or point at a live `T` nobody else uses during the call.
+unsafe fn arg_mut<'a, T>(p: *mut T, name: &str) -> Result<&'a mut T, Error> {
+    // SAFETY: per the contract.
+    unsafe { p.as_mut() }.ok_or_else(|| invalid(format!("{name} is NULL")))
+}
+
+/// # Safety
+/// `p` must be NULL or a NUL-terminated string.
+unsafe fn string(p: *const c_char, name: &str) -> Result<String, Error> {
+    if p.is_null() {
+        return Err(invalid(format!("{name} is NULL")));
+    }
+    // SAFETY: per the contract.
+    let s = unsafe { CStr::from_ptr(p) };
+    s.to_str().map(str::to_owned).map_err(|_| invalid(format!("{name} is not UTF-8")))
+}
+
+/// Stores `v` through an out-pointer if it is not NULL.
+///
+/// # Safety
+/// `out` must be NULL or valid for a write of `T`.
+unsafe fn put<T>(out: *mut T, v: T) {
+    if !out.is_null() {
+        // SAFETY: per the contract.
+        unsafe { out.write(v) };
+    }
+}
+
+fn dest_of(m: &wl_mem) -> Result<RawDest, Error> {
+    match m.device {
+        WL_HOST if m.ptr == 0 && m.len > 0 => Err(invalid("host destination pointer is NULL")),
+        WL_HOST => Ok(RawDest::Host(m.ptr as *mut u8)),
+        d if d >= 0 => Ok(RawDest::Device { ordinal: d as u32, ptr: m.ptr }),
+        d => Err(invalid(format!("device {d}: expected WL_HOST (-1) or a CUDA ordinal"))),
+    }
+}
+
+fn src_of(m: &wl_mem) -> Result<RawSrc, Error> {
+    match dest_of(m)? {
+        RawDest::Host(p) => Ok(RawSrc::Host(p as *const u8)),
+        RawDest::Device { ordinal, ptr } => Ok(RawSrc::Device { ordinal, ptr }),
+    }
+}
+
+fn device_of(d: i32) -> Result<Device, Error> {
+    match d {
+        WL_HOST => Ok(Device::Cpu),
+        d if d >= 0 => Ok(Device::Cuda(d as u32)),
+        d => Err(invalid(format!("device {d}: expected WL_HOST (-1) or a CUDA ordinal"))),
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Library
+
+/// The library's version (`"0.1.0"`), a static string.
+#[unsafe(no_mangle)]
+pub extern "C" fn wl_version() -> *const c_char {
+    concat!(env!("CARGO_PKG_VERSION"), "\0").as_ptr().cast()
+}
+
+/// The message of the calling thread's last failed call (empty if none). Valid until that thread's next call.
+#[unsafe(no_mangle)]
+pub extern "C" fn wl_last_error() -> *const c_char {
+    LAST_ERROR.with(|e| e.borrow().as_ptr())
+}
+
+/// A static name for a status (`"WL_ERR_IO"`).
+#[unsafe(no_mangle)]
+pub extern "C" fn wl_status_name(status: wl_status) -> *const c_char {
+    use wl_status::*;
+    let s: &'static str = match status {
+        WL_OK => "WL_OK\0",
+        WL_ERR_INVALID_ARGUMENT => "WL_ERR_INVALID_ARGUMENT\0",
+        WL_ERR_NOT_FOUND => "WL_ERR_NOT_FOUND\0",
+        WL_ERR_IO => "WL_ERR_IO\0",
+        WL_ERR_FORMAT => "WL_ERR_FORMAT\0",
+        WL_ERR_OUT_OF_RANGE => "WL_ERR_OUT_OF_RANGE\0",
+        WL_ERR_OUT_OF_MEMORY => "WL_ERR_OUT_OF_MEMORY\0",
+        WL_ERR_UNAVAILABLE => "WL_ERR_UNAVAILABLE\0",
+        WL_ERR_CUDA => "WL_ERR_CUDA\0",
+        WL_ERR_CANCELLED => "WL_ERR_CANCELLED\0",
+        WL_ERR_NOT_A_FILE => "WL_ERR_NOT_A_FILE\0",
+        WL_ERR_INTERNAL => "WL_ERR_INTERNAL\0",
+    };
+    s.as_ptr().cast()
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Engines
+
+/// Opens an engine. `settings` is NULL or `"name=value,name=value"` with names of weightlift's settings table
+/// (`threads`, `io`, `chunk_size`, …); unnamed settings come from the `WEIGHTLIFT_*` environment variables.
+///
+/// # Safety
+/// `settings` must be NULL or a NUL-terminated string; `out` must be valid for a write.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn wl_engine_open(settings: *const c_char, out: *mut *mut wl_engine) -> wl_status {
+    guard(|| {
+        if out.is_null() {
+            return Err(invalid("out is NULL"));
+        }
+        let mut overrides = weightlift::Overrides::new();
+        if !settings.is_null() {
+            // SAFETY: per the contract.
+            let text = unsafe { string(settings, "settings") }?;
+            for item in text.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+                let (k, v) =
+                    item.split_once('=').ok_or_else(|| invalid(format!("setting {item:?}: expected name=value")))?;
+                overrides.set(k.trim(), v.trim());
+            }
+        }
+        let engine = Engine::new(Settings::resolve(&overrides)?)?;
+        let b = Box::new(wl_engine { engine: Arc::new(engine) });
+        // SAFETY: `out` is valid per the contract.
+        unsafe { out.write(Box::into_raw(b)) };
+        Ok(())
+    })
+}
+
+/// Closes an engine (objects opened from it keep what they need alive).
+///
+/// # Safety
+/// `engine` must be NULL or from `wl_engine_open`, closed once, unused afterwards.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn wl_engine_close(engine: *mut wl_engine) {
+    if !engine.is_null() {
+        // SAFETY: per the contract, it came from Box::into_raw and is freed once.
+        let _ = catch_unwind(AssertUnwindSafe(|| drop(unsafe { Box::from_raw(engine) })));
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Checkpoints
+
+/// Opens a checkpoint's index (headers only; no tensor data is read).
+///
+/// # Safety
+/// `path` must be a NUL-terminated string; `out` valid for a write.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn wl_checkpoint_open(path: *const c_char, out: *mut *mut wl_checkpoint) -> wl_status {
+    guard(|| {
+        // SAFETY: per the contract.
+        let path = PathBuf::from(unsafe { string(path, "path") }?);
+        if out.is_null() {
+            return Err(invalid("out is NULL"));
+        }
+        let index = weightlift::format::open(&[path], None)?;
+        let c = |s: &str| CString::new(s.replace('\0', "\\0")).unwrap_or_default();
+        let names = index.tensors.iter().map(|t| c(&t.name)).collect();
+        let dtypes = index.tensors.iter().map(|t| c(t.dtype.name())).collect();
+        let files = index.files.iter().map(|f| c(&f.path.to_string_lossy())).collect();
+        let b = Box::new(wl_checkpoint { index, names, dtypes, files });
+        // SAFETY: `out` is valid per the contract.
+        unsafe { out.write(Box::into_raw(b)) };
+        Ok(())
+    })
+}
+
+/// Closes a checkpoint.
+///
+/// # Safety
+/// `ckpt` must be NULL or from `wl_checkpoint_open`, closed once, unused afterwards (including the strings and
+/// shapes its `wl_tensor_info`s point at).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn wl_checkpoint_close(ckpt: *mut wl_checkpoint) {
+    if !ckpt.is_null() {
+        // SAFETY: per the contract.
+        let _ = catch_unwind(AssertUnwindSafe(|| drop(unsafe { Box::from_raw(ckpt) })));
+    }
+}
+
+/// The number of tensors (0 for NULL).
+///
+/// # Safety
+/// `ckpt` must be NULL or a live checkpoint.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn wl_checkpoint_len(ckpt: *const wl_checkpoint) -> usize {
+    // SAFETY: per the contract.
+    unsafe { ckpt.as_ref() }.map_or(0, |c| c.index.tensors.len())
+}
+
+/// Describes tensor `i` (in file order).
+///
+/// # Safety
+/// `ckpt` must be a live checkpoint; `out` valid for a write.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn wl_checkpoint_tensor(
+    ckpt: *const wl_checkpoint,
+    i: usize,
+    out: *mut wl_tensor_info,
+) -> wl_status {
+    guard(|| {
+        // SAFETY: per the contract.
+        let c = unsafe { arg(ckpt, "ckpt") }?;
+        let t = c
+            .index
+            .tensors
+            .get(i)
+            .ok_or_else(|| invalid(format!("tensor {i} of a checkpoint with {}", c.index.tensors.len())))?;
+        if out.is_null() {
+            return Err(invalid("out is NULL"));
+        }
+        let info = wl_tensor_info {
+            name: c.names[i].as_ptr(),
+            dtype: c.dtypes[i].as_ptr(),
+            ndim: t.shape.len(),
+            shape: t.shape.as_ptr(),
+            nbytes: t.nbytes,
+            file: c.files[t.file].as_ptr(),
+            offset: t.offset,
+        };
+        // SAFETY: `out` is valid per the contract.
+        unsafe { out.write(info) };
+        Ok(())
+    })
+}
+
+/// The position of the tensor named `name`.
+///
+/// # Safety
+/// `ckpt` must be a live checkpoint; `name` a NUL-terminated string; `index` valid for a write.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn wl_checkpoint_find(
+    ckpt: *const wl_checkpoint,
+    name: *const c_char,
+    index: *mut usize,
+) -> wl_status {
+    guard(|| {
+        // SAFETY: per the contract.
+        let (c, name) = unsafe { (arg(ckpt, "ckpt")?, string(name, "name")?) };
+        let i = c.index.tensors.iter().position(|t| t.name == name).ok_or_else(|| Error::TensorNotFound {
+            name: name.clone(),
+            where_: c.index.files.first().map(|f| f.path.display().to_string()).unwrap_or_default(),
+        })?;
+        // SAFETY: per the contract.
+        unsafe { put(index, i) };
+        Ok(())
+    })
+}
+
+/// Loads tensors `which[k]` of `ckpt` into `dests[k]` (k < n) through one plan: all destinations on one device
+/// (host, or one CUDA device), each at least as long as its tensor. Returns when every byte has arrived.
+///
+/// # Safety
+/// `engine` and `ckpt` must be live; `which` and `dests` must hold `n` entries; each destination must be valid
+/// for writes of its `len` bytes and untouched by anything else until this returns.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn wl_load_tensors(
+    engine: *const wl_engine,
+    ckpt: *const wl_checkpoint,
+    which: *const usize,
+    dests: *const wl_mem,
+    n: usize,
+) -> wl_status {
+    guard(|| {
+        // SAFETY: per the contract.
+        let (e, c) = unsafe { (arg(engine, "engine")?, arg(ckpt, "ckpt")?) };
+        if n == 0 {
+            return Ok(());
+        }
+        if which.is_null() || dests.is_null() {
+            return Err(invalid("which or dests is NULL"));
+        }
+        // SAFETY: per the contract both hold `n` entries.
+        let (which, dests) = unsafe { (std::slice::from_raw_parts(which, n), std::slice::from_raw_parts(dests, n)) };
+        let mut ranges = Vec::with_capacity(n);
+        let mut raw = Vec::with_capacity(n);
+        for (k, (&i, d)) in which.iter().zip(dests).enumerate() {
+            let t =
+                c.index.tensors.get(i).ok_or_else(|| {
+                    invalid(format!("which[{k}] = {i}: the checkpoint has {}", c.index.tensors.len()))
+                })?;
+            if d.len < t.nbytes {
+                return Err(invalid(format!(
+                    "dests[{k}] holds {} bytes; tensor {:?} needs {}",
+                    d.len, t.name, t.nbytes
+                )));
+            }
+            ranges.push((t.file, t.offset, t.nbytes, k as u32, 0u64));
+            raw.push((dest_of(d)?, d.len));
+        }
+        let paths: Vec<PathBuf> = c.index.files.iter().map(|f| f.path.clone()).collect();
+        // SAFETY: per the contract, each destination is valid for its length and unaliased.
+        unsafe { e.engine.read_scattered_into(&paths, &ranges, &raw, &weightlift::LoadOpts::default()) }?;
+        Ok(())
+    })
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Byte ranges
+
+/// Reads up to `dest.len` bytes of `path` from `offset` into `dest`, like `pread`: `*bytes_read` (if not NULL)
+/// is the count, fewer at the end of the file.
+///
+/// # Safety
+/// `engine` live; `path` NUL-terminated; `dest` valid for writes of `dest.len` bytes and untouched by anything
+/// else until this returns; `bytes_read` NULL or valid for a write.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn wl_read(
+    engine: *const wl_engine,
+    path: *const c_char,
+    offset: u64,
+    dest: wl_mem,
+    bytes_read: *mut u64,
+) -> wl_status {
+    guard(|| {
+        // SAFETY: per the contract.
+        let (e, path) = unsafe { (arg(engine, "engine")?, string(path, "path")?) };
+        let raw = dest_of(&dest)?;
+        // SAFETY: per the contract.
+        let (n, _) = unsafe { e.engine.read_into(path.as_ref(), offset, dest.len, raw) }?;
+        // SAFETY: per the contract.
+        unsafe { put(bytes_read, n) };
+        Ok(())
+    })
+}
+
+/// Writes `src.len` bytes of `src` into `path` at `offset` (creating the file, never truncating it), then
+/// `fsync`s it if `durable` is non-zero. `*bytes_written` (if not NULL) is the count.
+///
+/// # Safety
+/// `engine` live; `path` NUL-terminated; `src` valid for reads of `src.len` bytes and unmodified until this
+/// returns; `bytes_written` NULL or valid for a write.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn wl_write(
+    engine: *const wl_engine,
+    path: *const c_char,
+    offset: u64,
+    src: wl_mem,
+    durable: i32,
+    bytes_written: *mut u64,
+) -> wl_status {
+    guard(|| {
+        // SAFETY: per the contract.
+        let (e, path) = unsafe { (arg(engine, "engine")?, string(path, "path")?) };
+        let raw = src_of(&src)?;
+        // SAFETY: per the contract.
+        let n = unsafe { e.engine.write_from(path.as_ref(), offset, src.len, raw, durable != 0) }?;
+        // SAFETY: per the contract.
+        unsafe { put(bytes_written, n) };
+        Ok(())
+    })
+}
+
+/// Starts `read` in the background and hands back an operation.
+///
+/// With a stream (a `CUstream` of `dest`'s device; `dest` must then be device memory), the read starts after the
+/// work queued on the stream before this call, and the stream's later work waits for the read: kernels queued
+/// after this call see the data, as with `cuFileReadAsync`. Without a stream (NULL), the read simply runs in the
+/// background. Either way `wl_op_wait` returns the byte count and frees the operation.
+///
+/// # Safety
+/// `stream` must be NULL or a live stream of `dest`'s device that outlives the operation; the engine must outlive
+/// it; `dest` as for `wl_read`, untouched until the operation is waited for; `out` valid for a write.
+unsafe fn start_op(
+    dest: &wl_mem,
+    stream: *mut c_void,
+    gpu_of: impl FnOnce(u32) -> Result<weightlift::cuda::Gpu, Error>,
+    read: impl FnOnce() -> Result<u64, Error> + Send + 'static,
+    out: *mut *mut wl_op,
+) -> Result<(), Error> {
+    if out.is_null() {
+        return Err(invalid("out is NULL"));
+    }
+    let gate = match (stream.is_null(), dest_of(dest)?) {
+        (true, _) => None,
+        (false, RawDest::Device { ordinal, .. }) => {
+            let gpu = gpu_of(ordinal)?;
+            // SAFETY: per the contract, `stream` is a live stream of this device outliving the operation.
+            Some(unsafe { weightlift::cuda::gate::StreamGate::close(&gpu, stream as CUstream) }?)
+        }
+        (false, RawDest::Host(_)) => return Err(invalid("a stream orders reads into device memory only")),
+    };
+    let result = Arc::new(Mutex::new(None));
+    let slot = result.clone();
+    let worker = std::thread::Builder::new()
+        .name("weightlift-capi-op".into())
+        .spawn(move || {
+            let mut gate = gate;
+            let r = match gate.as_ref().map(|g| g.wait_for_prior_work()) {
+                Some(Err(e)) => Err(Error::from(e)),
+                _ => catch_unwind(AssertUnwindSafe(read))
+                    .unwrap_or_else(|_| Err(invalid("internal error (please report): the read panicked"))),
+            };
+            *slot.lock().unwrap_or_else(|p| p.into_inner()) = Some(r);
+            if let Some(g) = gate.as_mut() {
+                g.open();
+            }
+        })
+        .map_err(|e| Error::Io(IoError::Thread(e)))?;
+    let b = Box::new(wl_op { worker: Some(worker), result });
+    // SAFETY: per the contract.
+    unsafe { out.write(Box::into_raw(b)) };
+    Ok(())
+}
+
+/// A host or device address that may cross to the operation's thread (the caller keeps it valid).
+#[derive(Clone, Copy)]
+struct SendDest(RawDest);
+// SAFETY: the address is only used by the operation's thread while the caller keeps the memory alive and
+// untouched (the contract of the functions starting operations).
+unsafe impl Send for SendDest {}
+
+impl SendDest {
+    fn get(self) -> RawDest {
+        self.0
+    }
+}
+
+/// `wl_read` in the background, optionally ordered on a CUDA stream (see `wl_op_wait`).
+///
+/// With `stream` non-NULL (a `CUstream` of `dest`'s device; `dest` must be device memory) the read starts after
+/// the work queued on the stream before this call, and work queued on the stream afterwards waits for the read,
+/// as `cuFileReadAsync` orders it. With NULL the read just runs in the background.
+///
+/// # Safety
+/// As for `wl_read`, with `dest` untouched until `wl_op_wait` returns; the engine must stay open until then;
+/// `stream` NULL or a live stream of `dest`'s device that outlives the operation; `out` valid for a write.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn wl_read_async(
+    engine: *const wl_engine,
+    path: *const c_char,
+    offset: u64,
+    dest: wl_mem,
+    stream: *mut c_void,
+    out: *mut *mut wl_op,
+) -> wl_status {
+    guard(|| {
+        // SAFETY: per the contract.
+        let (e, path) = unsafe { (arg(engine, "engine")?, string(path, "path")?) };
+        let eng = e.engine.clone();
+        let raw = SendDest(dest_of(&dest)?);
+        let len = dest.len;
+        let read = move || {
+            // SAFETY: per the contract, the destination stays valid and untouched until the operation is waited for.
+            unsafe { eng.read_into(path.as_ref(), offset, len, raw.get()) }.map(|(n, _)| n)
+        };
+        let gpu_engine = e.engine.clone();
+        // SAFETY: per the contract.
+        unsafe { start_op(&dest, stream, move |n| gpu_engine.gpu(n), read, out) }
+    })
+}
+
+/// Whether an operation has finished (1) or not (0); 1 for NULL.
+///
+/// # Safety
+/// `op` must be NULL or a live operation.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn wl_op_done(op: *const wl_op) -> i32 {
+    // SAFETY: per the contract.
+    match unsafe { op.as_ref() } {
+        None => 1,
+        Some(op) => i32::from(op.result.lock().map(|r| r.is_some()).unwrap_or(true)),
+    }
+}
+
+/// Waits for an operation, stores its byte count (if `bytes` is not NULL), frees it, and returns its status.
+/// With a stream, call this after the stream has passed the operation (or from another thread).
+///
+/// # Safety
+/// `op` must be from a `*_async` call and waited for once; `bytes` NULL or valid for a write.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn wl_op_wait(op: *mut wl_op, bytes: *mut u64) -> wl_status {
+    guard(|| {
+        if op.is_null() {
+            return Err(invalid("op is NULL"));
+        }
+        // SAFETY: per the contract, it came from Box::into_raw and is consumed once.
+        let mut op = unsafe { Box::from_raw(op) };
+        if let Some(w) = op.worker.take() {
+            let _ = w.join();
+        }
+        let r = op
+            .result
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+            .unwrap_or_else(|| Err(invalid("the operation produced no result")));
+        let n = r?;
+        // SAFETY: per the contract.
+        unsafe { put(bytes, n) };
+        Ok(())
+    })
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Block devices and regions
+
+/// Opens a block device (its logical block size from the kernel when `block_size` is 0) or a regular file
+/// standing for one (512-byte blocks when `block_size` is 0) for reads by LBA.
+///
+/// # Safety
+/// `engine` live; `path` NUL-terminated; `out` valid for a write.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn wl_block_open(
+    engine: *const wl_engine,
+    path: *const c_char,
+    block_size: u32,
+    out: *mut *mut wl_block,
+) -> wl_status {
+    guard(|| {
+        // SAFETY: per the contract.
+        let (e, path) = unsafe { (arg(engine, "engine")?, string(path, "path")?) };
+        if out.is_null() {
+            return Err(invalid("out is NULL"));
+        }
+        let dev = BlockDevice::open(e.engine.clone(), path.as_ref(), (block_size != 0).then_some(block_size))?;
+        // SAFETY: per the contract.
+        unsafe { out.write(Box::into_raw(Box::new(wl_block { dev }))) };
+        Ok(())
+    })
+}
+
+/// The block size and the number of addressable blocks.
+///
+/// # Safety
+/// `dev` live; the out-pointers NULL or valid for writes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn wl_block_info(dev: *const wl_block, block_size: *mut u32, blocks: *mut u64) -> wl_status {
+    guard(|| {
+        // SAFETY: per the contract.
+        let d = unsafe { arg(dev, "dev") }?;
+        // SAFETY: per the contract.
+        unsafe {
+            put(block_size, d.dev.block_size());
+            put(blocks, d.dev.blocks());
+        }
+        Ok(())
+    })
+}
+
+/// Reads `count` blocks from `lba` into `dest` (which must hold `count` × block size bytes).
+///
+/// # Safety
+/// `dev` live; `dest` valid for writes of `dest.len` bytes, untouched until this returns.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn wl_block_read(dev: *const wl_block, lba: u64, count: u64, dest: wl_mem) -> wl_status {
+    guard(|| {
+        // SAFETY: per the contract.
+        let d = unsafe { arg(dev, "dev") }?;
+        let raw = checked_block_dest(&d.dev, lba, count, &dest)?;
+        // SAFETY: per the contract; the length was checked against `count` blocks.
+        unsafe { d.dev.read(lba, count, raw) }?;
+        Ok(())
+    })
+}
+
+fn checked_block_dest(dev: &BlockDevice, lba: u64, count: u64, dest: &wl_mem) -> Result<RawDest, Error> {
+    let (_, len) = dev.byte_range(lba, count)?;
+    if dest.len < len {
+        return Err(invalid(format!(
+            "dest holds {} bytes; {count} blocks of {} need {len}",
+            dest.len,
+            dev.block_size()
+        )));
+    }
+    dest_of(dest)
+}
+
+/// `wl_block_read` in the background, optionally ordered on a CUDA stream (as `wl_read_async`).
+///
+/// # Safety
+/// As for `wl_read_async`; `dev` must stay open until the operation is waited for.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn wl_block_read_async(
+    dev: *const wl_block,
+    lba: u64,
+    count: u64,
+    dest: wl_mem,
+    stream: *mut c_void,
+    out: *mut *mut wl_op,
+) -> wl_status {
+    guard(|| {
+        // SAFETY: per the contract.
+        let d = unsafe { arg(dev, "dev") }?;
+        let raw = SendDest(checked_block_dest(&d.dev, lba, count, &dest)?);
+        let blockdev = d.dev.clone();
+        // SAFETY: per the contract, the destination stays valid until the operation is waited for.
+        let read = move || unsafe { blockdev.read(lba, count, raw.get()) }.map(|(n, _)| n);
+        let engine = d.dev.engine().clone();
+        // SAFETY: per the contract.
+        unsafe { start_op(&dest, stream, move |n| engine.gpu(n), read, out) }
+    })
+}
+
+/// Closes a block device.
+///
+/// # Safety
+/// `dev` must be NULL or from `wl_block_open`, closed once, with no operation on it pending.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn wl_block_close(dev: *mut wl_block) {
+    if !dev.is_null() {
+        // SAFETY: per the contract.
+        let _ = catch_unwind(AssertUnwindSafe(|| drop(unsafe { Box::from_raw(dev) })));
+    }
+}
+
+/// A region table over `dev` (which may be closed afterwards: the table keeps what it needs).
+///
+/// # Safety
+/// `dev` live; `out` valid for a write.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn wl_regions_new(dev: *const wl_block, out: *mut *mut wl_regions) -> wl_status {
+    guard(|| {
+        // SAFETY: per the contract.
+        let d = unsafe { arg(dev, "dev") }?;
+        if out.is_null() {
+            return Err(invalid("out is NULL"));
+        }
+        let table = RegionTable::new(d.dev.clone());
+        // SAFETY: per the contract.
+        unsafe { out.write(Box::into_raw(Box::new(wl_regions { table }))) };
+        Ok(())
+    })
+}
+
+/// Names `count` blocks from `start_lba` as `kind` (replacing an earlier range of that name).
+///
+/// # Safety
+/// `regions` live and not used by another thread during the call; `kind` NUL-terminated.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn wl_regions_set(
+    regions: *mut wl_regions,
+    kind: *const c_char,
+    start_lba: u64,
+    count: u64,
+) -> wl_status {
+    guard(|| {
+        // SAFETY: per the contract.
+        let (r, kind) = unsafe { (arg_mut(regions, "regions")?, string(kind, "kind")?) };
+        r.table.insert(&kind, start_lba, count)
+    })
+}
+
+/// The range of `kind`.
+///
+/// # Safety
+/// `regions` live; `kind` NUL-terminated; out-pointers NULL or valid for writes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn wl_regions_get(
+    regions: *const wl_regions,
+    kind: *const c_char,
+    start_lba: *mut u64,
+    count: *mut u64,
+) -> wl_status {
+    guard(|| {
+        // SAFETY: per the contract.
+        let (r, kind) = unsafe { (arg(regions, "regions")?, string(kind, "kind")?) };
+        r.table.resolve(&kind, 0, 0)?;
+        let range = r.table.get(&kind).ok_or_else(|| invalid("kind vanished"))?;
+        // SAFETY: per the contract.
+        unsafe {
+            put(start_lba, range.start);
+            put(count, range.count);
+        }
+        Ok(())
+    })
+}
+
+/// Reads `count` blocks from block `index` of region `kind` into `dest`.
+///
+/// # Safety
+/// `regions` live; `kind` NUL-terminated; `dest` as for `wl_block_read`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn wl_regions_read(
+    regions: *const wl_regions,
+    kind: *const c_char,
+    index: u64,
+    count: u64,
+    dest: wl_mem,
+) -> wl_status {
+    guard(|| {
+        // SAFETY: per the contract.
+        let (r, kind) = unsafe { (arg(regions, "regions")?, string(kind, "kind")?) };
+        let lba = r.table.resolve(&kind, index, count)?;
+        let raw = checked_block_dest(r.table.device(), lba, count, &dest)?;
+        // SAFETY: per the contract; the length was checked.
+        unsafe { r.table.device().read(lba, count, raw) }?;
+        Ok(())
+    })
+}
+
+/// Frees a region table.
+///
+/// # Safety
+/// `regions` must be NULL or from `wl_regions_new`, freed once.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn wl_regions_free(regions: *mut wl_regions) {
+    if !regions.is_null() {
+        // SAFETY: per the contract.
+        let _ = catch_unwind(AssertUnwindSafe(|| drop(unsafe { Box::from_raw(regions) })));
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Layer streamer
+
+/// A layer streamer over `ckpt`: tensor `i` belongs to layer `layer_of[i]` (or to none if `UINT32_MAX`), for
+/// `layers` layers; `slots` slots (2 for double buffering) allocated on `device` (`WL_HOST` or a CUDA ordinal),
+/// each as large as the largest layer. Tensors keep checkpoint order inside a layer.
+///
+/// # Safety
+/// `engine` and `ckpt` live (the streamer keeps what it needs of both); `layer_of` holds `wl_checkpoint_len`
+/// entries; `out` valid for a write.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn wl_layers_open(
+    engine: *const wl_engine,
+    ckpt: *const wl_checkpoint,
+    layer_of: *const u32,
+    layers: u32,
+    device: i32,
+    slots: u32,
+    out: *mut *mut wl_layers,
+) -> wl_status {
+    guard(|| {
+        // SAFETY: per the contract.
+        let (e, c) = unsafe { (arg(engine, "engine")?, arg(ckpt, "ckpt")?) };
+        let n = c.index.tensors.len();
+        if (layer_of.is_null() && n > 0) || out.is_null() {
+            return Err(invalid("layer_of or out is NULL"));
+        }
+        // SAFETY: per the contract, `layer_of` holds one entry per tensor.
+        let layer_of = if n == 0 { &[][..] } else { unsafe { std::slice::from_raw_parts(layer_of, n) } };
+        let mut groups = vec![Vec::new(); layers as usize];
+        for (i, &l) in layer_of.iter().enumerate() {
+            if l == u32::MAX {
+                continue;
+            }
+            groups
+                .get_mut(l as usize)
+                .ok_or_else(|| invalid(format!("layer_of[{i}] = {l}, but there are {layers} layers")))?
+                .push(i);
+        }
+        let streamer = LayerStreamer::new(e.engine.clone(), &c.index, groups, device_of(device)?, slots as usize)?;
+        // SAFETY: per the contract.
+        unsafe { out.write(Box::into_raw(Box::new(wl_layers { streamer }))) };
+        Ok(())
+    })
+}
+
+/// Hands back layer `layer` once its bytes are in a slot, and starts reading the layers after it into the other
+/// slots. The layer handed back before is released: with `stream` (a `CUstream` of the streamer's device), its slot
+/// is refilled only after the work queued on `stream` so far has finished; with NULL, the caller must have
+/// finished with it.
+///
+/// # Safety
+/// `layers` live and used by one thread at a time; `stream` NULL or a live stream of the streamer's device;
+/// `out` valid for a write.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn wl_layers_load(
+    layers: *mut wl_layers,
+    layer: u32,
+    stream: *mut c_void,
+    out: *mut wl_layer,
+) -> wl_status {
+    guard(|| {
+        // SAFETY: per the contract.
+        let l = unsafe { arg_mut(layers, "layers") }?;
+        if out.is_null() {
+            return Err(invalid("out is NULL"));
+        }
+        let view = if stream.is_null() {
+            l.streamer.load_layer(layer as usize)?
+        } else {
+            // SAFETY: per the contract.
+            unsafe { l.streamer.load_layer_after(layer as usize, stream as CUstream) }?
+        };
+        let v = wl_layer {
+            layer: view.layer as u32,
+            slot: view.slot as u32,
+            base: view.base,
+            bytes: view.layout.bytes,
+            count: view.layout.tensors.len(),
+            tensors: view.layout.tensors.as_ptr(),
+            offsets: view.layout.offsets.as_ptr(),
+        };
+        // SAFETY: per the contract.
+        unsafe { out.write(v) };
+        Ok(())
+    })
+}
+
+/// What the streamer did so far.
+///
+/// # Safety
+/// `layers` live; `out` valid for a write.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn wl_layers_stats_get(layers: *const wl_layers, out: *mut wl_layers_stats) -> wl_status {
+    guard(|| {
+        // SAFETY: per the contract.
+        let l = unsafe { arg(layers, "layers") }?;
+        let s = l.streamer.stats();
+        let v = wl_layers_stats {
+            loads: s.loads,
+            bytes: s.bytes,
+            load_seconds: s.load_secs,
+            wait_seconds: s.wait_secs,
+            requests: s.requests,
+            ready_hits: s.ready_hits,
+        };
+        if out.is_null() {
+            return Err(invalid("out is NULL"));
+        }
+        // SAFETY: per the contract.
+        unsafe { out.write(v) };
+        Ok(())
+    })
+}
+
+/// Stops the streamer (waiting for a read in progress) and frees its slots.
+///
+/// # Safety
+/// `layers` must be NULL or from `wl_layers_open`, closed once; work on its slots must be finished.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn wl_layers_close(layers: *mut wl_layers) {
+    if !layers.is_null() {
+        // SAFETY: per the contract.
+        let _ = catch_unwind(AssertUnwindSafe(|| drop(unsafe { Box::from_raw(layers) })));
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Device memory, for programs built without the CUDA toolkit (the examples use these)
+
+fn allocations() -> &'static Mutex<HashMap<u64, DeviceBuffer>> {
+    static A: std::sync::OnceLock<Mutex<HashMap<u64, DeviceBuffer>>> = std::sync::OnceLock::new();
+    A.get_or_init(Default::default)
+}
+
+/// The number of CUDA devices (0 where CUDA is unavailable; `wl_last_error` then says why).
+#[unsafe(no_mangle)]
+pub extern "C" fn wl_cuda_device_count() -> i32 {
+    let mut n = 0;
+    let s = guard(|| {
+        match weightlift::cuda::available() {
+            Ok(info) => n = info.devices as i32,
+            Err(why) => set_error(why),
+        }
+        Ok(())
+    });
+    if s == wl_status::WL_OK { n } else { 0 }
+}
+
+/// Allocates `len` bytes of device memory on `device` (stream-ordered pool, ready when this returns).
+///
+/// # Safety
+/// `engine` live; `ptr` valid for a write.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn wl_cuda_alloc(engine: *const wl_engine, device: i32, len: u64, ptr: *mut u64) -> wl_status {
+    guard(|| {
+        // SAFETY: per the contract.
+        let e = unsafe { arg(engine, "engine") }?;
+        let Device::Cuda(n) = device_of(device)? else { return Err(invalid("wl_cuda_alloc needs a CUDA device")) };
+        if ptr.is_null() {
+            return Err(invalid("ptr is NULL"));
+        }
+        let gpu = e.engine.gpu(n)?;
+        gpu.bind()?;
+        let stream = gpu.stream(0)?;
+        let b = DeviceBuffer::alloc(&gpu, len.max(1) as usize, &stream)?;
+        gpu.synchronize()?;
+        let p = b.device_ptr();
+        allocations().lock().unwrap_or_else(|p| p.into_inner()).insert(p, b);
+        // SAFETY: per the contract.
+        unsafe { ptr.write(p) };
+        Ok(())
+    })
+}
+
+/// Frees memory from `wl_cuda_alloc` (0 is ignored).
+#[unsafe(no_mangle)]
+pub extern "C" fn wl_cuda_free(ptr: u64) -> wl_status {
+    guard(|| {
+        if ptr == 0 {
+            return Ok(());
+        }
+        let b = allocations().lock().unwrap_or_else(|p| p.into_inner()).remove(&ptr);
+        b.map(drop).ok_or_else(|| invalid(format!("{ptr:#x} was not allocated by wl_cuda_alloc")))
+    })
+}
+
+/// Copies `len` bytes from device memory `src` of `device` into host memory `dst` (synchronously).
+///
+/// # Safety
+/// `engine` live; `src` readable device memory of `device` for `len` bytes; `dst` writable for `len` bytes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn wl_cuda_copy_to_host(
+    engine: *const wl_engine,
+    device: i32,
+    src: u64,
+    dst: *mut c_void,
+    len: u64,
+) -> wl_status {
+    guard(|| {
+        // SAFETY: per the contract.
+        let e = unsafe { arg(engine, "engine") }?;
+        let Device::Cuda(n) = device_of(device)? else { return Err(invalid("the source must be a CUDA device")) };
+        if dst.is_null() && len > 0 {
+            return Err(invalid("dst is NULL"));
+        }
+        let gpu = e.engine.gpu(n)?;
+        // SAFETY: per the contract, `dst` is writable for `len` bytes.
+        let out = unsafe { std::slice::from_raw_parts_mut(dst.cast::<u8>(), len as usize) };
+        // SAFETY: per the contract, `src` is readable device memory of this device.
+        unsafe { weightlift::cuda::copy_device_to_host(&gpu, src, out) }?;
+        Ok(())
+    })
+}

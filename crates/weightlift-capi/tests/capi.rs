@@ -1,0 +1,312 @@
+//! The C API from both sides: the C and C++ examples compiled with the system compilers and run against
+//! generated checkpoints (every byte checked by the examples themselves against stdio reads), and the error paths
+//! called directly (NULL pointers, missing files, FIFOs, reads past the end, LBAs past the device, unknown kinds).
+
+use std::ffi::{CStr, CString};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::ptr;
+
+use weightlift_capi::*;
+
+/// target/<profile>, where cargo leaves libweightlift_capi.so beside the test's deps folder.
+fn lib_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("test executable path");
+    exe.parent().and_then(Path::parent).expect("target/<profile>").to_path_buf()
+}
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// Compiles `source` with `compiler` against the header and the shared library, or says why it cannot.
+fn compile(compiler: &str, source: &str, extra: &[&str], out: &Path) -> Result<(), String> {
+    let lib = lib_dir();
+    if !lib.join("libweightlift_capi.so").exists() {
+        return Err(format!("{} has no libweightlift_capi.so", lib.display()));
+    }
+    let status = Command::new(compiler)
+        .args(extra)
+        .args(["-O1", "-Wall", "-Wextra", "-Werror", "-I"])
+        .arg(repo().join("include"))
+        .arg(repo().join(source))
+        .arg("-L")
+        .arg(&lib)
+        .arg("-lweightlift_capi")
+        .arg(format!("-Wl,-rpath,{}", lib.display()))
+        .arg("-o")
+        .arg(out)
+        .status()
+        .map_err(|e| format!("{compiler}: {e}"))?;
+    if status.success() { Ok(()) } else { Err(format!("{compiler} failed on {source}")) }
+}
+
+fn compiled(compiler: &str, source: &str, extra: &[&str], out: &Path) -> bool {
+    match compile(compiler, source, extra, out) {
+        Ok(()) => true,
+        Err(why) if std::env::var_os("WEIGHTLIFT_REQUIRE_CC").is_none() && why.contains("No such file") => {
+            eprintln!("skipped: cannot compile {source}: {why} (set WEIGHTLIFT_REQUIRE_CC=1 to make this a failure)");
+            false
+        }
+        Err(why) => panic!("cannot compile {source}: {why}"),
+    }
+}
+
+fn generate(dir: &Path, name: &str, args: &[&str]) -> PathBuf {
+    let path = dir.join(name);
+    let layout = match args.first() {
+        Some(&"many-small") => weightlift::format::synth::Layout::ManySmall { tensors: Some(300) },
+        _ => weightlift::format::synth::Layout::Llama,
+    };
+    let spec = weightlift::format::synth::Spec {
+        layout,
+        container: weightlift::format::synth::Container::Safetensors,
+        size: 24 << 20,
+        seed: 7,
+        align: None,
+    };
+    weightlift::format::synth::generate(&path, &spec).expect("generate a checkpoint");
+    path
+}
+
+#[test]
+fn c_and_cpp_examples_load_every_byte() {
+    let dir = tempfile::tempdir().unwrap();
+    let llama = generate(dir.path(), "llama.safetensors", &[]);
+    let small = generate(dir.path(), "small.safetensors", &["many-small"]);
+    let c_bin = dir.path().join("load");
+    if compiled("cc", "examples/c/load.c", &[], &c_bin) {
+        for ckpt in [&llama, &small] {
+            let out = Command::new(&c_bin).arg(ckpt).output().unwrap();
+            let text = String::from_utf8_lossy(&out.stdout);
+            eprint!("{text}{}", String::from_utf8_lossy(&out.stderr));
+            assert!(out.status.success(), "examples/c/load.c failed on {}", ckpt.display());
+            assert!(text.contains(" 0 mismatches"), "{text}");
+        }
+        // A missing file: exit 2 with weightlift's message naming it.
+        let out = Command::new(&c_bin).arg(dir.path().join("missing.safetensors")).output().unwrap();
+        assert_eq!(out.status.code(), Some(2));
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("WL_ERR_NOT_FOUND") && err.contains("missing.safetensors"), "{err}");
+    }
+    let cpp_bin = dir.path().join("layers");
+    if compiled("c++", "examples/cpp/layers.cpp", &["-std=c++17"], &cpp_bin) {
+        let out = Command::new(&cpp_bin).arg(&llama).output().unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        eprint!("{text}{}", String::from_utf8_lossy(&out.stderr));
+        assert!(out.status.success(), "examples/cpp/layers.cpp failed");
+        assert!(text.contains(" 0 mismatches"), "{text}");
+    }
+}
+
+fn last_error() -> String {
+    // SAFETY: wl_last_error always returns a valid NUL-terminated string.
+    unsafe { CStr::from_ptr(wl_last_error()) }.to_string_lossy().into_owned()
+}
+
+struct Engine(*mut wl_engine);
+impl Drop for Engine {
+    fn drop(&mut self) {
+        // SAFETY: opened by `engine()`, closed once.
+        unsafe { wl_engine_close(self.0) };
+    }
+}
+
+fn engine() -> Engine {
+    let mut e = ptr::null_mut();
+    // SAFETY: valid out-pointer.
+    assert_eq!(unsafe { wl_engine_open(ptr::null(), &mut e) }, wl_status::WL_OK, "{}", last_error());
+    Engine(e)
+}
+
+fn host(buf: &mut [u8]) -> wl_mem {
+    wl_mem { device: WL_HOST, ptr: buf.as_mut_ptr() as u64, len: buf.len() as u64 }
+}
+
+#[test]
+fn errors_are_statuses_with_messages() {
+    let dir = tempfile::tempdir().unwrap();
+    let e = engine();
+    let data: Vec<u8> = (0..10_000u32).map(|i| (i * 31 % 251) as u8).collect();
+    let file = dir.path().join("data.bin");
+    std::fs::write(&file, &data).unwrap();
+    let cfile = CString::new(file.to_str().unwrap()).unwrap();
+    let mut buf = vec![0u8; 4096];
+    // SAFETY: (all calls below) valid pointers to live objects and buffers of the lengths passed.
+    unsafe {
+        // NULL arguments.
+        assert_eq!(wl_engine_open(ptr::null(), ptr::null_mut()), wl_status::WL_ERR_INVALID_ARGUMENT);
+        assert_eq!(wl_read(e.0, ptr::null(), 0, host(&mut buf), ptr::null_mut()), wl_status::WL_ERR_INVALID_ARGUMENT);
+        assert!(last_error().contains("path is NULL"));
+        // A bad setting names itself.
+        let mut e2 = ptr::null_mut();
+        let bad = CString::new("threads=lots").unwrap();
+        assert_eq!(wl_engine_open(bad.as_ptr(), &mut e2), wl_status::WL_ERR_INVALID_ARGUMENT);
+        assert!(last_error().contains("threads"), "{}", last_error());
+        // pread semantics: fewer bytes at the end, none past it.
+        let mut n = 0;
+        assert_eq!(wl_read(e.0, cfile.as_ptr(), 8000, host(&mut buf), &mut n), wl_status::WL_OK);
+        assert_eq!(n, 2000);
+        assert_eq!(&buf[..2000], &data[8000..]);
+        assert_eq!(wl_read(e.0, cfile.as_ptr(), 20_000, host(&mut buf), &mut n), wl_status::WL_OK);
+        assert_eq!(n, 0);
+        // Missing file, FIFO.
+        let missing = CString::new(dir.path().join("nope").to_str().unwrap()).unwrap();
+        assert_eq!(wl_read(e.0, missing.as_ptr(), 0, host(&mut buf), &mut n), wl_status::WL_ERR_NOT_FOUND);
+        assert!(last_error().contains("nope"));
+        let fifo = dir.path().join("fifo");
+        let cfifo = CString::new(fifo.to_str().unwrap()).unwrap();
+        assert_eq!(libc_mkfifo(&cfifo), 0);
+        assert_eq!(wl_read(e.0, cfifo.as_ptr(), 0, host(&mut buf), &mut n), wl_status::WL_ERR_NOT_A_FILE);
+        let mut ck = ptr::null_mut();
+        assert_ne!(wl_checkpoint_open(cfifo.as_ptr(), &mut ck), wl_status::WL_OK);
+        let mut blk = ptr::null_mut();
+        assert_eq!(wl_block_open(e.0, cfifo.as_ptr(), 0, &mut blk), wl_status::WL_ERR_NOT_A_FILE);
+        // A malformed checkpoint.
+        let junk = dir.path().join("junk.safetensors");
+        std::fs::write(&junk, b"\xff\xff\xff\xff\xff\xff\xff\x7fnot a header").unwrap();
+        let cjunk = CString::new(junk.to_str().unwrap()).unwrap();
+        assert_eq!(wl_checkpoint_open(cjunk.as_ptr(), &mut ck), wl_status::WL_ERR_FORMAT);
+        assert!(last_error().contains("junk.safetensors"), "{}", last_error());
+        // Host memory with a CUDA stream is refused.
+        let mut op = ptr::null_mut();
+        let fake_stream = 8usize as *mut std::ffi::c_void;
+        assert_eq!(
+            wl_read_async(e.0, cfile.as_ptr(), 0, host(&mut buf), fake_stream, &mut op),
+            wl_status::WL_ERR_INVALID_ARGUMENT
+        );
+        // Status names.
+        assert_eq!(CStr::from_ptr(wl_status_name(wl_status::WL_ERR_IO)).to_str().unwrap(), "WL_ERR_IO");
+    }
+}
+
+fn libc_mkfifo(path: &CString) -> i32 {
+    Command::new("mkfifo").arg(path.to_str().unwrap()).status().map(|s| if s.success() { 0 } else { 1 }).unwrap_or(1)
+}
+
+#[test]
+fn async_read_and_write_round_trip() {
+    let dir = tempfile::tempdir().unwrap();
+    let e = engine();
+    let data: Vec<u8> = (0..3_000_000u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
+    let file = dir.path().join("w.bin");
+    let cfile = CString::new(file.to_str().unwrap()).unwrap();
+    let src = wl_mem { device: WL_HOST, ptr: data.as_ptr() as u64, len: data.len() as u64 };
+    let mut written = 0;
+    let mut back = vec![0u8; data.len()];
+    // SAFETY: valid pointers; `data` and `back` outlive the calls and the operation.
+    unsafe {
+        assert_eq!(wl_write(e.0, cfile.as_ptr(), 4096, src, 1, &mut written), wl_status::WL_OK, "{}", last_error());
+        assert_eq!(written, data.len() as u64);
+        let mut op = ptr::null_mut();
+        assert_eq!(
+            wl_read_async(e.0, cfile.as_ptr(), 4096, host(&mut back), ptr::null_mut(), &mut op),
+            wl_status::WL_OK
+        );
+        let mut n = 0;
+        assert_eq!(wl_op_wait(op, &mut n), wl_status::WL_OK, "{}", last_error());
+        assert_eq!(n, data.len() as u64);
+    }
+    assert!(back == data, "async read differs from what was written");
+    assert_eq!(&std::fs::read(&file).unwrap()[4096..], &data[..]);
+}
+
+#[test]
+fn lba_reads_and_regions() {
+    let dir = tempfile::tempdir().unwrap();
+    let e = engine();
+    let data: Vec<u8> = (0..(4096 * 40 + 100) as u32).map(|i| (i ^ (i >> 7)) as u8).collect();
+    let file = dir.path().join("disk.img");
+    std::fs::write(&file, &data).unwrap();
+    let cfile = CString::new(file.to_str().unwrap()).unwrap();
+    // SAFETY: valid pointers and buffers of the lengths passed.
+    unsafe {
+        let mut dev = ptr::null_mut();
+        assert_eq!(wl_block_open(e.0, cfile.as_ptr(), 4096, &mut dev), wl_status::WL_OK, "{}", last_error());
+        let (mut bs, mut blocks) = (0, 0);
+        assert_eq!(wl_block_info(dev, &mut bs, &mut blocks), wl_status::WL_OK);
+        assert_eq!((bs, blocks), (4096, 40)); // the trailing 100 bytes are not a whole block
+        let mut buf = vec![0u8; 3 * 4096];
+        assert_eq!(wl_block_read(dev, 5, 3, host(&mut buf)), wl_status::WL_OK, "{}", last_error());
+        assert_eq!(&buf[..], &data[5 * 4096..8 * 4096]);
+        assert_eq!(wl_block_read(dev, 38, 3, host(&mut buf)), wl_status::WL_ERR_OUT_OF_RANGE);
+        assert!(last_error().contains("LBA 38"), "{}", last_error());
+        assert_eq!(wl_block_read(dev, 0, 4, host(&mut buf)), wl_status::WL_ERR_INVALID_ARGUMENT); // too small
+        let mut op = ptr::null_mut();
+        assert_eq!(wl_block_read_async(dev, 1, 2, host(&mut buf), ptr::null_mut(), &mut op), wl_status::WL_OK);
+        assert_eq!(wl_op_wait(op, ptr::null_mut()), wl_status::WL_OK);
+        assert_eq!(&buf[..2 * 4096], &data[4096..3 * 4096]);
+        // 512-byte blocks by default for a file.
+        let mut dev512 = ptr::null_mut();
+        assert_eq!(wl_block_open(e.0, cfile.as_ptr(), 0, &mut dev512), wl_status::WL_OK);
+        assert_eq!(wl_block_info(dev512, &mut bs, ptr::null_mut()), wl_status::WL_OK);
+        assert_eq!(bs, 512);
+        assert_eq!(wl_block_open(e.0, cfile.as_ptr(), 1000, &mut dev512), wl_status::WL_ERR_INVALID_ARGUMENT);
+
+        let mut regions = ptr::null_mut();
+        assert_eq!(wl_regions_new(dev, &mut regions), wl_status::WL_OK);
+        wl_block_close(dev); // the table keeps the device open
+        let weights = CString::new("weights").unwrap();
+        let kv = CString::new("kv_cache").unwrap();
+        assert_eq!(wl_regions_set(regions, weights.as_ptr(), 0, 30), wl_status::WL_OK);
+        assert_eq!(wl_regions_set(regions, kv.as_ptr(), 30, 10), wl_status::WL_OK);
+        assert_eq!(wl_regions_set(regions, kv.as_ptr(), 35, 10), wl_status::WL_ERR_OUT_OF_RANGE);
+        assert_eq!(wl_regions_read(regions, kv.as_ptr(), 2, 3, host(&mut buf)), wl_status::WL_OK);
+        assert_eq!(&buf[..], &data[32 * 4096..35 * 4096]);
+        let (mut start, mut count) = (0, 0);
+        assert_eq!(wl_regions_get(regions, kv.as_ptr(), &mut start, &mut count), wl_status::WL_OK);
+        assert_eq!((start, count), (30, 10));
+        assert_eq!(wl_regions_read(regions, kv.as_ptr(), 8, 3, host(&mut buf)), wl_status::WL_ERR_INVALID_ARGUMENT);
+        assert!(last_error().contains("kv_cache"), "{}", last_error());
+        let other = CString::new("optimizer").unwrap();
+        assert_eq!(wl_regions_read(regions, other.as_ptr(), 0, 1, host(&mut buf)), wl_status::WL_ERR_NOT_FOUND);
+        assert!(last_error().contains("weights"), "the message lists the known kinds: {}", last_error());
+        wl_regions_free(regions);
+        wl_block_close(dev512);
+    }
+}
+
+#[test]
+fn layer_streamer_rejects_bad_groupings() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = generate(dir.path(), "m.safetensors", &[]);
+    let e = engine();
+    let cpath = CString::new(path.to_str().unwrap()).unwrap();
+    // SAFETY: valid pointers; `layer_of` holds one entry per tensor.
+    unsafe {
+        let mut ck = ptr::null_mut();
+        assert_eq!(wl_checkpoint_open(cpath.as_ptr(), &mut ck), wl_status::WL_OK);
+        let n = wl_checkpoint_len(ck);
+        let mut layer_of = vec![0u32; n];
+        layer_of[0] = 5;
+        let mut l = ptr::null_mut();
+        assert_eq!(
+            wl_layers_open(e.0, ck, layer_of.as_ptr(), 2, WL_HOST, 2, &mut l),
+            wl_status::WL_ERR_INVALID_ARGUMENT
+        );
+        assert!(last_error().contains("layer_of[0] = 5"), "{}", last_error());
+        layer_of[0] = 0;
+        assert_eq!(
+            wl_layers_open(e.0, ck, layer_of.as_ptr(), 2, WL_HOST, 0, &mut l),
+            wl_status::WL_ERR_INVALID_ARGUMENT
+        );
+        assert_eq!(wl_layers_open(e.0, ck, layer_of.as_ptr(), 2, WL_HOST, 1, &mut l), wl_status::WL_OK);
+        let mut view = std::mem::zeroed::<wl_layer>();
+        assert_eq!(wl_layers_load(l, 2, ptr::null_mut(), &mut view), wl_status::WL_ERR_INVALID_ARGUMENT);
+        // Layer 1 is empty; layer 0 holds every tensor (one slot: every request reloads).
+        assert_eq!(wl_layers_load(l, 1, ptr::null_mut(), &mut view), wl_status::WL_OK);
+        assert_eq!(view.count, 0);
+        assert_eq!(wl_layers_load(l, 0, ptr::null_mut(), &mut view), wl_status::WL_OK, "{}", last_error());
+        assert_eq!(view.count, n);
+        let file = std::fs::read(&path).unwrap();
+        for k in 0..view.count {
+            let mut info = std::mem::zeroed::<wl_tensor_info>();
+            assert_eq!(wl_checkpoint_tensor(ck, *view.tensors.add(k), &mut info), wl_status::WL_OK);
+            let got = std::slice::from_raw_parts((view.base + *view.offsets.add(k)) as *const u8, info.nbytes as usize);
+            let at = info.offset as usize;
+            assert!(got == &file[at..at + info.nbytes as usize], "tensor {k} differs");
+        }
+        wl_layers_close(l);
+        wl_checkpoint_close(ck);
+    }
+}
