@@ -694,6 +694,24 @@ def test_cufile_properties_tensors_and_unregistered_memory(tmp_path):
         os.close(fd)
 
 
+def test_cufile_takes_a_tensor_as_memory_in_a_fresh_process(tmp_path):
+    """A one-element tensor is memory, not the integer it holds, even before weightlift itself imported torch."""
+    import subprocess
+    import sys
+
+    random_file(tmp_path / "t.dat", 100, seed=21)
+    code = (
+        "import os, torch\n"
+        "from weightlift import cufile\n"
+        f"fd = os.open({str(tmp_path / 't.dat')!r}, os.O_RDONLY)\n"
+        "t = torch.zeros(1, dtype=torch.uint8)\n"
+        "assert cufile.read(cufile.handle_register(fd), t, 1, 42, 0) == 1\n"
+        "print(int(t[0]))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=os.environ, check=True)
+    assert int(out.stdout) == np.fromfile(tmp_path / "t.dat", dtype=np.uint8)[42]
+
+
 @needs_gpu
 def test_cufile_torch_stream_object(tmp_path):
     data = random_file(tmp_path / "s.dat", 65_536, seed=19)

@@ -75,6 +75,7 @@ import enum
 import fcntl
 import os
 import stat
+import sys
 import threading
 import time
 from typing import TYPE_CHECKING, Any, Optional, Sequence, Union
@@ -539,7 +540,7 @@ def _address(obj: Any) -> tuple[int, Optional[str]]:
         raise TypeError("a pointer is expected, not a bool")
     if isinstance(obj, int):
         return obj, None
-    t = _core._torch
+    t = sys.modules.get("torch")  # a tensor can only come from an imported torch
     if t is not None and isinstance(obj, t.Tensor):
         if obj.is_cuda:
             t.cuda.current_stream(obj.device).synchronize()
