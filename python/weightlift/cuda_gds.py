@@ -180,8 +180,10 @@ def _transfer(handle: int, storage: Storage, offset: int, write: bool) -> None:
         t = _core.torch_module()
         t.cuda.current_stream(t.device(device)).synchronize()
     path, why = _route()
+    if path == "cufile" and not device.startswith("cuda"):
+        path, why = "engine", "host memory: cuFile serves device memory only here"
     try:
-        if h.session_fh is not None:
+        if h.session_fh is not None and path == "cufile":
             session = _cufile_session()
             n = session.pio("write" if write else "read", h.session_fh, ptr, nbytes, offset, device)
             report = {"backend": session.backend(), "bytes": n}

@@ -834,14 +834,17 @@ def _io(op: str, fh: Any, buf_ptr_base: Any, size: int, file_offset: int, buf_pt
         registered = _driver.buffers.get(base)
     if registered is not None and buf_ptr_offset + size > registered[0]:
         raise cuFileError(Status.CU_FILE_INVALID_VALUE, f"buf_ptr_offset {buf_ptr_offset} + size {size} is past the {registered[0]}-byte buffer at {base:#x}")
+    device = registered[1] if registered is not None else device or _device_of(base)
     try:
         if registered is not None:
             n = session.io(op, h.session_fh, base, size, file_offset, buf_ptr_offset)
         else:
-            n = session.pio(op, h.session_fh, base + buf_ptr_offset, size, file_offset, device or _device_of(base))
+            n = session.pio(op, h.session_fh, base + buf_ptr_offset, size, file_offset, device)
     except WeightliftError as e:
         raise cuFileError(_status_of(e), str(e)) from e
     path, why = _route()
+    if path == "cufile" and not device.startswith("cuda"):
+        path, why = "engine", "host memory: cuFile serves device memory only here"
     _core.note_report({"api": "cuda.bindings.cufile", "call": call, "path": path, "path_why": why, "backend": session.backend(), "bytes": n, "fd": h.fd, "offset": file_offset})
     return n
 
