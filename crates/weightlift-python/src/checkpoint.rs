@@ -54,6 +54,11 @@ pub struct Checkpoint {
 }
 
 impl Checkpoint {
+    /// The parsed index.
+    pub(crate) fn index(&self) -> &Arc<TensorIndex> {
+        &self.index
+    }
+
     fn positions(&self, names: Option<Vec<String>>) -> PyResult<Vec<usize>> {
         match names {
             None => Ok((0..self.index.tensors.len()).collect()),

@@ -64,7 +64,7 @@ pub fn to_py(e: Error) -> PyErr {
         Error::Io(io) => io_class(io.io_kind(), "IoError"),
         Error::Cuda(_) | Error::Nvme(_) => "CudaError",
         Error::TensorNotFound { .. } => "TensorNotFoundError",
-        Error::InvalidArgument(_) => "InvalidArgumentError",
+        Error::InvalidArgument(_) | Error::LbaOutOfRange { .. } | Error::UnknownKind { .. } => "InvalidArgumentError",
         Error::Verify(_) => "ChecksumError",
         _ => "WeightliftError",
     };

@@ -2,6 +2,7 @@
 //! and hands them to PyTorch through DLPack; the plain-Python package on top turns them into typed, shaped tensors
 //! and offers the familiar APIs (safetensors, dstorage-gpu, torch.cuda.gds, GGUF). The GIL is released during I/O.
 
+mod blocks;
 mod bridge;
 mod checkpoint;
 mod dlpack;
@@ -571,6 +572,9 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<checkpoint::TensorInfo>()?;
     m.add_class::<checkpoint::NativeStream>()?;
     m.add_class::<SettingInfo>()?;
+    m.add_class::<blocks::NativeBlockDevice>()?;
+    m.add_class::<blocks::NativeRegions>()?;
+    m.add_class::<blocks::NativeLayerStreamer>()?;
     let settings = PyList::empty(m.py());
     for s in weightlift::settings::SETTINGS {
         let row =

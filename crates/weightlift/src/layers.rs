@@ -139,6 +139,13 @@ pub struct LayerStreamer {
     _owned: Vec<Owned>,
 }
 
+// SAFETY: the slot addresses are plain addresses of memory the streamer owns or that its creator vouched for (see
+// `with_slots`); the streamer itself only hands them out, and the reader thread writes through them under the
+// streamer's contract. Everything else in it is Send and Sync.
+unsafe impl Send for LayerStreamer {}
+// SAFETY: as above; `&self` methods only read plain data or lock the shared state.
+unsafe impl Sync for LayerStreamer {}
+
 /// Lays out each layer's tensors in a slot; returns the layouts and the largest layer's bytes.
 pub fn plan_layers(index: &TensorIndex, layers: &[Vec<usize>]) -> Result<(Vec<LayerLayout>, u64)> {
     let mut seen = vec![usize::MAX; index.tensors.len()];
