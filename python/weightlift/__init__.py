@@ -11,6 +11,8 @@ The APIs of the tools it replaces, with their names, arguments and results:
 - cuFile (GPUDirect Storage): :mod:`weightlift.cufile` (``Session``: handles, buffers, read/write, async, batch,
   vectored I/O)
 - :func:`load_into` (weights straight into a ``torch.nn.Module``), :func:`probe`, :func:`last_report`
+- layer by layer through a few slots: :class:`LayerStreamer`, :func:`stream_model`; reads by LBA and named regions:
+  :mod:`weightlift.nvme`
 - several processes on ``torch.distributed``, each byte read once: :mod:`weightlift.distributed`
 
 Settings (keyword arguments of :class:`Loader`, or environment variables) are listed in :data:`SETTINGS`.
@@ -24,7 +26,7 @@ import os
 from typing import Any, Union
 
 from . import _core, _errors, _native, cufile
-from . import distributed
+from . import distributed, nvme
 from ._errors import (
     ChecksumError,
     CudaError,
@@ -42,6 +44,7 @@ from ._errors import (
 from .dstorage import Loader, load_tensor
 from .gds import File, GdsFile
 from .gguf import GGUFCheckpoint, load_gguf
+from .layers import LayerStreamer, stream_model
 from .nn import load_into
 from .safetensors import load_file, safe_open, save, save_file
 
@@ -83,6 +86,9 @@ __all__ = [
     "load_gguf",
     "cufile",
     "distributed",
+    "nvme",
+    "LayerStreamer",
+    "stream_model",
     "GGUFCheckpoint",
     "load_into",
     "probe",
