@@ -193,31 +193,61 @@ def _interrupt_after(seconds: float):
     return timer, sent
 
 
-def test_ctrl_c_interrupts_a_load_within_a_fraction_of_a_second_and_the_engine_goes_on(tmp_path):
+def _gpu() -> bool:
+    import torch
+
+    import weightlift
+
+    return torch.cuda.is_available() and weightlift.cuda_available()
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda:0"])
+def test_ctrl_c_interrupts_a_load_within_a_fraction_of_a_second_and_the_engine_goes_on(tmp_path, device):
     import safetensors.torch as st
     import torch
 
     import weightlift.safetensors as wst
 
+    if device != "cpu" and not _gpu():
+        pytest.skip("needs a CUDA device")
     big, engine = _slow_load(tmp_path)
+    if device != "cpu":
+        wst.load_file(_small(tmp_path), device, engine=engine)  # CUDA context, pools and staging exist before
+        torch.cuda.synchronize()
+        free_before = torch.cuda.mem_get_info()[0]
     timer, sent = _interrupt_after(0.5)
     try:
         with pytest.raises(KeyboardInterrupt):
-            wst.load_file(big, "cpu", engine=engine)
+            wst.load_file(big, device, engine=engine)
     finally:
         timer.cancel()
     took = time.perf_counter() - sent[0]
-    print(f"KeyboardInterrupt {took * 1e3:.0f} ms after Ctrl-C")
+    print(f"KeyboardInterrupt {took * 1e3:.0f} ms after Ctrl-C ({device})")
     assert took < 0.5, took
+    if device != "cpu":
+        # The interrupted load's device memory went back (the 2 GiB destination included).
+        torch.cuda.synchronize()
+        free_after = torch.cuda.mem_get_info()[0]
+        print(f"device memory free before {free_before}, after {free_after}")
+        assert free_after >= free_before - (64 << 20)
     # The engine is usable afterwards, and loads the right bytes.
-    g = torch.Generator().manual_seed(7)
-    small = tmp_path / "small.safetensors"
-    st.save_file({f"w{i}": torch.randn(64, 33 + i, generator=g) for i in range(8)}, str(small))
-    got = wst.load_file(small, "cpu", engine=engine)
+    small = _small(tmp_path)
+    got = wst.load_file(small, device, engine=engine)
     ref = st.load_file(str(small))
     assert got.keys() == ref.keys()
     for k in ref:
-        assert got[k].dtype == ref[k].dtype and torch.equal(got[k].view(torch.uint8), ref[k].view(torch.uint8))
+        assert got[k].dtype == ref[k].dtype and torch.equal(got[k].cpu().view(torch.uint8), ref[k].view(torch.uint8))
+
+
+def _small(tmp_path):
+    import safetensors.torch as st
+    import torch
+
+    small = tmp_path / "small.safetensors"
+    if not small.exists():
+        g = torch.Generator().manual_seed(7)
+        st.save_file({f"w{i}": torch.randn(64, 33 + i, generator=g) for i in range(8)}, str(small))
+    return small
 
 
 def test_ctrl_c_interrupts_a_streaming_get_tensor(tmp_path):

@@ -256,3 +256,106 @@ fn gpu_initiated_nvme_loads_byte_exact() {
         check_against_file_and_generator(&index, &loaded, true);
     }
 }
+
+/// A thousand mixed GPU loads in one engine — whole loads, streams taken in random order, loads failing on an
+/// injected EIO, loads failing for lack of device memory (a filler takes all but half a checkpoint) — with device
+/// memory in use and host RSS recorded every 100 loads. Flat means: between load 200 and load 1000, neither grows
+/// by more than 1 % (or 16 MiB, whichever is larger). Run by the GPU check (`--ignored`), which keeps the JSON
+/// written to `$WEIGHTLIFT_BENCH_OUT/stability.json`.
+#[test]
+#[ignore = "long (about a minute on a GPU); run by scripts/gpu-check"]
+fn a_thousand_mixed_loads_keep_memory_flat() {
+    if !gpu_or_skip("a_thousand_mixed_loads_keep_memory_flat") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let f = generate(dir.path(), "mixed.safetensors", Layout::Llama, Container::Safetensors, 64 << 20, None);
+    let index = weightlift::format::open(std::slice::from_ref(&f), None).unwrap();
+    let engine = Engine::new(Settings::default()).unwrap();
+    let gpu = weightlift_cuda::Gpu::open(0).unwrap();
+    let all: Vec<usize> = (0..index.tensors.len()).collect();
+    let mut rng = 0x9E37_79B9_7F4A_7C15u64;
+    let mut next = |n: u64| {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        rng % n
+    };
+    let (mut whole, mut streams, mut eio, mut oom) = (0, 0, 0, 0);
+    let mut marks = Vec::new();
+    let start = std::time::Instant::now();
+    for i in 1..=1000u32 {
+        match i % 10 {
+            0..=5 => {
+                let loaded = engine.load(&index, Device::Cuda(0), &LoadOpts::default()).unwrap();
+                if i % 250 == 1 {
+                    check_against_file_and_generator(&index, &loaded, true);
+                }
+                whole += 1;
+            }
+            6 | 7 => {
+                let s = engine.stream(&index, &all, Device::Cuda(0)).unwrap();
+                let mut order = all.clone();
+                for k in (1..order.len()).rev() {
+                    order.swap(k, next(k as u64 + 1) as usize);
+                }
+                for &t in &order {
+                    let data = s.take(t).unwrap();
+                    if i % 250 == 6 {
+                        let mut got = vec![0u8; data.len()];
+                        data.read_back(0, &mut got).unwrap();
+                        let mut want = vec![0u8; got.len()];
+                        synth::tensor_bytes(99, t as u64, 0, &mut want);
+                        assert!(got == want, "streamed tensor {t} differs");
+                    }
+                }
+                streams += 1;
+            }
+            8 => {
+                let at = next(index.files[0].len);
+                let faults = FaultPlan::new(vec![Fault::Eio { file: 0, offset: at }]);
+                let opts = LoadOpts { faults: Some(&faults), ..LoadOpts::default() };
+                match engine.load(&index, Device::Cuda(0), &opts) {
+                    Err(e) => assert!(e.to_string().contains("mixed.safetensors"), "{e}"),
+                    Ok(_) => panic!("a load with an EIO at {at} succeeded"),
+                }
+                eio += 1;
+            }
+            _ => {
+                let (free, _) = gpu.mem_info().unwrap();
+                let filler_len = free.saturating_sub(index.total_bytes() / 2) as usize;
+                let stream = gpu.stream(0).unwrap();
+                let filler = weightlift_cuda::DeviceBuffer::alloc(&gpu, filler_len, &stream).unwrap();
+                stream.synchronize().unwrap();
+                let err = engine.load(&index, Device::Cuda(0), &LoadOpts::default()).unwrap_err();
+                assert!(err.is_out_of_memory(), "{err}");
+                drop(filler);
+                oom += 1;
+            }
+        }
+        if i % 100 == 0 {
+            marks.push((i, device_used(), rss_bytes()));
+        }
+    }
+    let secs = start.elapsed().as_secs_f64();
+    eprintln!("(load, device bytes used, host RSS bytes): {marks:?}");
+    let (_, dev200, rss200) = marks[1];
+    let (_, dev1000, rss1000) = marks[9];
+    let tolerance = |base: u64| (base / 100).max(16 << 20);
+    let flat_device = dev1000 <= dev200 + tolerance(dev200);
+    let flat_rss = rss1000 <= rss200 + tolerance(rss200);
+    let json = serde_json::json!({
+        "loads": 1000, "whole": whole, "streams": streams, "eio": eio, "out_of_memory": oom, "seconds": secs,
+        "checkpoint_bytes": index.total_bytes(),
+        "marks": marks.iter().map(|(i, d, r)| serde_json::json!({"load": i, "device_used": d, "rss": r})).collect::<Vec<_>>(),
+        "device_growth_200_to_1000": dev1000 as i64 - dev200 as i64,
+        "rss_growth_200_to_1000": rss1000 as i64 - rss200 as i64,
+        "flat_device": flat_device, "flat_rss": flat_rss,
+    });
+    if let Some(out) = std::env::var_os("WEIGHTLIFT_BENCH_OUT") {
+        std::fs::write(Path::new(&out).join("stability.json"), serde_json::to_string_pretty(&json).unwrap()).unwrap();
+    }
+    eprintln!("{json}");
+    assert!(flat_device, "device memory grew from {dev200} to {dev1000} between loads 200 and 1000");
+    assert!(flat_rss, "host RSS grew from {rss200} to {rss1000} between loads 200 and 1000");
+}
