@@ -573,49 +573,62 @@ pub unsafe extern "C" fn wl_write(
     })
 }
 
-/// Starts `read` in the background and hands back an operation.
+/// Starts a read in the background and hands back an operation.
 ///
-/// With a stream (a `CUstream` of `dest`'s device; `dest` must then be device memory), the read starts after the
-/// work queued on the stream before this call, and the stream's later work waits for the read: kernels queued
-/// after this call see the data, as with `cuFileReadAsync`. Without a stream (NULL), the read simply runs in the
-/// background. Either way `wl_op_wait` returns the byte count and frees the operation.
+/// With a stream (a `CUstream` of `dest`'s device; `dest` must then be device memory), the copy into `dest` is
+/// queued on the stream now, behind a gate, and the background thread reads the file into pinned host staging and
+/// opens the gate: the copy lands after the work queued before the call, and the stream's later work sees the data
+/// (as with `cuFileReadAsync`), with no CUDA call on the background thread while the stream waits. `len` is what
+/// the copy carries (fixed when it is queued). Without a stream the read goes straight into `dest` in the background.
 ///
 /// # Safety
-/// `stream` must be NULL or a live stream of `dest`'s device that outlives the operation; the engine must outlive
-/// it; `dest` as for `wl_read`, untouched until the operation is waited for; `out` valid for a write.
+/// `stream` must be NULL or a live stream of `dest`'s device that outlives the operation; `dest` as for `wl_read`,
+/// untouched until the operation is waited for; `out` valid for a write.
 unsafe fn start_op(
     dest: &wl_mem,
+    len: u64,
     stream: *mut c_void,
     gpu_of: impl FnOnce(u32) -> Result<weightlift::cuda::Gpu, Error>,
-    read: impl FnOnce() -> Result<u64, Error> + Send + 'static,
+    read: impl FnOnce(RawDest) -> Result<u64, Error> + Send + 'static,
     out: *mut *mut wl_op,
 ) -> Result<(), Error> {
+    use weightlift::cuda::gate::{Direction, OrderedTransfer};
     if out.is_null() {
         return Err(invalid("out is NULL"));
     }
-    let gate = match (stream.is_null(), dest_of(dest)?) {
+    let raw = dest_of(dest)?;
+    let staged = match (stream.is_null(), raw) {
         (true, _) => None,
-        (false, RawDest::Device { ordinal, .. }) => {
+        (false, RawDest::Device { ordinal, ptr }) => {
             let gpu = gpu_of(ordinal)?;
-            // SAFETY: per the contract, `stream` is a live stream of this device outliving the operation.
-            Some(unsafe { weightlift::cuda::gate::StreamGate::close(&gpu, stream as CUstream) }?)
+            // SAFETY: per the contract, `stream` is a live stream of this device outliving the operation, and
+            // `ptr` holds at least `len <= dest.len` writable bytes.
+            Some(unsafe { OrderedTransfer::queue(&gpu, stream as CUstream, ptr, len as usize, Direction::ToDevice) }?)
         }
         (false, RawDest::Host(_)) => return Err(invalid("a stream orders reads into device memory only")),
     };
     let result = Arc::new(Mutex::new(None));
     let slot = result.clone();
+    let target = SendDest(raw);
     let worker = std::thread::Builder::new()
         .name("weightlift-capi-op".into())
         .spawn(move || {
-            let mut gate = gate;
-            let r = match gate.as_ref().map(|g| g.wait_for_prior_work()) {
-                Some(Err(e)) => Err(Error::from(e)),
-                _ => catch_unwind(AssertUnwindSafe(read))
-                    .unwrap_or_else(|_| Err(invalid("internal error (please report): the read panicked"))),
+            let mut staged = staged;
+            let to = match staged.as_mut() {
+                Some(t) => RawDest::Host(t.staging().as_mut_ptr()),
+                None => target.get(),
             };
+            let r = catch_unwind(AssertUnwindSafe(|| read(to)))
+                .unwrap_or_else(|_| Err(invalid("internal error (please report): the read panicked")));
+            if let (Some(t), Ok(got)) = (staged.as_mut(), &r) {
+                // A file that shrank since the copy was queued: the copy must not carry stale bytes.
+                let got = (*got as usize).min(t.staging().len());
+                t.staging()[got..].fill(0);
+            }
             *slot.lock().unwrap_or_else(|p| p.into_inner()) = Some(r);
-            if let Some(g) = gate.as_mut() {
-                g.open();
+            if let Some(mut t) = staged {
+                t.open();
+                drop(t); // waits until the stream's copy no longer needs the staging buffer
             }
         })
         .map_err(|e| Error::Io(IoError::Thread(e)))?;
@@ -660,15 +673,20 @@ pub unsafe extern "C" fn wl_read_async(
         // SAFETY: per the contract.
         let (e, path) = unsafe { (arg(engine, "engine")?, string(path, "path")?) };
         let eng = e.engine.clone();
-        let raw = SendDest(dest_of(&dest)?);
-        let len = dest.len;
-        let read = move || {
-            // SAFETY: per the contract, the destination stays valid and untouched until the operation is waited for.
-            unsafe { eng.read_into(path.as_ref(), offset, len, raw.get()) }.map(|(n, _)| n)
+        // What a pread would return, fixed now: a stream-ordered copy is queued with this length.
+        let file_len = std::fs::metadata(&path)
+            .map_err(|cause| Error::Io(IoError::Open { path: PathBuf::from(&path), cause }))?
+            .len();
+        let len = dest.len.min(file_len.saturating_sub(offset));
+        let read = move |to: RawDest| {
+            let to = SendDest(to);
+            // SAFETY: per the contract, the destination (or the operation's staging) stays valid and untouched until
+            // the operation is waited for, and holds `len` bytes.
+            unsafe { eng.read_into(path.as_ref(), offset, len, to.get()) }.map(|(n, _)| n)
         };
         let gpu_engine = e.engine.clone();
         // SAFETY: per the contract.
-        unsafe { start_op(&dest, stream, move |n| gpu_engine.gpu(n), read, out) }
+        unsafe { start_op(&dest, len, stream, move |n| gpu_engine.gpu(n), read, out) }
     })
 }
 
@@ -804,13 +822,18 @@ pub unsafe extern "C" fn wl_block_read_async(
     guard(|| {
         // SAFETY: per the contract.
         let d = unsafe { arg(dev, "dev") }?;
-        let raw = SendDest(checked_block_dest(&d.dev, lba, count, &dest)?);
+        checked_block_dest(&d.dev, lba, count, &dest)?;
+        let (_, len) = d.dev.byte_range(lba, count)?;
         let blockdev = d.dev.clone();
-        // SAFETY: per the contract, the destination stays valid until the operation is waited for.
-        let read = move || unsafe { blockdev.read(lba, count, raw.get()) }.map(|(n, _)| n);
+        let read = move |to: RawDest| {
+            let to = SendDest(to);
+            // SAFETY: per the contract, the destination (or the operation's staging) stays valid until the
+            // operation is waited for, and holds `count` blocks.
+            unsafe { blockdev.read(lba, count, to.get()) }.map(|(n, _)| n)
+        };
         let engine = d.dev.engine().clone();
         // SAFETY: per the contract.
-        unsafe { start_op(&dest, stream, move |n| engine.gpu(n), read, out) }
+        unsafe { start_op(&dest, len, stream, move |n| engine.gpu(n), read, out) }
     })
 }
 

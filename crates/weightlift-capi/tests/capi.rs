@@ -310,3 +310,51 @@ fn layer_streamer_rejects_bad_groupings() {
         wl_checkpoint_close(ck);
     }
 }
+
+#[test]
+fn stream_ordered_async_read_on_the_gpu() {
+    use cudarc::driver::sys;
+    if let Err(why) = weightlift::cuda::available() {
+        return eprintln!("skipping stream_ordered_async_read_on_the_gpu: {why}");
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let e = engine();
+    let data: Vec<u8> = (0..(3u32 << 20) + 123).map(|i| (i.wrapping_mul(2_654_435_761) >> 9) as u8).collect();
+    let file = dir.path().join("s.bin");
+    std::fs::write(&file, &data).unwrap();
+    let cfile = CString::new(file.to_str().unwrap()).unwrap();
+    let len = 4u64 << 20; // longer than what the file holds from the offset: pread semantics
+    let offset = 4096u64;
+    let want = &data[offset as usize..];
+    let gpu = weightlift::cuda::Gpu::open(0).unwrap();
+    let stream = gpu.stream(1).unwrap();
+    let s = stream.cu_stream();
+    // SAFETY: device memory from wl_cuda_alloc, a live stream of device 0, buffers of the lengths passed.
+    unsafe {
+        let (mut a, mut b) = (0u64, 0u64);
+        assert_eq!(wl_cuda_alloc(e.0, 0, len, &mut a), wl_status::WL_OK, "{}", last_error());
+        assert_eq!(wl_cuda_alloc(e.0, 0, len, &mut b), wl_status::WL_OK);
+        gpu.bind().unwrap();
+        // Earlier work: fill with 7s (the read must land after it). Later work: copy a → b (must see the file).
+        sys::cuMemsetD8Async(a, 7, len as usize, s).result().unwrap();
+        let mut op = ptr::null_mut();
+        let dest = wl_mem { device: 0, ptr: a, len };
+        assert_eq!(
+            wl_read_async(e.0, cfile.as_ptr(), offset, dest, s as *mut _, &mut op),
+            wl_status::WL_OK,
+            "{}",
+            last_error()
+        );
+        sys::cuMemcpyDtoDAsync_v2(b, a, len as usize, s).result().unwrap();
+        sys::cuStreamSynchronize(s).result().unwrap();
+        let mut n = 0;
+        assert_eq!(wl_op_wait(op, &mut n), wl_status::WL_OK, "{}", last_error());
+        assert_eq!(n, want.len() as u64);
+        let mut got = vec![0u8; len as usize];
+        assert_eq!(wl_cuda_copy_to_host(e.0, 0, b, got.as_mut_ptr().cast(), len), wl_status::WL_OK);
+        assert!(&got[..want.len()] == want, "the later copy did not see the file's bytes");
+        assert!(got[want.len()..].iter().all(|&x| x == 7), "bytes past the end of the file were overwritten");
+        wl_cuda_free(a);
+        wl_cuda_free(b);
+    }
+}

@@ -127,3 +127,146 @@ impl Drop for StreamGate {
         }
     }
 }
+
+/// Which way an [`OrderedTransfer`] moves bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Direction {
+    /// File → device: the host fills the staging buffer, then the stream copies it to the device.
+    ToDevice,
+    /// Device → file: the stream copies the device bytes to the staging buffer, then the host writes them out.
+    FromDevice,
+}
+
+/// Stream-ordered file I/O on device memory, staged in pinned host memory so that the host side needs no CUDA
+/// call while the stream waits for it: every copy is queued on the caller's stream when the transfer is set up, and
+/// the host thread only reads or writes the staging buffer and opens a gate.
+///
+/// Doing the device copies from the host thread while the stream waits would deadlock against any other thread that
+/// synchronises the device meanwhile (an allocator's `cudaMalloc`, a `cudaDeviceSynchronize`): that sync waits for
+/// the gated stream, and the copies queue behind it.
+///
+/// `ToDevice`: stream = [earlier work] → wait(gate) → copy staging → device → [later work]. The host fills
+/// [`OrderedTransfer::staging`] and calls [`OrderedTransfer::open`].
+/// `FromDevice`: stream = [earlier work] → copy device → staging → wait(gate) → [later work]. The host waits with
+/// [`OrderedTransfer::wait_staged`], writes the staging bytes out, and opens.
+#[derive(Debug)]
+pub struct OrderedTransfer {
+    gate: StreamGate,
+    staging: crate::memory::PinnedBuffer,
+    /// Recorded after the copy: the staging buffer is free once it completes.
+    copied: sys::CUevent,
+    direction: Direction,
+}
+
+// SAFETY: the event is a driver handle usable from any thread; the rest is Send.
+unsafe impl Send for OrderedTransfer {}
+
+impl OrderedTransfer {
+    /// Queues the transfer of `len` bytes at device address `dev` on `stream`.
+    ///
+    /// # Safety
+    /// `stream` must be a live stream of `gpu`'s context outliving the transfer; `dev..dev + len` must be device
+    /// memory of `gpu` that the stream's work may use (written for `ToDevice`, read for `FromDevice`).
+    pub unsafe fn queue(
+        gpu: &Gpu,
+        stream: sys::CUstream,
+        dev: sys::CUdeviceptr,
+        len: usize,
+        direction: Direction,
+    ) -> Result<OrderedTransfer, CudaError> {
+        let d = gpu.ordinal();
+        let staging = crate::memory::PinnedBuffer::alloc(gpu, len)?;
+        gpu.bind()?;
+        let mut copied: sys::CUevent = std::ptr::null_mut();
+        // SAFETY: valid out-pointer.
+        unsafe { sys::cuEventCreate(&mut copied, sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32) }
+            .result()
+            .map_err(CudaError::driver(d, "cuEventCreate"))?;
+        let host = staging.as_ptr() as *mut c_void;
+        // Each step's failure leaves the gate open (its Drop) and the event destroyed (below).
+        let setup = || -> Result<StreamGate, CudaError> {
+            match direction {
+                Direction::ToDevice => {
+                    // SAFETY: per the contract.
+                    let gate = unsafe { StreamGate::close(gpu, stream) }?;
+                    if len > 0 {
+                        // SAFETY: `host` is `len` bytes of pinned memory kept until `copied` completes; `dev` per
+                        // the contract.
+                        unsafe { sys::cuMemcpyHtoDAsync_v2(dev, host, len, stream) }
+                            .result()
+                            .map_err(CudaError::driver(d, "cuMemcpyHtoDAsync"))?;
+                    }
+                    // SAFETY: the event and stream belong to this context.
+                    unsafe { sys::cuEventRecord(copied, stream) }
+                        .result()
+                        .map_err(CudaError::driver(d, "cuEventRecord"))?;
+                    Ok(gate)
+                }
+                Direction::FromDevice => {
+                    if len > 0 {
+                        // SAFETY: as above, the other way.
+                        unsafe { sys::cuMemcpyDtoHAsync_v2(host, dev, len, stream) }
+                            .result()
+                            .map_err(CudaError::driver(d, "cuMemcpyDtoHAsync"))?;
+                    }
+                    // SAFETY: as above.
+                    unsafe { sys::cuEventRecord(copied, stream) }
+                        .result()
+                        .map_err(CudaError::driver(d, "cuEventRecord"))?;
+                    // SAFETY: per the contract.
+                    unsafe { StreamGate::close(gpu, stream) }
+                }
+            }
+        };
+        match setup() {
+            Ok(gate) => Ok(OrderedTransfer { gate, staging, copied, direction }),
+            Err(e) => {
+                // SAFETY: created above; any record of it is on a stream that will pass it (the gate, if it was
+                // closed, opened when dropped).
+                unsafe {
+                    let _ = sys::cuEventSynchronize(copied);
+                    let _ = sys::cuEventDestroy_v2(copied);
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// The staging bytes: for `ToDevice`, fill them before [`OrderedTransfer::open`]; for `FromDevice`, valid after
+    /// [`OrderedTransfer::wait_staged`].
+    pub fn staging(&mut self) -> &mut [u8] {
+        &mut self.staging
+    }
+
+    pub fn direction(&self) -> Direction {
+        self.direction
+    }
+
+    /// `FromDevice`: blocks until the device bytes are in the staging buffer (the stream's earlier work included).
+    /// Needs no progress from the host, so it cannot deadlock against the gate.
+    pub fn wait_staged(&self) -> Result<(), CudaError> {
+        self.gate.gpu.bind()?;
+        // SAFETY: `copied` is live until drop.
+        unsafe { sys::cuEventSynchronize(self.copied) }
+            .result()
+            .map_err(CudaError::driver(self.gate.gpu.ordinal(), "cuEventSynchronize"))
+    }
+
+    /// Lets the stream run past the gate.
+    pub fn open(&mut self) {
+        self.gate.open();
+    }
+}
+
+impl Drop for OrderedTransfer {
+    fn drop(&mut self) {
+        self.gate.open();
+        let _ = self.gate.gpu.bind();
+        // The staging buffer may still be the source or target of the stream's copy: wait for it before freeing.
+        // SAFETY: `copied` was created in `queue` and is destroyed once, here.
+        unsafe {
+            let _ = sys::cuEventSynchronize(self.copied);
+            let _ = sys::cuEventDestroy_v2(self.copied);
+        }
+    }
+}

@@ -473,7 +473,11 @@ impl Session {
         stream: Option<weightlift_cuda::CUstream>,
     ) -> Result<AsyncIo> {
         let device = self.registered(base, buf_offset, size)?;
-        self.file(fh)?;
+        let f = self.file(fh)?;
+        if let (Some(s), Device::Cuda(n), None) = (stream, device, &f.cufile) {
+            // SAFETY: per this function's contract.
+            return unsafe { self.submit_staged(op, f, base + buf_offset, size, file_offset, n, s) };
+        }
         let gate = match (stream, device) {
             (Some(s), Device::Cuda(n)) => {
                 let gpu = self.engine.gpu(n)?;
@@ -500,6 +504,66 @@ impl Session {
                 if let Some(g) = gate.as_mut() {
                     g.open();
                 }
+            })
+            .map_err(|e| Error::Io(weightlift_io::IoError::Thread(e)))?;
+        Ok(AsyncIo { result, worker: Some(worker) })
+    }
+
+    /// Stream-ordered I/O on device memory through the engine: the device copies are queued on `stream` now and
+    /// the background thread only reads or writes pinned host staging (see `OrderedTransfer` for why).
+    ///
+    /// # Safety
+    /// As for [`Session::submit_async`]; `addr..addr + size` is registered device memory of device `n`.
+    #[allow(clippy::too_many_arguments)] // submit_async's arguments, resolved
+    unsafe fn submit_staged(
+        self: &Arc<Self>,
+        op: Op,
+        f: Arc<FileEntry>,
+        addr: u64,
+        size: u64,
+        file_offset: u64,
+        n: u32,
+        stream: weightlift_cuda::CUstream,
+    ) -> Result<AsyncIo> {
+        use weightlift_cuda::gate::{Direction, OrderedTransfer};
+        Self::check_alignment(&f, file_offset, size)?;
+        let gpu = self.engine.gpu(n)?;
+        // A read copies what the file holds from `file_offset` (as `pread`, fewer bytes at its end): the copy's
+        // length is fixed now, when it is queued.
+        let len = match op {
+            Op::Read => {
+                let file_len = std::fs::metadata(&f.path)
+                    .map_err(|cause| Error::Io(weightlift_io::IoError::Open { path: f.path.clone(), cause }))?
+                    .len();
+                size.min(file_len.saturating_sub(file_offset))
+            }
+            Op::Write => size,
+        };
+        let direction = match op {
+            Op::Read => Direction::ToDevice,
+            Op::Write => Direction::FromDevice,
+        };
+        // SAFETY: per this function's contract.
+        let mut t = unsafe { OrderedTransfer::queue(&gpu, stream, addr, len as usize, direction) }?;
+        let result = Arc::new(Mutex::new(None));
+        let (me, slot) = (Arc::clone(self), Arc::clone(&result));
+        let worker = std::thread::Builder::new()
+            .name("weightlift-async-io".into())
+            .spawn(move || {
+                let staging = t.staging().as_mut_ptr() as u64;
+                let r = match op {
+                    Op::Read => me.transfer(&f, Op::Read, staging, len, file_offset, Device::Cpu).inspect(|&got| {
+                        // The file shrank since the copy was queued: the copy must not carry stale bytes.
+                        t.staging()[got as usize..].fill(0);
+                    }),
+                    Op::Write => t
+                        .wait_staged()
+                        .map_err(Error::from)
+                        .and_then(|()| me.transfer(&f, Op::Write, staging, len, file_offset, Device::Cpu)),
+                };
+                *lock(&slot) = Some(r);
+                t.open();
+                drop(t); // waits until the stream's copy no longer needs the staging buffer
             })
             .map_err(|e| Error::Io(weightlift_io::IoError::Thread(e)))?;
         Ok(AsyncIo { result, worker: Some(worker) })

@@ -322,10 +322,18 @@ fn a_thousand_mixed_loads_keep_memory_flat() {
                 eio += 1;
             }
             _ => {
-                let (free, _) = gpu.mem_info().unwrap();
-                let filler_len = free.saturating_sub(index.total_bytes() / 2) as usize;
+                // Take the device's memory in chunks, halving the chunk on each refusal down to 2 MiB, so that
+                // less than a checkpoint is left (synchronising first lets the pool return freed memory).
+                gpu.synchronize().unwrap();
                 let stream = gpu.stream(0).unwrap();
-                let filler = weightlift_cuda::DeviceBuffer::alloc(&gpu, filler_len, &stream).unwrap();
+                let mut filler = Vec::new();
+                let mut chunk = 1usize << 30;
+                while chunk >= 2 << 20 {
+                    match weightlift_cuda::DeviceBuffer::alloc(&gpu, chunk, &stream) {
+                        Ok(b) => filler.push(b),
+                        Err(_) => chunk /= 2,
+                    }
+                }
                 stream.synchronize().unwrap();
                 let err = engine.load(&index, Device::Cuda(0), &LoadOpts::default()).unwrap_err();
                 assert!(err.is_out_of_memory(), "{err}");
