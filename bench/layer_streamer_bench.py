@@ -61,6 +61,10 @@ def timed_forwards(model, ids, device: str, runs: int) -> tuple[list[float], "ob
     return times, out
 
 
+def say(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
 def raw(t) -> bytes:
     import torch
 
@@ -99,7 +103,9 @@ def main() -> int:
         "runs": args.runs,
     }
     try:
+        say("building the checkpoint")
         ckpt = transformers_bench.build("llama-1b", root, "cpu", args.tiny)
+        say(f"built: {ckpt['info']['files']}")
         folder, auto = ckpt["folder"], ckpt["auto"]
         transformers_bench.read_through(folder)
         files = sorted(f for f in os.listdir(folder) if f.endswith(".safetensors"))
@@ -114,6 +120,7 @@ def main() -> int:
 
         # 1. The whole model, uncapped: reference logits and compute time.
         whole = wt.from_pretrained(auto, folder, device=args.device)
+        say("whole model loaded")
         base = torch.cuda.memory_allocated(args.device) if cuda else 0
         times, ref = timed_forwards(whole, ids, args.device, args.runs)
         ref_bytes = raw(ref)
@@ -148,6 +155,7 @@ def main() -> int:
         # 3. Streamed through 1 and 2 slots.
         result["streamed"] = {}
         for slots in (1, 2):
+            say(f"streamed, {slots} slot(s)")
             model = wt.from_pretrained(auto, folder, device="cpu")
             handle = weightlift.stream_model(model, source, device=args.device, slots=slots)
             before = handle.stats()
