@@ -9,10 +9,15 @@ use std::ptr;
 
 use weightlift_capi::*;
 
-/// target/<profile>, where cargo leaves libweightlift_capi.so beside the test's deps folder.
+/// Where cargo left libweightlift_capi.so: beside this test executable (target/<profile>/deps, where `cargo test`
+/// builds it) or one folder up (target/<profile>, where `cargo build` puts it).
 fn lib_dir() -> PathBuf {
     let exe = std::env::current_exe().expect("test executable path");
-    exe.parent().and_then(Path::parent).expect("target/<profile>").to_path_buf()
+    let deps = exe.parent().expect("the test's folder").to_path_buf();
+    match deps.parent() {
+        Some(up) if !deps.join("libweightlift_capi.so").exists() => up.to_path_buf(),
+        _ => deps,
+    }
 }
 
 fn repo() -> PathBuf {

@@ -104,12 +104,19 @@ impl BlockDevice {
     /// `dest` must be valid for writes of `count` × block size bytes (device memory of the named device for
     /// `Device`) and not be accessed by anything else until this returns.
     pub unsafe fn read(&self, lba: u64, count: u64, dest: RawDest) -> Result<(u64, Report)> {
+        // SAFETY: the same contract.
+        unsafe { self.read_with(lba, count, dest, &LoadOpts::default()) }
+    }
+
+    /// [`BlockDevice::read`] with load options (cancellation, progress, injected faults).
+    ///
+    /// # Safety
+    /// As for [`BlockDevice::read`].
+    pub unsafe fn read_with(&self, lba: u64, count: u64, dest: RawDest, opts: &LoadOpts<'_>) -> Result<(u64, Report)> {
         let (offset, len) = self.byte_range(lba, count)?;
         let files = [self.file.clone()];
         // SAFETY: per this function's contract, `dest` holds `len` writable bytes.
-        let report = unsafe {
-            self.engine.read_open_ranges_into(&files, &[(0, offset, len, 0)], dest, len, &LoadOpts::default())
-        }?;
+        let report = unsafe { self.engine.read_open_ranges_into(&files, &[(0, offset, len, 0)], dest, len, opts) }?;
         Ok((len, report))
     }
 }

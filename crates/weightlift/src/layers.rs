@@ -14,6 +14,7 @@ use std::time::Instant;
 
 use weightlift_cuda::{CUstream, DeviceBuffer, StreamMark};
 use weightlift_format::TensorIndex;
+use weightlift_io::fault::FaultPlan;
 use weightlift_io::{HostBuffer, OpenFile};
 
 use crate::device::Device;
@@ -93,6 +94,8 @@ struct Shared {
     state: Mutex<State>,
     changed: Condvar,
     cancel: AtomicBool,
+    /// Faults injected into the reader's reads (tests).
+    faults: Mutex<Option<Arc<FaultPlan>>>,
 }
 
 fn lock(s: &Shared) -> MutexGuard<'_, State> {
@@ -266,8 +269,12 @@ impl LayerStreamer {
             shutdown: false,
             stats: StreamerStats::default(),
         };
-        let shared =
-            Arc::new(Shared { state: Mutex::new(state), changed: Condvar::new(), cancel: AtomicBool::new(false) });
+        let shared = Arc::new(Shared {
+            state: Mutex::new(state),
+            changed: Condvar::new(),
+            cancel: AtomicBool::new(false),
+            faults: Mutex::new(None),
+        });
         let worker = {
             let (shared, layouts, engine, slots) =
                 (shared.clone(), layouts.clone(), engine.clone(), SlotAddrs(slots.clone()));
@@ -315,6 +322,11 @@ impl LayerStreamer {
 
     pub fn stats(&self) -> StreamerStats {
         lock(&self.shared).stats
+    }
+
+    /// Injects faults into the reads started from now on (tests; `None` stops injecting).
+    pub fn set_faults(&self, faults: Option<Arc<FaultPlan>>) {
+        *self.shared.faults.lock().unwrap_or_else(|p| p.into_inner()) = faults;
     }
 
     /// Layer `layer`, once its bytes are in a slot; the caller must be done with the layer handed back before
@@ -450,7 +462,8 @@ fn reader(shared: &Shared, layouts: &[LayerLayout], engine: &Engine, files: &[Ar
         let start = Instant::now();
         let layout = &layouts[job.layer];
         let result = release.as_ref().map_or(Ok(()), |m| m.wait().map_err(Error::from)).and_then(|()| {
-            let opts = LoadOpts { cancel: Some(&shared.cancel), ..LoadOpts::default() };
+            let faults = shared.faults.lock().unwrap_or_else(|p| p.into_inner()).clone();
+            let opts = LoadOpts { cancel: Some(&shared.cancel), faults: faults.as_deref(), ..LoadOpts::default() };
             // SAFETY: the slot is valid for `slot_bytes >= layout.bytes` bytes (checked at construction) and,
             // per the streamer's contract, nobody uses it: its previous layer was released and `release` waited
             // for the work on it.
