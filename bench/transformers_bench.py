@@ -34,6 +34,11 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
 
+def say(msg: str) -> None:
+    """Progress on stderr, so that a run cut short shows where it was."""
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
 def drop_caches() -> bool:
     try:
         subprocess.run(["sync"], check=True)
@@ -147,6 +152,7 @@ def measure(ckpt: dict, fns: dict, runs: int, cold_ok: bool) -> dict:
     read_through(folder)
     for name, fn in fns.items():
         out[name]["first_call"], model = timed(fn, auto, folder)
+        say(f"first call {name}: {out[name]['first_call']:.2f} s")
         del model
         release()
     for _ in range(runs):
@@ -154,14 +160,18 @@ def measure(ckpt: dict, fns: dict, runs: int, cold_ok: bool) -> dict:
             read_through(folder)
             secs, model = timed(fn, auto, folder)
             out[name]["warm"].append(secs)
+            say(f"warm {name}: {secs:.3f} s")
             del model
             release()
     if cold_ok:
         for _ in range(runs):
             for name, fn in fns.items():
+                t = time.perf_counter()
                 drop_caches()
+                dropped = time.perf_counter() - t
                 secs, model = timed(fn, auto, folder)
                 out[name]["cold"].append(secs)
+                say(f"cold {name}: {secs:.3f} s (dropping the page cache took {dropped:.1f} s)")
                 del model
                 release()
     return {name: {"first_call": v["first_call"], "warm": stats(v["warm"]), "cold": stats(v["cold"])} for name, v in out.items()}
@@ -238,7 +248,9 @@ def main() -> int:
     torch.zeros(1, device=args.device)
     root = tempfile.mkdtemp(prefix="wl-transformers-bench-", dir=args.dir)
     started = time.perf_counter()
+    say("dropping the page cache once (checks that cold runs can happen)")
     cold_ok = not args.no_cold and drop_caches()
+    say(f"cold runs: {cold_ok}")
     result = {
         "versions": {"python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__,
                      "weightlift": weightlift.__version__, "accelerate": have_accelerate},
@@ -253,7 +265,9 @@ def main() -> int:
     }
     try:
         for kind in args.models.split(","):
+            say(f"building {kind}")
             ckpt = build(kind, root, args.device, args.tiny)
+            say(f"built {kind}: {ckpt['info']['files']}")
             fns = methods(args.device, have_accelerate)
             times = measure(ckpt, fns, args.runs, cold_ok)
             report = weightlift.last_report()
