@@ -258,8 +258,23 @@ impl Lane {
     fn restage(&mut self, job: &Arc<Job>) -> Result<(), IoError> {
         if let Some(s) = self.staging.as_mut() {
             if s.slot_bytes() as u64 >= job.slot_bytes && s.slots() >= job.slots_per_lane {
-                if let Some(p) = job.pinner.as_deref() {
-                    s.pin(p)?;
+                if let (Some(p), false) = (job.pinner.as_deref(), s.is_pinned()) {
+                    // Staging made for a host load is pinned for the device only now, and io_uring holds its pages
+                    // as fixed buffers. Pin with the buffers unregistered, then register them again, the order
+                    // staging made for a device load has (pinned, then registered). Why: a lane was seen asleep in
+                    // the NVIDIA driver's os_lock_user_pages for minutes after cold loads on the H100
+                    // (bench/results/2026-11-24-h100/hang-after-cold-loads); a long-term pin of pages io_uring has
+                    // pinned already is one way the kernel can stall there (it retries migrating pages it cannot
+                    // move). Whether this was that hang is not known: the change has not run on a GPU yet.
+                    // SAFETY: the lane is idle (restaging happens between jobs): no read is in flight into it.
+                    unsafe { self.io.register(None) };
+                    let pinned = s.pin(p);
+                    let region = s.region();
+                    // SAFETY: the region belongs to the staging this lane keeps; nothing is in flight.
+                    let (fixed, refusal) = unsafe { self.io.register(Some(region)) };
+                    self.fixed = fixed;
+                    self.fixed_refusal = refusal;
+                    pinned?;
                 }
                 return Ok(());
             }
