@@ -95,6 +95,8 @@ pub struct Session {
     buffers: Mutex<BTreeMap<u64, BufEntry>>,
     next: AtomicU64,
     closed: AtomicBool,
+    /// Faults injected into the engine's reads and writes (tests).
+    faults: Mutex<Option<Arc<weightlift_io::fault::FaultPlan>>>,
 }
 
 impl std::fmt::Debug for Session {
@@ -137,6 +139,7 @@ impl Session {
             buffers: Mutex::new(BTreeMap::new()),
             next: AtomicU64::new(1),
             closed: AtomicBool::new(false),
+            faults: Mutex::new(None),
         })
     }
 
@@ -329,14 +332,16 @@ impl Session {
             });
         }
         let engine = &self.engine;
+        let faults = lock(&self.faults).clone();
         match op {
             Op::Read => {
                 let dest = match device {
                     Device::Cuda(ordinal) => RawDest::Device { ordinal, ptr: addr },
                     _ => RawDest::Host(addr as *mut u8),
                 };
+                let opts = crate::LoadOpts { faults: faults.as_deref(), ..crate::LoadOpts::default() };
                 // SAFETY: as above.
-                unsafe { engine.read_into(&f.path, file_offset, size, dest) }.map(|(n, _)| n)
+                unsafe { engine.read_into_with(&f.path, file_offset, size, dest, &opts) }.map(|(n, _)| n)
             }
             Op::Write => {
                 let src = match device {
@@ -344,7 +349,7 @@ impl Session {
                     _ => RawSrc::Host(addr as *const u8),
                 };
                 // SAFETY: as above.
-                unsafe { engine.write_from(&f.path, file_offset, size, src, false) }
+                unsafe { engine.write_from_with(&f.path, file_offset, size, src, false, faults.as_deref()) }
             }
         }
     }
@@ -416,6 +421,12 @@ impl Session {
             }
         }
         Ok(done)
+    }
+
+    /// Injects faults into the engine's reads and writes from now on (tests; `None` stops injecting). cuFile's own
+    /// I/O (with `use_cufile`) is not affected.
+    pub fn set_faults(&self, faults: Option<Arc<weightlift_io::fault::FaultPlan>>) {
+        *lock(&self.faults) = faults;
     }
 
     /// The path of a registered handle.

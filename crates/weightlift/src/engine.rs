@@ -390,11 +390,27 @@ impl Engine {
     /// `dest` must be valid for writes of `len` bytes (device memory of the named device for `Device`) and not be
     /// accessed by anything else until this returns.
     pub unsafe fn read_into(&self, path: &Path, offset: u64, len: u64, dest: RawDest) -> Result<(u64, Report)> {
+        // SAFETY: the same contract.
+        unsafe { self.read_into_with(path, offset, len, dest, &LoadOpts::default()) }
+    }
+
+    /// [`Engine::read_into`] with load options (cancellation, progress, injected faults).
+    ///
+    /// # Safety
+    /// As for [`Engine::read_into`].
+    pub unsafe fn read_into_with(
+        &self,
+        path: &Path,
+        offset: u64,
+        len: u64,
+        dest: RawDest,
+        opts: &LoadOpts<'_>,
+    ) -> Result<(u64, Report)> {
         let file_len = self.open(path)?.len;
         let n = len.min(file_len.saturating_sub(offset));
         let ranges = [(0usize, offset, n, 0u64)];
         // SAFETY: per this function's contract, `dest` holds `len >= n` writable bytes.
-        let report = unsafe { self.read_ranges_into(&[path.to_path_buf()], &ranges, dest, n, &LoadOpts::default()) }?;
+        let report = unsafe { self.read_ranges_into(&[path.to_path_buf()], &ranges, dest, n, opts) }?;
         Ok((n, report))
     }
 
