@@ -787,14 +787,15 @@ pub unsafe extern "C" fn wl_block_read(dev: *const wl_block, lba: u64, count: u6
     guard(|| {
         // SAFETY: per the contract.
         let d = unsafe { arg(dev, "dev") }?;
-        let raw = checked_block_dest(&d.dev, lba, count, &dest)?;
+        let (raw, _) = checked_block_dest(&d.dev, lba, count, &dest)?;
         // SAFETY: per the contract; the length was checked against `count` blocks.
         unsafe { d.dev.read(lba, count, raw) }?;
         Ok(())
     })
 }
 
-fn checked_block_dest(dev: &BlockDevice, lba: u64, count: u64, dest: &wl_mem) -> Result<RawDest, Error> {
+/// `dest` as a destination for `count` blocks from `lba`, and their byte length.
+fn checked_block_dest(dev: &BlockDevice, lba: u64, count: u64, dest: &wl_mem) -> Result<(RawDest, u64), Error> {
     let (_, len) = dev.byte_range(lba, count)?;
     if dest.len < len {
         return Err(invalid(format!(
@@ -803,7 +804,7 @@ fn checked_block_dest(dev: &BlockDevice, lba: u64, count: u64, dest: &wl_mem) ->
             dev.block_size()
         )));
     }
-    dest_of(dest)
+    Ok((dest_of(dest)?, len))
 }
 
 /// `wl_block_read` in the background, optionally ordered on a CUDA stream (as `wl_read_async`).
@@ -822,8 +823,7 @@ pub unsafe extern "C" fn wl_block_read_async(
     guard(|| {
         // SAFETY: per the contract.
         let d = unsafe { arg(dev, "dev") }?;
-        checked_block_dest(&d.dev, lba, count, &dest)?;
-        let (_, len) = d.dev.byte_range(lba, count)?;
+        let (_, len) = checked_block_dest(&d.dev, lba, count, &dest)?;
         let blockdev = d.dev.clone();
         let read = move |to: RawDest| {
             let to = SendDest(to);
@@ -900,8 +900,7 @@ pub unsafe extern "C" fn wl_regions_get(
     guard(|| {
         // SAFETY: per the contract.
         let (r, kind) = unsafe { (arg(regions, "regions")?, string(kind, "kind")?) };
-        r.table.resolve(&kind, 0, 0)?;
-        let range = r.table.get(&kind).ok_or_else(|| invalid("kind vanished"))?;
+        let range = r.table.range(&kind)?;
         // SAFETY: per the contract.
         unsafe {
             put(start_lba, range.start);
@@ -927,7 +926,7 @@ pub unsafe extern "C" fn wl_regions_read(
         // SAFETY: per the contract.
         let (r, kind) = unsafe { (arg(regions, "regions")?, string(kind, "kind")?) };
         let lba = r.table.resolve(&kind, index, count)?;
-        let raw = checked_block_dest(r.table.device(), lba, count, &dest)?;
+        let (raw, _) = checked_block_dest(r.table.device(), lba, count, &dest)?;
         // SAFETY: per the contract; the length was checked.
         unsafe { r.table.device().read(lba, count, raw) }?;
         Ok(())

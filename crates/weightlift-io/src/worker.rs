@@ -269,11 +269,7 @@ impl Lane {
                     // SAFETY: the lane is idle (restaging happens between jobs): no read is in flight into it.
                     unsafe { self.io.register(None) };
                     let pinned = s.pin(p);
-                    let region = s.region();
-                    // SAFETY: the region belongs to the staging this lane keeps; nothing is in flight.
-                    let (fixed, refusal) = unsafe { self.io.register(Some(region)) };
-                    self.fixed = fixed;
-                    self.fixed_refusal = refusal;
+                    self.register_staging();
                     pinned?;
                 }
                 return Ok(());
@@ -287,16 +283,20 @@ impl Lane {
         unsafe { self.io.register(None) };
         self.staging = None;
         self.slots.clear();
-        let mut staging = Staging::new(slot_bytes as usize, slots, job.pinner.as_deref())?;
-        let region = staging.region();
-        // SAFETY: the region belongs to `staging`, which this lane keeps until it registers another one; nothing is
-        // in flight.
-        let (fixed, refusal) = unsafe { self.io.register(Some(region)) };
+        self.staging = Some(Staging::new(slot_bytes as usize, slots, job.pinner.as_deref())?);
+        self.register_staging();
+        self.slots = (0..slots).map(|_| Slot::Free).collect();
+        Ok(())
+    }
+
+    /// Registers this idle lane's staging with its ring as fixed buffers (replacing what was registered).
+    fn register_staging(&mut self) {
+        let region = self.staging.as_mut().map(|s| s.region());
+        // SAFETY: the region belongs to the staging this lane keeps until it registers another one; the lane is
+        // idle, so nothing is in flight.
+        let (fixed, refusal) = unsafe { self.io.register(region) };
         self.fixed = fixed;
         self.fixed_refusal = refusal;
-        self.slots = (0..slots).map(|_| Slot::Free).collect();
-        self.staging = Some(staging);
-        Ok(())
     }
 
     /// Drops the staging memory if the engine asked for it and the lane is idle.

@@ -166,11 +166,15 @@ impl RegionTable {
         self.kinds.iter().map(|(k, r)| (k.as_str(), *r))
     }
 
+    /// The range of `kind`, or an error listing the kinds there are.
+    pub fn range(&self, kind: &str) -> Result<LbaRange> {
+        self.get(kind)
+            .ok_or_else(|| Error::UnknownKind { kind: kind.to_owned(), known: self.kinds.keys().cloned().collect() })
+    }
+
     /// The device LBA of block `index` of `kind`, checking that `count` blocks from there stay inside the kind.
     pub fn resolve(&self, kind: &str, index: u64, count: u64) -> Result<u64> {
-        let r = self
-            .get(kind)
-            .ok_or_else(|| Error::UnknownKind { kind: kind.to_owned(), known: self.kinds.keys().cloned().collect() })?;
+        let r = self.range(kind)?;
         match index.checked_add(count) {
             Some(end) if end <= r.count => Ok(r.start + index),
             _ => Err(Error::InvalidArgument(format!(
