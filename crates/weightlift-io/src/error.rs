@@ -39,6 +39,9 @@ pub enum IoError {
     /// An I/O thread panicked (a bug; the load is abandoned cleanly).
     #[error("an I/O thread panicked: {0}")]
     Panicked(String),
+    /// A lane could not make staging that serves the load (a bug: the load fails instead of waiting forever).
+    #[error("{0}")]
+    StagingUnfit(String),
     #[error("invalid destinations: {0}")]
     Destinations(String),
     #[error("{0}")]
@@ -86,6 +89,7 @@ impl IoError {
             }
             IoError::Thread(cause) => IoError::Thread(copy_io(cause)),
             IoError::Panicked(why) => IoError::Panicked(why.clone()),
+            IoError::StagingUnfit(why) => IoError::StagingUnfit(why.clone()),
             IoError::Destinations(why) => IoError::Destinations(why.clone()),
             IoError::Sink(cause) => IoError::Sink(text(cause.as_ref())),
             IoError::Cancelled => IoError::Cancelled,

@@ -231,6 +231,15 @@ impl Lane {
                 Work::Restage(job) => {
                     if let Err(e) = self.restage(&job) {
                         job.fail(e);
+                    } else if !self.staging_fits(&job) {
+                        // Asked again, the pool would answer "restage" forever: fail the job rather than spin.
+                        job.fail(IoError::StagingUnfit(format!(
+                            "lane {}: staging of {} slots of {} bytes cannot be made within {} bytes per lane",
+                            self.id,
+                            job.slots_per_lane,
+                            job.slot_bytes,
+                            self.pool.staging_per_lane()
+                        )));
                     }
                 }
                 Work::Op { job, op, joins } => {
@@ -260,12 +269,8 @@ impl Lane {
             if s.slot_bytes() as u64 >= job.slot_bytes && s.slots() >= job.slots_per_lane {
                 if let (Some(p), false) = (job.pinner.as_deref(), s.is_pinned()) {
                     // Staging made for a host load is pinned for the device only now, and io_uring holds its pages
-                    // as fixed buffers. Pin with the buffers unregistered, then register them again, the order
-                    // staging made for a device load has (pinned, then registered). Why: a lane was seen asleep in
-                    // the NVIDIA driver's os_lock_user_pages for minutes after cold loads on the H100
-                    // (bench/results/2026-11-24-h100/hang-after-cold-loads); a long-term pin of pages io_uring has
-                    // pinned already is one way the kernel can stall there (it retries migrating pages it cannot
-                    // move). Whether this was that hang is not known: the change has not run on a GPU yet.
+                    // as fixed buffers: pin with the buffers unregistered, then register them again, the order that
+                    // staging made for a device load has (pinned, then registered).
                     // SAFETY: the lane is idle (restaging happens between jobs): no read is in flight into it.
                     unsafe { self.io.register(None) };
                     let pinned = s.pin(p);
@@ -276,8 +281,14 @@ impl Lane {
             }
         }
         let (old_bytes, old_slots) = self.staging.as_ref().map_or((0, 0), |s| (s.slot_bytes() as u64, s.slots()));
-        let slot_bytes = job.slot_bytes.max(old_bytes).next_multiple_of(4096);
         let cap = self.pool.staging_per_lane().max(job.slot_bytes);
+        // Larger slots (and more of them) are kept only while the lane's share still holds as many as the job
+        // asks for. Keeping them regardless left a lane that one cold load had given one large slot unable ever to
+        // serve a warm load that asks for two smaller ones: it restaged forever (the hang after cold GPU loads of
+        // bench/results/2026-11-24-h100/hang-after-cold-loads; test tests/restage.rs).
+        let keep = old_bytes.next_multiple_of(4096) * job.slots_per_lane as u64 <= cap;
+        let slot_bytes = if keep { job.slot_bytes.max(old_bytes) } else { job.slot_bytes }.next_multiple_of(4096);
+        let old_slots = if keep { old_slots } else { 0 };
         let slots = job.slots_per_lane.max(old_slots).min((cap / slot_bytes).max(1) as usize).max(1);
         // SAFETY: the lane is idle (no read in flight), and the old region stays mapped until after this call.
         unsafe { self.io.register(None) };
