@@ -409,10 +409,16 @@ impl Stream {
         let data = self.hand_out(block, offset, entry.nbytes)?;
         let mut b = self.shared.lock();
         b.untaken[block] -= 1;
-        if b.untaken[block] == 0 && std::mem::replace(&mut b.counted[block], false) {
+        let last = b.untaken[block] == 0;
+        if last && std::mem::replace(&mut b.counted[block], false) {
             b.ahead = b.ahead.saturating_sub(b.lens[block]);
         }
         drop(b);
+        if last && let Memory::Device { buffers, .. } = &self.memory {
+            // Every tensor of the block is taken and its bytes have landed (no lane writes to it again): the
+            // stream's reference goes, so the memory goes back when the takers drop theirs, not at close.
+            buffers.lock().unwrap_or_else(|p| p.into_inner())[block] = None;
+        }
         self.shared.changed.notify_all();
         self.io.wake();
         Ok(data)
@@ -557,22 +563,33 @@ impl Stream {
 
     /// Stops reading ahead and reports what the stream did.
     pub fn close(mut self) -> Result<StreamStats> {
+        self.stop().map(|(stats, _)| stats)
+    }
+
+    /// [`Stream::close`], also handing back what the stream's reads did (`None` when the stream had started no
+    /// reads).
+    pub fn finish(mut self) -> Result<(StreamStats, Option<weightlift_io::IoReport>)> {
         self.stop()
     }
 
-    fn stop(&mut self) -> Result<StreamStats> {
+    fn stop(&mut self) -> Result<(StreamStats, Option<weightlift_io::IoReport>)> {
         self.shared.closed.store(true, Ordering::Relaxed);
         self.shared.changed.notify_all();
         self.io.wake();
         if let Memory::Device { targets, .. } = &self.memory {
             targets.fail("the stream was closed".into());
         }
+        // Once every tensor was taken the job ends by itself: let it (briefly), so its report survives; cancelling a
+        // finished job would replace its report with the cancellation.
+        let all_taken = self.shared.lock().untaken.iter().all(|&u| u == 0);
         let outcome = match self.running.take() {
             Some(r) => {
-                r.cancel();
-                r.wait().map(|_| ())
+                if !(all_taken && r.wait_timeout(std::time::Duration::from_secs(2))) {
+                    r.cancel();
+                }
+                r.wait().map(Some)
             }
-            None => Ok(()),
+            None => Ok(None),
         };
         if let Some(a) = self.allocator.take() {
             let _ = a.join();
@@ -585,7 +602,8 @@ impl Stream {
         let stats = b.stats.clone();
         drop(b);
         match outcome {
-            Ok(()) | Err(weightlift_io::IoError::Cancelled) => Ok(stats),
+            Ok(io) => Ok((stats, io)),
+            Err(weightlift_io::IoError::Cancelled) => Ok((stats, None)),
             Err(e) => Err(e.into()),
         }
     }
