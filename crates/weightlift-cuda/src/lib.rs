@@ -23,7 +23,7 @@ pub use driver::DriverInfo;
 pub use error::CudaError;
 pub use gpu::{Gpu, GpuInfo, available};
 pub use memory::{
-    CudaPinner, DeviceBuffer, LEGACY_STREAM, PinnedBuffer, StreamMark, copy_device_to_host, free_device_memory,
-    order_after_stream,
+    CudaPinner, DeviceBuffer, LEGACY_STREAM, PinnedBuffer, StreamMark, copy_device_to_host, copy_host_to_device,
+    free_device_memory, order_after_stream,
 };
 pub use sink::{DeviceSink, PendingCopy, Targets};

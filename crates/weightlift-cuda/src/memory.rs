@@ -265,6 +265,21 @@ pub unsafe fn copy_device_to_host(gpu: &Gpu, src: sys::CUdeviceptr, out: &mut [u
         .map_err(CudaError::driver(gpu.ordinal(), "cuMemcpyDtoH"))
 }
 
+/// Copies `src` into device address `dst` of `gpu` (synchronously; fastest from pinned memory).
+///
+/// # Safety
+/// `dst..dst + src.len()` must be writable device memory of `gpu`.
+pub unsafe fn copy_host_to_device(gpu: &Gpu, dst: sys::CUdeviceptr, src: &[u8]) -> Result<(), CudaError> {
+    if src.is_empty() {
+        return Ok(());
+    }
+    gpu.bind()?;
+    // SAFETY: per the contract the destination is writable; `src` is a readable host buffer of the copied length.
+    unsafe { sys::cuMemcpyHtoD_v2(dst, src.as_ptr().cast(), src.len()) }
+        .result()
+        .map_err(CudaError::driver(gpu.ordinal(), "cuMemcpyHtoD"))
+}
+
 /// Makes the legacy default stream wait for the work queued so far on `stream` (so that a free ordered on the
 /// legacy stream cannot overtake a consumer's kernels on a non-blocking stream). Best effort: errors are logged.
 ///

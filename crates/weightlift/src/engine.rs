@@ -33,6 +33,8 @@ pub struct Engine {
     gpus: Mutex<HashMap<u32, Gpu>>,
     paths: Mutex<HashMap<u32, Arc<ResolvedPath>>>,
     write_pool: Mutex<StagingPool>,
+    /// GPU decoders of packed loads, one per GPU, kept between loads (their kernels are compiled once).
+    unpackers: Mutex<HashMap<u32, weightlift_cuda::unpack::GpuUnpacker>>,
 }
 
 impl std::fmt::Debug for Engine {
@@ -62,6 +64,7 @@ impl Engine {
             gpus: Mutex::new(HashMap::new()),
             paths: Mutex::new(HashMap::new()),
             write_pool: Mutex::new(StagingPool::new()),
+            unpackers: Mutex::new(HashMap::new()),
         })
     }
 
@@ -125,7 +128,18 @@ impl Engine {
         &self.host_cache
     }
 
-    fn report(&self, device: Device, files: Vec<PathBuf>, tensors: usize, bytes: u64, io: IoReport) -> Report {
+    pub(crate) fn unpackers(&self) -> &Mutex<HashMap<u32, weightlift_cuda::unpack::GpuUnpacker>> {
+        &self.unpackers
+    }
+
+    pub(crate) fn report(
+        &self,
+        device: Device,
+        files: Vec<PathBuf>,
+        tensors: usize,
+        bytes: u64,
+        io: IoReport,
+    ) -> Report {
         let mut r = Report::new(device, &files, tensors, bytes, io);
         r.settings = self.settings.describe();
         r

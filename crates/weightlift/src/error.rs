@@ -24,6 +24,9 @@ pub enum Error {
     /// A caller passed something unusable.
     #[error("{0}")]
     InvalidArgument(String),
+    /// A packed checkpoint's chunk does not decode, or decodes to bytes whose checksum differs.
+    #[error(transparent)]
+    Pack(#[from] weightlift_pack::PackError),
     /// A requested tensor does not exist.
     #[error("no tensor {name:?} in {where_}")]
     TensorNotFound { name: String, where_: String },

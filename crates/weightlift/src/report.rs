@@ -61,6 +61,8 @@ pub struct Report {
     pub nvme: Option<crate::nvme_sim::NvmeStats>,
     /// For streaming loads: bytes read ahead that no caller took.
     pub stream: Option<crate::stream::StreamStats>,
+    /// For packed checkpoints: stored and raw bytes, and the decoder that ran.
+    pub pack: Option<crate::packed::PackStats>,
 }
 
 impl Report {
@@ -85,6 +87,7 @@ impl Report {
             ceiling_gbps: None,
             nvme: None,
             stream: None,
+            pack: None,
         }
     }
 
@@ -145,6 +148,7 @@ impl Report {
             "ceiling_gbps": self.ceiling_gbps,
             "ratio_to_ceiling": self.ceiling_gbps.map(|c| self.gbps() / c),
             "stream": self.stream.as_ref().map(|s| s.to_json()),
+            "pack": self.pack.as_ref().map(|p| p.to_json()),
             "nvme": self.nvme.map(|n| json!({
                 "commands": n.commands, "bytes_transferred": n.transferred, "kernel_secs": n.kernel_secs,
                 "iops": if n.kernel_secs > 0.0 { n.commands as f64 / n.kernel_secs } else { 0.0 },
@@ -193,6 +197,20 @@ impl Report {
             io.stats.deliver.as_secs_f64(),
             io.stats.backpressure.as_secs_f64()
         );
+        if let Some(p) = &self.pack {
+            s += &format!(
+                "\n  packed: {:.2} GiB stored for {:.2} GiB raw ({:.3}), {} chunks in {} batches, every checksum checked; \
+                 decoded on the {} ({}), {:.3} s waiting for the decoder",
+                gib(p.stored_bytes),
+                gib(p.raw_bytes),
+                if p.raw_bytes > 0 { p.stored_bytes as f64 / p.raw_bytes as f64 } else { 1.0 },
+                p.chunks,
+                p.batches,
+                p.decoder.to_uppercase(),
+                p.decoder_reason,
+                p.decode_secs
+            );
+        }
         if let Some(g) = &self.gpu {
             s += &format!(
                 "\n  {}: {} ({}), PCIe {}; copies: longest stream {:.3} s",

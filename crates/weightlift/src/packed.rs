@@ -1,0 +1,551 @@
+//! Loading packed checkpoints (`.wlpack`, see [`weightlift_format::pack`]).
+//!
+//! The stored streams of the tensors asked for are cut into batches of whole chunks (contiguous in the pack) and
+//! read by a streaming load over those byte ranges, so the reads go through the same lanes, page-cache policy and
+//! pinned ring as any load and run ahead of the decoding by at most `prefetch_bytes`. Each batch is then decoded
+//! into the destination tensors as soon as it has landed:
+//!
+//! - on the GPU (device destinations, the GPU decoder available): the stored bytes land in device memory and
+//!   nvCOMP's batched decoders, weightlift's plane-merge kernel and its xxh3 kernels turn them into the tensors'
+//!   bytes and check every chunk's checksum on the device, on a stream of their own, while the lanes read the next
+//!   batches; at most two batches are in flight;
+//! - on the CPU (host destinations, or no nvCOMP / NVRTC, or asked for): the stored bytes land in host memory and
+//!   the chunks of a batch are decoded in parallel (rayon) and checked with xxh3; for a device destination they are
+//!   decoded into pinned memory and copied.
+//!
+//! Every chunk's checksum is checked either way; a mismatch is [`PackError::Checksum`] naming the tensor and the
+//! chunk. The report says which decoder ran and why.
+
+use std::collections::VecDeque;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Instant;
+
+use rayon::prelude::*;
+use serde_json::{Value, json};
+use weightlift_cuda::unpack::{BatchError, ChunkJob, GpuUnpacker, PendingBatch, StreamSrc, UnpackError};
+use weightlift_cuda::{DeviceBuffer, Gpu, PinnedBuffer};
+use weightlift_format::pack::{Codec, Item, ItemKind, PackIndex};
+use weightlift_format::{DType, Format, SourceFile, TensorEntry, TensorIndex};
+use weightlift_io::HostBuffer;
+use weightlift_pack::PackError;
+
+use crate::device::Device;
+use crate::engine::Engine;
+use crate::error::{Error, Result};
+use crate::path::LoadOpts;
+use crate::tensor::{DeviceTensor, Loaded, Tensor, TensorData};
+
+/// Stored bytes per decode batch: large enough that nvCOMP's batched decoders have hundreds of streams to spread
+/// over the GPU and that a batch's fixed cost (one take, one descriptor upload, one result read-back) is small
+/// against its bytes; small enough that two batches in flight cost little device memory.
+const BATCH_BYTES: u64 = 64 << 20;
+
+/// Whether `path` is a packed checkpoint (by its first bytes). Opened as a regular file only: a FIFO or a device
+/// must not block here (the reader that follows names it).
+pub fn is_pack_file(path: &Path) -> bool {
+    let mut head = [0u8; 8];
+    let Ok(mut f) = weightlift_format::regular::open(path, weightlift_format::regular::Access::READ) else {
+        return false;
+    };
+    std::io::Read::read_exact(&mut f, &mut head).is_ok() && weightlift_format::pack::is_pack(&head)
+}
+
+/// Which decoder a packed load uses.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Decoder {
+    /// The GPU for device destinations where nvCOMP and NVRTC load, the CPU otherwise.
+    #[default]
+    Auto,
+    /// The GPU; an error where it cannot run (host destination, nvCOMP or NVRTC missing).
+    Gpu,
+    /// The CPU, whatever the destination.
+    Cpu,
+}
+
+impl Decoder {
+    pub fn parse(s: &str) -> Result<Decoder> {
+        match s {
+            "auto" => Ok(Decoder::Auto),
+            "gpu" => Ok(Decoder::Gpu),
+            "cpu" => Ok(Decoder::Cpu),
+            _ => Err(Error::InvalidArgument(format!("decoder must be auto, gpu or cpu, not {s:?}"))),
+        }
+    }
+}
+
+/// What a packed load did, for its report.
+#[derive(Clone, Debug, Default)]
+pub struct PackStats {
+    /// Stored (compressed) bytes read for the tensors asked for, and the raw bytes they decoded to.
+    pub stored_bytes: u64,
+    pub raw_bytes: u64,
+    pub chunks: u64,
+    pub batches: u64,
+    /// `gpu` or `cpu`, and why.
+    pub decoder: &'static str,
+    pub decoder_reason: String,
+    /// Time the loading thread spent waiting for decoded batches (GPU) or decoding (CPU).
+    pub decode_secs: f64,
+}
+
+impl PackStats {
+    pub fn to_json(&self) -> Value {
+        json!({
+            "stored_bytes": self.stored_bytes, "raw_bytes": self.raw_bytes, "chunks": self.chunks,
+            "batches": self.batches, "decoder": self.decoder, "decoder_reason": self.decoder_reason,
+            "decode_secs": self.decode_secs,
+            "ratio": if self.raw_bytes > 0 { self.stored_bytes as f64 / self.raw_bytes as f64 } else { 1.0 },
+        })
+    }
+}
+
+/// A run of whole chunks, contiguous in the pack: `(selected tensor, chunk index in the pack)` each.
+struct Batch {
+    start: u64,
+    end: u64,
+    chunks: Vec<(usize, usize)>,
+}
+
+/// Cuts the chunks of `items` into batches in pack order; a batch ends at [`BATCH_BYTES`] or where the next chunk
+/// does not follow the previous one (a tensor not asked for lies between).
+fn plan_batches(index: &PackIndex, items: &[&Item]) -> Vec<Batch> {
+    let mut order: Vec<(u64, usize, usize)> = Vec::new();
+    for (t, item) in items.iter().enumerate() {
+        for c in item.chunks.clone() {
+            let streams = index.chunk_streams(c, item.planes);
+            if let Some(first) = streams.first() {
+                order.push((first.offset, t, c));
+            }
+        }
+    }
+    order.sort_unstable();
+    let mut batches: Vec<Batch> = Vec::new();
+    for (_, t, c) in order {
+        let streams = index.chunk_streams(c, items[t].planes);
+        let (start, end) = (streams[0].offset, streams[streams.len() - 1].end());
+        match batches.last_mut() {
+            // Streams start at multiples of 16: a chunk follows its predecessor when only padding lies between.
+            Some(b) if start >= b.end && start - b.end < 16 && end - b.start <= BATCH_BYTES => {
+                b.end = end;
+                b.chunks.push((t, c));
+            }
+            _ => batches.push(Batch { start, end, chunks: vec![(t, c)] }),
+        }
+    }
+    batches
+}
+
+/// The batches as a raw "checkpoint" of byte tensors over the pack, for a streaming load.
+fn batch_index(path: &Path, index: &PackIndex, batches: &[Batch]) -> TensorIndex {
+    TensorIndex {
+        files: vec![SourceFile {
+            path: path.to_path_buf(),
+            format: Format::Raw,
+            len: index.len,
+            data_start: index.data_start,
+            metadata: weightlift_format::Metadata::None,
+            gguf_version: None,
+        }],
+        tensors: batches
+            .iter()
+            .enumerate()
+            .map(|(i, b)| TensorEntry {
+                name: format!("batch {i}"),
+                dtype: DType::U8,
+                shape: vec![b.end - b.start],
+                file: 0,
+                offset: b.start,
+                nbytes: b.end - b.start,
+            })
+            .collect(),
+    }
+}
+
+fn nv_codec(c: Codec) -> Option<weightlift_cuda::nvcomp::NvCodec> {
+    use weightlift_cuda::nvcomp::NvCodec;
+    match c {
+        Codec::Raw => None,
+        Codec::Zstd => Some(NvCodec::Zstd),
+        Codec::Lz4 => Some(NvCodec::Lz4),
+        Codec::Deflate => Some(NvCodec::Deflate),
+    }
+}
+
+/// A destination range that decoding threads write (disjoint per chunk).
+#[derive(Clone, Copy)]
+struct Out(*mut u8);
+// SAFETY: each chunk writes only its own disjoint range of a destination the load owns until it returns.
+unsafe impl Send for Out {}
+// SAFETY: as above.
+unsafe impl Sync for Out {}
+
+impl Engine {
+    /// Loads the tensors at positions `which` (in the pack's tensor order; `None`: all of them, in that order) of
+    /// the packed checkpoint at `path` onto `device`, decoding with `decoder`. `opts.progress` counts raw bytes as
+    /// batches are decoded; `opts.cancel` abandons the load between batches (and while one is awaited).
+    pub fn load_pack(
+        &self,
+        path: &Path,
+        which: Option<&[usize]>,
+        device: Device,
+        decoder: Decoder,
+        opts: &LoadOpts<'_>,
+    ) -> Result<Loaded> {
+        let start = Instant::now();
+        let index = weightlift_format::pack::read(path)?;
+        let all: Vec<&Item> = index.tensors().collect();
+        let items: Vec<&Item> = match which {
+            None => all.clone(),
+            Some(w) => w
+                .iter()
+                .map(|&i| {
+                    all.get(i).copied().ok_or_else(|| Error::InvalidArgument(format!("no tensor at position {i}")))
+                })
+                .collect::<Result<_>>()?,
+        };
+        let (kind, reason) = choose(decoder, device)?;
+        let batches = plan_batches(&index, &items);
+        let mut stats = PackStats {
+            stored_bytes: batches.iter().map(|b| b.end - b.start).sum(),
+            raw_bytes: items.iter().map(|i| i.nbytes).sum(),
+            chunks: batches.iter().map(|b| b.chunks.len() as u64).sum(),
+            batches: batches.len() as u64,
+            decoder: if kind == Decoder::Gpu { "gpu" } else { "cpu" },
+            decoder_reason: reason,
+            decode_secs: 0.0,
+        };
+        let alloc_start = Instant::now();
+        let (mut datas, gpu) = match device {
+            Device::Cuda(n) => {
+                let gpu = self.gpu(n)?;
+                gpu.bind()?;
+                let s = gpu.context().new_stream().map_err(|e| Error::InvalidArgument(format!("a stream: {e}")))?;
+                let mut datas = Vec::with_capacity(items.len());
+                for item in &items {
+                    // Freed on the legacy stream (the default): after the decoder's work, which is waited for.
+                    let b = DeviceBuffer::alloc(&gpu, item.nbytes as usize, &s)?;
+                    datas.push(TensorData::Device(DeviceTensor { block: Arc::new(b), offset: 0, len: item.nbytes }));
+                }
+                s.synchronize().map_err(|e| Error::InvalidArgument(format!("allocating: {e}")))?;
+                (datas, Some(gpu))
+            }
+            Device::PinnedCpu => {
+                let gpu = self.gpu(0)?;
+                let datas = items
+                    .iter()
+                    .map(|i| Ok(TensorData::Pinned(PinnedBuffer::alloc(&gpu, i.nbytes as usize)?)))
+                    .collect::<Result<Vec<_>>>()?;
+                (datas, None)
+            }
+            Device::Cpu => {
+                let datas = items
+                    .iter()
+                    .map(|i| Ok(TensorData::Host(HostBuffer::new(i.nbytes as usize, Some(self.host_cache()))?)))
+                    .collect::<Result<Vec<_>>>()?;
+                (datas, None)
+            }
+        };
+        let alloc_secs = alloc_start.elapsed().as_secs_f64();
+        let dsts: Vec<u64> = datas
+            .iter_mut()
+            .map(|d| match d {
+                TensorData::Device(t) => t.device_ptr(),
+                TensorData::Host(b) => b.as_mut_ptr() as u64,
+                TensorData::Pinned(b) => b.as_mut_ptr() as u64,
+            })
+            .collect();
+        let mut io = None;
+        if !batches.is_empty() {
+            let bindex = batch_index(path, &index, &batches);
+            let positions: Vec<usize> = (0..batches.len()).collect();
+            let stream_device = if kind == Decoder::Gpu { device } else { Device::Cpu };
+            let stream = self.stream(&bindex, &positions, stream_device)?;
+            let ctx = Ctx { path, index: &index, items: &items, dsts: &dsts, opts };
+            let decoded = match (&gpu, kind) {
+                (Some(gpu), Decoder::Gpu) => self.decode_on_gpu(gpu, &stream, &batches, &ctx, &mut stats),
+                (Some(gpu), _) => decode_on_cpu(&stream, &batches, &ctx, Some(gpu), &mut stats),
+                (None, _) => decode_on_cpu(&stream, &batches, &ctx, None, &mut stats),
+            };
+            let finished = stream.finish();
+            decoded?;
+            io = finished?.1;
+        }
+        let io = io.unwrap_or_else(|| {
+            weightlift_io::IoReport::blank(weightlift_io::ReadEngineUsed::Pread, "nothing to read".into())
+        });
+        let tensors: Vec<Tensor> = items
+            .iter()
+            .zip(datas)
+            .map(|(item, data)| match &item.kind {
+                ItemKind::Tensor { name, dtype, shape } => {
+                    Tensor { name: name.clone(), dtype: *dtype, shape: shape.clone(), data }
+                }
+                // `PackIndex::tensors` yields tensors only.
+                ItemKind::Gap => Tensor { name: String::new(), dtype: DType::U8, shape: vec![item.nbytes], data },
+            })
+            .collect();
+        let mut report = self.report(device, vec![path.to_path_buf()], tensors.len(), stats.raw_bytes, io);
+        report.alloc_secs = alloc_secs;
+        report.gpu = gpu.as_ref().map(|g| g.info().clone());
+        report.pack = Some(stats);
+        report.seconds = start.elapsed().as_secs_f64();
+        Ok(Loaded { tensors, report })
+    }
+
+    fn decode_on_gpu(
+        &self,
+        gpu: &Gpu,
+        stream: &crate::stream::Stream,
+        batches: &[Batch],
+        ctx: &Ctx<'_>,
+        stats: &mut PackStats,
+    ) -> Result<()> {
+        let mut unpacker = self.take_unpacker(gpu)?;
+        let mut in_flight: VecDeque<(usize, PendingBatch, TensorData)> = VecDeque::new();
+        let result = (|| {
+            for (i, b) in batches.iter().enumerate() {
+                let stored = ctx.take(stream, i)?;
+                let TensorData::Device(src) = &stored else {
+                    return Err(Error::InvalidArgument("a GPU decode batch landed outside device memory".into()));
+                };
+                let base = src.device_ptr();
+                let mut srcs = Vec::new();
+                let mut jobs = Vec::with_capacity(b.chunks.len());
+                for &(t, c) in &b.chunks {
+                    let item = ctx.items[t];
+                    let chunk = ctx.index.chunks[c];
+                    jobs.push(ChunkJob {
+                        first_stream: srcs.len() as u32,
+                        planes: u32::from(item.planes),
+                        dst: ctx.dsts[t] + chunk.raw_offset,
+                        raw_len: chunk.raw_len,
+                        checksum: chunk.checksum,
+                    });
+                    for s in ctx.index.chunk_streams(c, item.planes) {
+                        srcs.push(StreamSrc {
+                            ptr: base + (s.offset - b.start),
+                            stored_len: s.stored_len,
+                            codec: nv_codec(s.codec),
+                        });
+                    }
+                }
+                // SAFETY: the sources lie inside the batch's landed block (`stored`, kept until the batch is
+                // waited); every destination is a disjoint range of a tensor allocated above, alive until the load
+                // returns; the batch is waited below before either goes.
+                let pending = unsafe { unpacker.decode_batch(&jobs, &srcs) }.map_err(|e| ctx.gpu_error(b, e))?;
+                in_flight.push_back((i, pending, stored));
+                if in_flight.len() > 1
+                    && let Some((k, p, _stored)) = in_flight.pop_front()
+                {
+                    let t = Instant::now();
+                    p.wait().map_err(|e| ctx.gpu_error(&batches[k], e))?;
+                    stats.decode_secs += t.elapsed().as_secs_f64();
+                    unpacker.recycle(p);
+                    ctx.done(&batches[k]);
+                }
+            }
+            while let Some((k, p, _stored)) = in_flight.pop_front() {
+                let t = Instant::now();
+                p.wait().map_err(|e| ctx.gpu_error(&batches[k], e))?;
+                stats.decode_secs += t.elapsed().as_secs_f64();
+                unpacker.recycle(p);
+                ctx.done(&batches[k]);
+            }
+            Ok(())
+        })();
+        // A failed load leaves batches in flight: dropping them waits for them before their sources go.
+        drop(in_flight);
+        self.give_unpacker(gpu.ordinal(), unpacker);
+        result
+    }
+}
+
+/// Picks the decoder for `device`: the kind and the reason.
+fn choose(decoder: Decoder, device: Device) -> Result<(Decoder, String)> {
+    let on_device = matches!(device, Device::Cuda(_));
+    let gpu_missing = || -> Option<String> {
+        weightlift_cuda::nvrtc::available().err().or_else(|| weightlift_cuda::nvcomp::nvcomp().err())
+    };
+    match decoder {
+        Decoder::Cpu => Ok((Decoder::Cpu, "the CPU decoder was asked for".into())),
+        Decoder::Gpu if !on_device => {
+            Err(Error::InvalidArgument(format!("the GPU decoder needs a CUDA destination, not {device}")))
+        }
+        Decoder::Gpu => match gpu_missing() {
+            None => Ok((Decoder::Gpu, "the GPU decoder was asked for".into())),
+            Some(why) => Err(Error::InvalidArgument(format!("the GPU decoder cannot run: {why}"))),
+        },
+        Decoder::Auto if !on_device => Ok((Decoder::Cpu, format!("{device} destination: decoded on the CPU"))),
+        Decoder::Auto => match gpu_missing() {
+            None => Ok((Decoder::Gpu, "nvCOMP and NVRTC loaded: decoded on the GPU".into())),
+            Some(why) => Ok((Decoder::Cpu, format!("decoded on the CPU and copied (slower): {why}"))),
+        },
+    }
+}
+
+/// What the decoders need to know of the load.
+struct Ctx<'a> {
+    path: &'a Path,
+    index: &'a PackIndex,
+    items: &'a [&'a Item],
+    /// Each selected tensor's destination address (device or host).
+    dsts: &'a [u64],
+    opts: &'a LoadOpts<'a>,
+}
+
+impl Ctx<'_> {
+    /// Batch `i`'s stored bytes, once landed (or a cancellation error once asked to stop).
+    fn take(&self, stream: &crate::stream::Stream, i: usize) -> Result<TensorData> {
+        if self.opts.cancel.is_some_and(|c| c.load(std::sync::atomic::Ordering::Relaxed)) {
+            return Err(Error::Io(weightlift_io::IoError::Cancelled));
+        }
+        stream.take_with(i, self.opts.cancel)
+    }
+
+    /// Counts batch `b`'s raw bytes as done.
+    fn done(&self, b: &Batch) {
+        if let Some(p) = self.opts.progress {
+            let raw: u64 = b.chunks.iter().map(|&(_, c)| self.index.chunks[c].raw_len).sum();
+            p.fetch_add(raw, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+
+    /// A GPU batch's failure as the CPU decoder would report it: the tensor, its chunk, the plane.
+    fn gpu_error(&self, b: &Batch, e: UnpackError) -> Error {
+        let Some(be) = (match &e {
+            UnpackError::Batch(be) => Some(be.clone()),
+            _ => None,
+        }) else {
+            return Error::InvalidArgument(format!("{}: decoding on the GPU: {e}", self.path.display()));
+        };
+        let at = |chunk: usize| {
+            let (t, c) = b.chunks[chunk];
+            let item = self.items[t];
+            (item, c, (c - item.chunks.start) as u64, item.label(&self.index.files))
+        };
+        let path = self.path.to_path_buf();
+        Error::Pack(match be {
+            BatchError::Checksum { chunk, expected, actual } => {
+                let (_, c, k, item) = at(chunk);
+                let ch = self.index.chunks[c];
+                PackError::Checksum {
+                    path,
+                    item,
+                    chunk: k,
+                    start: ch.raw_offset,
+                    end: ch.raw_offset + ch.raw_len,
+                    expected,
+                    actual,
+                }
+            }
+            BatchError::Decode { chunk, plane, codec, status, what } => {
+                let (_, _, k, item) = at(chunk);
+                PackError::Codec {
+                    path,
+                    item,
+                    chunk: k,
+                    plane: plane as u8,
+                    codec,
+                    reason: format!("nvCOMP status {status} ({what})"),
+                }
+            }
+            BatchError::Size { chunk, plane, actual, expected } => {
+                let (item, c, k, label) = at(chunk);
+                let codec =
+                    self.index.chunk_streams(c, item.planes).get(plane as usize).map_or("?", |s| s.codec.name());
+                PackError::Codec {
+                    path,
+                    item: label,
+                    chunk: k,
+                    plane: plane as u8,
+                    codec,
+                    reason: format!("decoded {actual} bytes, expected {expected}"),
+                }
+            }
+        })
+    }
+}
+
+/// Decodes each landed batch on the CPU, its chunks in parallel; for a device destination (`gpu`), into pinned
+/// memory first, then copied.
+fn decode_on_cpu(
+    stream: &crate::stream::Stream,
+    batches: &[Batch],
+    ctx: &Ctx<'_>,
+    gpu: Option<&Gpu>,
+    stats: &mut PackStats,
+) -> Result<()> {
+    let mut staging: Option<PinnedBuffer> = None;
+    for (i, b) in batches.iter().enumerate() {
+        let stored = ctx.take(stream, i)?;
+        let bytes: &[u8] = match &stored {
+            TensorData::Host(h) => h,
+            TensorData::Pinned(p) => p,
+            TensorData::Device(_) => {
+                return Err(Error::InvalidArgument("a CPU decode batch landed in device memory".into()));
+            }
+        };
+        let t = Instant::now();
+        // Where each chunk's raw bytes go: its tensor (host destinations) or its place in the pinned staging.
+        let mut outs: Vec<Out> = Vec::with_capacity(b.chunks.len());
+        if let Some(gpu) = gpu {
+            let raw: u64 = b.chunks.iter().map(|&(_, c)| ctx.index.chunks[c].raw_len).sum();
+            if staging.as_ref().is_none_or(|s| (s.len() as u64) < raw) {
+                staging = Some(PinnedBuffer::alloc(gpu, raw.next_power_of_two() as usize)?);
+            }
+            let base = staging.as_mut().map_or(std::ptr::null_mut(), |s| s.as_mut_ptr());
+            let mut at = 0u64;
+            for &(_, c) in &b.chunks {
+                // SAFETY: `at + raw_len <= raw <= staging.len()`.
+                outs.push(Out(unsafe { base.add(at as usize) }));
+                at += ctx.index.chunks[c].raw_len;
+            }
+        } else {
+            for &(t, c) in &b.chunks {
+                outs.push(Out((ctx.dsts[t] + ctx.index.chunks[c].raw_offset) as *mut u8));
+            }
+        }
+        b.chunks.par_iter().zip(outs.par_iter()).try_for_each(|(&(t, c), out)| {
+            let item = ctx.items[t];
+            let streams = ctx.index.chunk_streams(c, item.planes);
+            let (s0, s1) = (streams[0].offset - b.start, streams[streams.len() - 1].end() - b.start);
+            let raw_len = ctx.index.chunks[c].raw_len as usize;
+            // SAFETY: `out` is this chunk's own range of `raw_len` bytes (a tensor's, or the staging's), written by
+            // no other chunk and alive until this function returns.
+            let dest = unsafe { std::slice::from_raw_parts_mut(out.0, raw_len) };
+            weightlift_pack::decode_chunk(ctx.path, ctx.index, item, c, &bytes[s0 as usize..s1 as usize], dest)
+        })?;
+        if let Some(gpu) = gpu {
+            for (&(t, c), out) in b.chunks.iter().zip(&outs) {
+                let ch = ctx.index.chunks[c];
+                // SAFETY: the source is the chunk's decoded bytes in the staging; the destination its range of the
+                // tensor's device buffer.
+                unsafe {
+                    weightlift_cuda::copy_host_to_device(
+                        gpu,
+                        ctx.dsts[t] + ch.raw_offset,
+                        std::slice::from_raw_parts(out.0, ch.raw_len as usize),
+                    )?
+                };
+            }
+        }
+        stats.decode_secs += t.elapsed().as_secs_f64();
+        ctx.done(b);
+    }
+    Ok(())
+}
+
+impl Engine {
+    fn take_unpacker(&self, gpu: &Gpu) -> Result<GpuUnpacker> {
+        if let Some(u) = self.unpackers().lock().unwrap_or_else(|p| p.into_inner()).remove(&gpu.ordinal()) {
+            return Ok(u);
+        }
+        let stream = gpu.context().new_stream().map_err(|e| Error::InvalidArgument(format!("a stream: {e}")))?;
+        GpuUnpacker::new(gpu, stream).map_err(|e| Error::InvalidArgument(format!("the GPU decoder cannot start: {e}")))
+    }
+
+    fn give_unpacker(&self, ordinal: u32, u: GpuUnpacker) {
+        self.unpackers().lock().unwrap_or_else(|p| p.into_inner()).insert(ordinal, u);
+    }
+}
