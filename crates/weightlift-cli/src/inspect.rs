@@ -35,7 +35,7 @@ pub fn parse_dtype(s: &str) -> Result<DType, String> {
 pub fn run(args: &Args) -> Result<()> {
     if let [path] = args.paths.as_slice()
         && args.raw.is_none()
-        && crate::packing::is_pack_file(path)
+        && weightlift::is_pack_file(path)
     {
         return crate::packing::inspect(path, args.json, args.top);
     }

@@ -63,16 +63,6 @@ pub struct ChecksumArgs {
     pub threads: usize,
 }
 
-/// Whether `path` is a pack (by its first bytes).
-pub fn is_pack_file(path: &Path) -> bool {
-    let mut head = [0u8; 8];
-    // Opened as a regular file only: a FIFO or device must not block here (the reader then names it).
-    let Ok(mut f) = weightlift::format::regular::open(path, weightlift::format::regular::Access::READ) else {
-        return false;
-    };
-    std::io::Read::read_exact(&mut f, &mut head).is_ok() && weightlift::format::pack::is_pack(&head)
-}
-
 fn parse_codec(s: &str) -> Result<Codec, String> {
     Codec::parse(s).ok_or_else(|| format!("unknown codec {s:?} (raw, zstd, lz4, deflate)"))
 }
