@@ -1,6 +1,6 @@
 """Type stubs of the compiled module (see the Rust crate weightlift-python)."""
 
-from typing import Any
+from typing import Any, Optional
 
 __version__: str
 
@@ -33,6 +33,8 @@ class Checkpoint:
     def __init__(self, paths: list[str], raw_dtype: str | None = None, raw_count: int | None = None) -> None: ...
     @property
     def format(self) -> str: ...
+    @property
+    def pack_source(self) -> Optional[str]: ...
     @property
     def tensors(self) -> list[TensorInfo]: ...
     @property

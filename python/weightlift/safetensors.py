@@ -23,7 +23,7 @@ def _paths(path: Union[PathLike, Sequence[PathLike]]) -> list[str]:
 
 def _checkpoint(filename: Union[PathLike, Sequence[PathLike]]) -> "_native.Checkpoint":
     ckpt = _native.Checkpoint(_paths(filename))
-    if ckpt.format != "safetensors":
+    if ckpt.format != "safetensors" and not (ckpt.format == "wlpack" and ckpt.pack_source.startswith("safetensors")):
         raise FormatError(f"{filename}: not a safetensors checkpoint (it is {ckpt.format}); use load_gguf for GGUF")
     return ckpt
 

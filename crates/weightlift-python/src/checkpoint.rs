@@ -51,6 +51,47 @@ impl TensorInfo {
 pub struct Checkpoint {
     index: Arc<TensorIndex>,
     by_name: HashMap<String, usize>,
+    /// For a packed checkpoint (`.wlpack`): its path. `index` then lists its tensors (offsets are those of the
+    /// original files) and loads go through `Engine::load_pack`.
+    pack: Option<PathBuf>,
+    /// For a packed checkpoint: what it was packed from (`safetensors`, `safetensors-sharded` or `gguf`).
+    pack_source: Option<String>,
+}
+
+/// A packed checkpoint's tensors as an index over the pack (one file; offsets and sizes of the original files).
+fn pack_index(path: &std::path::Path) -> weightlift::Result<(TensorIndex, String)> {
+    let p = weightlift::format::pack::read(path)?;
+    let tensors = p
+        .tensors()
+        .filter_map(|item| match &item.kind {
+            weightlift::format::pack::ItemKind::Tensor { name, dtype, shape } => {
+                Some(weightlift::format::TensorEntry {
+                    name: name.clone(),
+                    dtype: *dtype,
+                    shape: shape.clone(),
+                    file: 0,
+                    offset: item.offset,
+                    nbytes: item.nbytes,
+                })
+            }
+            weightlift::format::pack::ItemKind::Gap => None,
+        })
+        .collect();
+    let metadata = if p.metadata.is_empty() { Metadata::None } else { Metadata::Safetensors(p.metadata.clone()) };
+    Ok((
+        TensorIndex {
+            files: vec![weightlift::format::SourceFile {
+                path: path.to_path_buf(),
+                format: weightlift::format::Format::Raw,
+                len: p.len,
+                data_start: p.data_start,
+                metadata,
+                gguf_version: None,
+            }],
+            tensors,
+        },
+        p.source,
+    ))
 }
 
 impl Checkpoint {
@@ -92,14 +133,30 @@ impl Checkpoint {
             }),
             None => None,
         };
-        let index = py.detach(|| weightlift::format::open(&paths, raw)).map_err(|e| to_py(e.into()))?;
+        let pack = match (paths.as_slice(), &raw) {
+            ([p], None) if weightlift::is_pack_file(p) => Some(p.clone()),
+            _ => None,
+        };
+        let (index, pack_source) = match &pack {
+            Some(p) => py.detach(|| pack_index(p)).map(|(i, s)| (i, Some(s))).map_err(to_py)?,
+            None => (py.detach(|| weightlift::format::open(&paths, raw)).map_err(|e| to_py(e.into()))?, None),
+        };
         let by_name = index.tensors.iter().enumerate().map(|(i, t)| (t.name.clone(), i)).collect();
-        Ok(Checkpoint { index: Arc::new(index), by_name })
+        Ok(Checkpoint { index: Arc::new(index), by_name, pack, pack_source })
     }
 
-    /// `safetensors`, `gguf`, `raw` or `mixed`.
+    /// For a packed checkpoint, what it was packed from (`safetensors`, `safetensors-sharded`, `gguf`); else None.
+    #[getter]
+    pub fn pack_source(&self) -> Option<String> {
+        self.pack_source.clone()
+    }
+
+    /// `safetensors`, `gguf`, `raw`, `wlpack` or `mixed`.
     #[getter]
     pub fn format(&self) -> &'static str {
+        if self.pack.is_some() {
+            return "wlpack";
+        }
         self.index.format().map_or("mixed", |f| f.name())
     }
 
@@ -150,9 +207,13 @@ impl Checkpoint {
     ) -> PyResult<Vec<NativeBuffer>> {
         let device = parse_device(device)?;
         let which = self.positions(names)?;
-        let (index, engine) = (self.index.clone(), engine.engine.clone());
+        let (index, engine, pack) = (self.index.clone(), engine.engine.clone(), self.pack.clone());
         let loaded = interruptible(py, move |cancel| {
-            engine.load_some(&index, &which, device, &LoadOpts { cancel: Some(cancel), ..LoadOpts::default() })
+            let opts = LoadOpts { cancel: Some(cancel), ..LoadOpts::default() };
+            match &pack {
+                Some(p) => engine.load_pack(p, Some(&which), device, weightlift::Decoder::Auto, &opts),
+                None => engine.load_some(&index, &which, device, &opts),
+            }
         })?
         .map_err(to_py)?;
         remember(loaded.report.to_json());
@@ -165,6 +226,10 @@ impl Checkpoint {
     fn verify(&self, py: Python<'_>, names: Vec<String>, buffers: Vec<PyRef<'_, crate::NativeBuffer>>) -> PyResult<()> {
         if names.len() != buffers.len() {
             return Err(crate::errors::invalid_argument("verify: as many buffers as names are needed"));
+        }
+        if self.pack.is_some() {
+            // A pack's loads check every chunk's checksum as they decode it: there is nothing left to check.
+            return Ok(());
         }
         let mut manifests: HashMap<usize, weightlift_pack::manifest::Manifest> = HashMap::new();
         for (name, buf) in names.iter().zip(&buffers) {
@@ -205,6 +270,19 @@ impl Checkpoint {
             return Err(invalid_argument(&format!("rows {start}..{stop} of {name:?}, which has {rows}")));
         }
         let row = t.nbytes.checked_div(rows).unwrap_or(0);
+        if let Some(pack) = self.pack.clone() {
+            // Packed chunks are decoded whole: the tensor is decoded, and the rows are a view of it (device) or a
+            // copy (host).
+            let (i, device, engine) = (self.position(name)?, parse_device(device)?, engine.engine.clone());
+            let loaded = interruptible(py, move |cancel| {
+                let opts = LoadOpts { cancel: Some(cancel), ..LoadOpts::default() };
+                engine.load_pack(&pack, Some(&[i]), device, weightlift::Decoder::Auto, &opts)
+            })?
+            .map_err(to_py)?;
+            remember(loaded.report.to_json());
+            let data = loaded.tensors.into_iter().next().ok_or_else(|| invalid_argument("no rows were loaded"))?.data;
+            return Ok(NativeBuffer::new(rows_of(data, start * row, (stop - start) * row).map_err(to_py)?));
+        }
         let path = self.index.files[t.file].path.clone();
         let range = (0usize, t.offset + start * row, (stop - start) * row);
         let device = parse_device(device)?;
@@ -229,10 +307,55 @@ impl Checkpoint {
     ) -> PyResult<NativeStream> {
         let device = parse_device(device)?;
         let which = self.positions(names)?;
+        let positions: HashMap<String, usize> =
+            which.iter().enumerate().map(|(p, &i)| (self.index.tensors[i].name.clone(), p)).collect();
+        if let Some(pack) = &self.pack {
+            let pending = Some(PackedPending { engine: engine.engine.clone(), path: pack.clone(), which, device });
+            return Ok(NativeStream {
+                stream: Arc::new(Mutex::new(None)),
+                positions,
+                packed: Arc::new(Mutex::new(Packed { pending, decoded: HashMap::new() })),
+            });
+        }
         let (index, e) = (self.index.clone(), engine.engine.clone());
         let stream = py.detach(|| e.stream(&index, &which, device)).map_err(to_py)?;
-        let positions = which.iter().enumerate().map(|(p, &i)| (self.index.tensors[i].name.clone(), p)).collect();
-        Ok(NativeStream { stream: Arc::new(Mutex::new(Some(stream))), positions })
+        Ok(NativeStream { stream: Arc::new(Mutex::new(Some(stream))), positions, packed: Default::default() })
+    }
+}
+
+/// Bytes `offset..offset + len` of a loaded tensor: a view of its device allocation, or a copy of host bytes.
+fn rows_of(data: weightlift::TensorData, offset: u64, len: u64) -> weightlift::Result<weightlift::TensorData> {
+    use weightlift::TensorData;
+    match data {
+        TensorData::Device(t) => {
+            Ok(TensorData::Device(weightlift::DeviceTensor { offset: t.offset + offset, len, ..t }))
+        }
+        host => {
+            let mut out = weightlift::io::HostBuffer::new(len as usize, None)?;
+            host.read_back(offset, &mut out)?;
+            Ok(TensorData::Host(out))
+        }
+    }
+}
+
+/// A packed checkpoint's stream: its tensors are decoded together at the first take (chunks decode whole, and one
+/// load keeps the reads and the decoder busy), then handed out one by one.
+#[derive(Default)]
+struct Packed {
+    pending: Option<PackedPending>,
+    decoded: HashMap<usize, weightlift::TensorData>,
+}
+
+struct PackedPending {
+    engine: Arc<weightlift::Engine>,
+    path: PathBuf,
+    which: Vec<usize>,
+    device: weightlift::Device,
+}
+
+impl std::fmt::Debug for Packed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Packed({} decoded, pending: {})", self.decoded.len(), self.pending.is_some())
     }
 }
 
@@ -266,6 +389,8 @@ fn info(t: &weightlift::format::TensorEntry) -> TensorInfo {
 pub struct NativeStream {
     stream: Arc<Mutex<Option<Stream>>>,
     positions: HashMap<String, usize>,
+    /// For a packed checkpoint (then `stream` is `None`).
+    packed: Arc<Mutex<Packed>>,
 }
 
 #[pymethods]
@@ -275,6 +400,9 @@ impl NativeStream {
         let i = *self.positions.get(name).ok_or_else(|| {
             to_py(weightlift::Error::TensorNotFound { name: name.to_string(), where_: "this stream".into() })
         })?;
+        if let Some(data) = self.take_packed(py, name, i)? {
+            return Ok(NativeBuffer::new(data));
+        }
         let stream = self.stream.clone();
         let data = interruptible(py, move |cancel| {
             let guard = stream.lock().unwrap_or_else(|p| p.into_inner());
@@ -290,16 +418,66 @@ impl NativeStream {
     /// Whether the stream still runs (not closed).
     #[getter]
     fn open(&self) -> bool {
+        let packed = self.packed.lock().unwrap_or_else(|p| p.into_inner());
         self.stream.lock().unwrap_or_else(|p| p.into_inner()).is_some()
+            || packed.pending.is_some()
+            || !packed.decoded.is_empty()
     }
 
     /// Stops reading ahead; returns what the stream read, on demand and ahead (and how much of that nobody took).
     fn close(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        {
+            let mut packed = self.packed.lock().unwrap_or_else(|p| p.into_inner());
+            packed.pending = None;
+            packed.decoded.clear();
+        }
         let stream = self.stream.lock().unwrap_or_else(|p| p.into_inner()).take();
         let stats = match stream {
             Some(s) => py.detach(|| s.close()).map_err(to_py)?,
             None => weightlift::StreamStats::default(),
         };
         json_to_py(py, &stats.to_json())
+    }
+}
+
+impl NativeStream {
+    /// For a packed checkpoint: decodes every streamed tensor at the first take, then hands out tensor `i`
+    /// (`None`: not a packed stream).
+    fn take_packed(&self, py: Python<'_>, name: &str, i: usize) -> PyResult<Option<weightlift::TensorData>> {
+        let pending = {
+            let mut packed = self.packed.lock().unwrap_or_else(|p| p.into_inner());
+            if packed.pending.is_none()
+                && packed.decoded.is_empty()
+                && self.stream.lock().unwrap_or_else(|p| p.into_inner()).is_some()
+            {
+                return Ok(None);
+            }
+            packed.pending.take()
+        };
+        if let Some(p) = pending {
+            let (engine, path, which, device) = (p.engine.clone(), p.path.clone(), p.which.clone(), p.device);
+            let loaded = interruptible(py, move |cancel| {
+                let opts = LoadOpts { cancel: Some(cancel), ..LoadOpts::default() };
+                engine.load_pack(&path, Some(&which), device, weightlift::Decoder::Auto, &opts)
+            })?;
+            let loaded = match loaded {
+                Ok(l) => l,
+                Err(e) => {
+                    // Interrupted or failed: the next take tries again.
+                    self.packed.lock().unwrap_or_else(|p| p.into_inner()).pending = Some(p);
+                    return Err(to_py(e));
+                }
+            };
+            remember(loaded.report.to_json());
+            let mut packed = self.packed.lock().unwrap_or_else(|p| p.into_inner());
+            packed.decoded = loaded.tensors.into_iter().map(|t| t.data).enumerate().collect();
+        }
+        let mut packed = self.packed.lock().unwrap_or_else(|p| p.into_inner());
+        match packed.decoded.remove(&i) {
+            Some(d) => Ok(Some(d)),
+            None => Err(to_py(weightlift::Error::InvalidArgument(format!(
+                "tensor {name:?} was already taken from this stream, or the stream is closed"
+            )))),
+        }
     }
 }

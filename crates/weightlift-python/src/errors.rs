@@ -65,7 +65,11 @@ pub fn to_py(e: Error) -> PyErr {
         Error::Cuda(_) | Error::Nvme(_) => "CudaError",
         Error::TensorNotFound { .. } => "TensorNotFoundError",
         Error::InvalidArgument(_) | Error::LbaOutOfRange { .. } | Error::UnknownKind { .. } => "InvalidArgumentError",
-        Error::Verify(_) => "ChecksumError",
+        Error::Verify(_) | Error::Pack(weightlift_pack::PackError::Checksum { .. }) => "ChecksumError",
+        // A stored stream that does not decode is damaged data, as a malformed header is.
+        Error::Pack(weightlift_pack::PackError::Codec { .. }) => "FormatError",
+        Error::Pack(weightlift_pack::PackError::Format(_)) => "FormatError",
+        Error::Pack(weightlift_pack::PackError::Io { .. }) => "IoError",
         _ => "WeightliftError",
     };
     raise(class, message, cufile_status(&e))
