@@ -318,6 +318,17 @@ impl GpuUnpacker {
     }
 }
 
+impl Drop for GpuUnpacker {
+    fn drop(&mut self) {
+        // The scratch buffers are freed on this unpacker's stream, which (fields dropping in declaration order)
+        // would otherwise be destroyed before them: free them while it lives, and let the frees finish.
+        for g in [&mut self.desc, &mut self.scratch, &mut self.temp, &mut self.sums, &mut self.results] {
+            g.0.take();
+        }
+        let _ = self.stream.synchronize();
+    }
+}
+
 /// A batch in flight: [`PendingBatch::wait`] blocks until its results are on the host and checks them.
 pub struct PendingBatch {
     plan: Plan,
