@@ -203,6 +203,8 @@ settings! {
         "data path: auto (io_uring, else pread, through the pinned pipeline; cuFile for GPU loads where it runs peer-to-peer), uring, pread, gds (cuFile for GPU loads), nvme-sim (GPU-initiated NVMe against the software controller, GPU loads)";
     prefetch_bytes: u64 = 2 << 30, "2 GiB", env "WEIGHTLIFT_PREFETCH_BYTES", parse bytes, values &[],
         "streaming loads (safe_open): bytes read ahead of the tensors taken so far";
+    pack_batch_bytes: u64 = 256 << 20, "256 MiB", env "WEIGHTLIFT_PACK_BATCH_BYTES", parse bytes, values &[],
+        "packed loads: stored bytes decoded per batch (larger batches keep the GPU decoder busier)";
     host_cache_bytes: u64 = 1 << 30, "1 GiB", env "WEIGHTLIFT_HOST_CACHE_BYTES", parse bytes, values &[],
         "freed host buffers kept for reuse by the engine (fresh pages cost more to fault in than to fill)";
     cufile_lib: Option<PathBuf> = None, "searched", env "WEIGHTLIFT_CUFILE_LIB", parse path, values &[],

@@ -291,7 +291,7 @@ fn a_large_pack_streams_through_many_batches_on_the_gpu() {
     let original = dir.path().join("large.safetensors");
     std::fs::write(&original, safetensors::serialize(&refs, &BTreeMap::new(), 8).unwrap()).unwrap();
     let packed = pack(&original, Codec::Zstd);
-    let e = engine();
+    let e = Engine::new(Settings::default().pack_batch_bytes(48 << 20)).unwrap();
     let gpu = e.gpu(0).unwrap();
     let before = gpu.mem_info().unwrap().0;
     for _ in 0..3 {
