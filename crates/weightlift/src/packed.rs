@@ -36,7 +36,6 @@ use crate::error::{Error, Result};
 use crate::path::LoadOpts;
 use crate::tensor::{DeviceTensor, Loaded, Tensor, TensorData};
 
-
 /// Whether `path` is a packed checkpoint (by its first bytes). Opened as a regular file only: a FIFO or a device
 /// must not block here (the reader that follows names it).
 pub fn is_pack_file(path: &Path) -> bool {
@@ -192,6 +191,19 @@ impl Engine {
         decoder: Decoder,
         opts: &LoadOpts<'_>,
     ) -> Result<Loaded> {
+        self.load_pack_with(path, which, device, decoder, opts, None)
+    }
+
+    /// [`Engine::load_pack`] with faults injected into its reads (tests).
+    pub fn load_pack_with(
+        &self,
+        path: &Path,
+        which: Option<&[usize]>,
+        device: Device,
+        decoder: Decoder,
+        opts: &LoadOpts<'_>,
+        faults: Option<Arc<weightlift_io::fault::FaultPlan>>,
+    ) -> Result<Loaded> {
         let start = Instant::now();
         let index = weightlift_format::pack::read(path)?;
         let all: Vec<&Item> = index.tensors().collect();
@@ -223,7 +235,7 @@ impl Engine {
             let bindex = batch_index(path, &index, &batches);
             let positions: Vec<usize> = (0..batches.len()).collect();
             let stream_device = if kind == Decoder::Gpu { device } else { Device::Cpu };
-            Some(self.stream(&bindex, &positions, stream_device)?)
+            Some(self.stream_with(&bindex, &positions, stream_device, faults)?)
         };
         let alloc_start = Instant::now();
         let (mut datas, gpu) = match device {

@@ -1,6 +1,7 @@
 //! A randomized fault soak on the host entry points: whole loads, subsets, byte ranges, `read_ranges_into`,
 //! streaming loads (taken in file or random order), reads by LBA, the layer streamer (layers asked in random
-//! order, with prefetch) and the cuFile-style session's reads, under every read policy, with EIO, short reads and files truncated mid-load injected at random offsets. Each
+//! order, with prefetch), the cuFile-style session's reads and packed loads (`.wlpack`, decoded on the CPU), under
+//! every read policy, with EIO, short reads and files truncated mid-load injected at random offsets. Each
 //! round checks: an error is typed and names the file and an offset; a success delivered every byte right (never a
 //! wrong byte as success); a fault inside the requested bytes never ends in success; the engine loads correctly
 //! afterwards; host memory ends where it started (within 64 MiB). The test tunes glibc's allocator
@@ -21,7 +22,7 @@ use weightlift::format::synth::{self, Container, Layout, Spec};
 use weightlift::format::{DType, RawSpec, TensorIndex};
 use weightlift::io::DirectMode;
 use weightlift::io::fault::{Fault, FaultPlan};
-use weightlift::{Backend, BlockDevice, Device, Engine, Error, LayerStreamer, LoadOpts, RawDest, Settings};
+use weightlift::{Backend, BlockDevice, Decoder, Device, Engine, Error, LayerStreamer, LoadOpts, RawDest, Settings};
 
 struct Rng(u64);
 
@@ -46,6 +47,8 @@ fn rss_bytes() -> u64 {
 /// The pristine checkpoints, and where each round's copy lives (truncation changes the file).
 struct Inputs {
     pristine: Vec<(PathBuf, Vec<u8>, Option<RawSpec>)>,
+    /// Packs of the safetensors inputs: the pack's bytes and the original file's.
+    packs: Vec<(String, Vec<u8>, Vec<u8>)>,
     work: PathBuf,
 }
 
@@ -67,7 +70,15 @@ fn inputs(dir: &Path) -> Inputs {
     std::fs::write(&raw, &data).unwrap();
     let bytes = std::fs::read(&raw).unwrap();
     pristine.push((raw, bytes, Some(RawSpec { dtype: DType::U8, count: None })));
-    Inputs { pristine, work: dir.join("work") }
+    let mut packs = Vec::new();
+    for (p, original, _) in pristine.iter().filter(|(p, _, _)| p.extension().is_some_and(|e| e == "safetensors")) {
+        let out = p.with_extension("wlpack");
+        let opts = weightlift_pack::PackOptions { plane_chunk: 64 << 10, ..Default::default() };
+        weightlift_pack::pack(p, &out, &opts, &|_, _| {}).unwrap();
+        let name = out.file_name().unwrap().to_string_lossy().into_owned();
+        packs.push((name, std::fs::read(&out).unwrap(), original.clone()));
+    }
+    Inputs { pristine, packs, work: dir.join("work") }
 }
 
 /// What a round asked for: byte ranges `(offset, len)` of the file, in order of the results.
@@ -249,6 +260,59 @@ fn run(
         .collect())
 }
 
+/// A packed load (every tensor, CPU decoder) with a fault at a random offset of the pack's stream data: a success
+/// gives every tensor's original bytes, and is impossible when an EIO or a cut fell inside a tensor's streams; a
+/// failure is an I/O error naming the pack and an offset. Returns whether a fault was planted and whether the load
+/// failed.
+fn packed_round(
+    rng: &mut Rng,
+    engine: &Arc<Engine>,
+    path: &Path,
+    pack: &[u8],
+    original: &[u8],
+    what: &str,
+) -> (bool, bool) {
+    std::fs::write(path, pack).unwrap();
+    let index = weightlift::format::pack::read(path).unwrap();
+    let at = index.data_start + rng.below(index.len - index.data_start);
+    let fault = match rng.below(4) {
+        0 => None,
+        1 => Some(Fault::Eio { file: 0, offset: at }),
+        2 => Some(Fault::Short { file: 0, offset: at }),
+        _ => Some(Fault::TruncateAt { file: 0, offset: at }),
+    };
+    // Inside the bytes a load of every tensor reads: from a tensor chunk's first stream to its last one's end.
+    let inside = index.tensors().any(|item| {
+        item.chunks.clone().any(|c| {
+            let s = index.chunk_streams(c, item.planes);
+            at >= s[0].offset && at < s[s.len() - 1].end()
+        })
+    });
+    let failing = matches!(fault, Some(Fault::Eio { .. } | Fault::TruncateAt { .. }));
+    let plan = Arc::new(FaultPlan::new(fault.into_iter().collect()));
+    let what = format!("{what}, fault {fault:?}");
+    match engine.load_pack_with(path, None, Device::Cpu, Decoder::Auto, &LoadOpts::default(), Some(plan)) {
+        Ok(loaded) => {
+            assert!(!(inside && failing), "{what}: a fault inside the tensors' streams ended in success");
+            for (t, item) in loaded.tensors.iter().zip(index.tensors()) {
+                let mut got = vec![0u8; t.data.len()];
+                t.data.read_back(0, &mut got).unwrap();
+                let want = &original[item.offset as usize..(item.offset + item.nbytes) as usize];
+                assert!(got == want, "{what}: wrong bytes in {}", t.name);
+            }
+            (fault.is_some(), false)
+        }
+        Err(e) => {
+            let msg = e.to_string();
+            assert!(failing, "{what}: failed without a failing fault: {msg}");
+            assert!(matches!(e, Error::Io(_)), "{what}: not an I/O error: {e:?}");
+            assert!(msg.contains(&path.display().to_string()), "{what}: the error does not name the file: {msg}");
+            assert!(msg.contains("offset"), "{what}: the error names no offset: {msg}");
+            (fault.is_some(), true)
+        }
+    }
+}
+
 fn engines() -> Vec<(String, Arc<Engine>)> {
     let base = || Settings::default().host_cache_bytes(0);
     [
@@ -291,12 +355,23 @@ fn randomized_faults_on_every_host_entry_point() {
     std::fs::create_dir_all(&inp.work).unwrap();
     let engines = engines();
     let mut rng = Rng(seed);
-    let (mut rounds, mut errors, mut faulted) = (0u64, 0u64, 0u64);
+    let (mut rounds, mut errors, mut faulted, mut packed) = (0u64, 0u64, 0u64, 0u64);
     let mut baseline = None;
     let deadline = Instant::now() + Duration::from_secs(seconds);
     while Instant::now() < deadline {
-        let (src, bytes, raw) = &inp.pristine[rng.below(inp.pristine.len() as u64) as usize];
         let (ename, engine) = &engines[rng.below(engines.len() as u64) as usize];
+        if rng.below(9) == 0 {
+            let (name, pack, original) = &inp.packs[rng.below(inp.packs.len() as u64) as usize];
+            let path = inp.work.join(name);
+            let what = format!("round {rounds} (seed {seed}): {ename}, packed {}", path.display());
+            let (fault, failed) = packed_round(&mut rng, engine, &path, pack, original, &what);
+            errors += u64::from(failed);
+            faulted += u64::from(fault);
+            packed += 1;
+            rounds += 1;
+            continue;
+        }
+        let (src, bytes, raw) = &inp.pristine[rng.below(inp.pristine.len() as u64) as usize];
         let path = inp.work.join(src.file_name().unwrap());
         std::fs::write(&path, bytes).unwrap();
         let index = weightlift::format::open(std::slice::from_ref(&path), *raw).unwrap();
@@ -361,7 +436,8 @@ fn randomized_faults_on_every_host_entry_point() {
     }
     let grew = baseline.map(|b| rss_bytes().saturating_sub(b));
     println!(
-        "fault soak: {rounds} rounds, {faulted} with a fault, {errors} ended in a typed error; RSS grew {grew:?} bytes"
+        "fault soak: {rounds} rounds ({packed} of packed loads), {faulted} with a fault, {errors} ended in a typed \
+         error; RSS grew {grew:?} bytes"
     );
     assert!(rounds >= 100, "too few rounds in {seconds} s: {rounds}");
     if let Some(g) = grew {
