@@ -98,8 +98,10 @@ impl Engine {
         Ok(p)
     }
 
-    /// Frees the lanes' staging memory and the freed host buffers kept for reuse, and closes cached files.
+    /// Frees the lanes' staging memory, the freed host buffers kept for reuse and the GPU decoders' scratch memory
+    /// (packed loads), and closes cached files.
     pub fn release_memory(&self) {
+        lock(&self.unpackers).clear();
         self.io.release_staging();
         self.host_cache.clear();
         lock(&self.write_pool).release();
