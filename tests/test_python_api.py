@@ -442,6 +442,9 @@ def test_load_file_verify_checks_every_byte_against_the_manifest(files, tmp_path
         b = f.read(1)
         f.seek(begin + 3)
         f.write(bytes([b[0] ^ 0x40]))
-    with pytest.raises(weightlift.ChecksumError, match=name):
+    with pytest.raises(weightlift.ChecksumError, match=name) as e:
         weightlift.load_file(src, device, verify=True)
+    if device != "cpu":
+        # Device tensors are hashed on their GPU, not copied back.
+        assert "checked on cuda:0" in str(e.value)
     assert weightlift.load_file(src, device).keys() == ref.keys()  # without verify, loaded as it is

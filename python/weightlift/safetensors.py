@@ -54,9 +54,10 @@ def _load_tensors(
 ) -> dict[str, "torch.Tensor"]:
     _core.check_cuda(device)
     infos = ckpt.tensors if names is None else [ckpt.tensor(n) for n in names]
-    buffers = ckpt.load(engine or _core.shared_engine(), device, None if names is None else list(names))
+    engine = engine or _core.shared_engine()
+    buffers = ckpt.load(engine, device, None if names is None else list(names))
     if verify:
-        ckpt.verify([i.name for i in infos], buffers)
+        ckpt.verify(engine, [i.name for i in infos], buffers)
     return {i.name: _core.info_tensor(buf, i) for i, buf in zip(infos, buffers)}
 
 

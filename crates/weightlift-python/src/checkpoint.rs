@@ -58,6 +58,17 @@ pub struct Checkpoint {
     pack_source: Option<String>,
 }
 
+/// One manifest chunk of a device tensor, to hash on its GPU.
+struct DeviceChunk {
+    name: String,
+    ptr: u64,
+    /// Where the chunk lies in its tensor, and its recorded checksum.
+    start: u64,
+    len: u64,
+    expected: u64,
+    file: String,
+}
+
 /// A packed checkpoint's tensors as an index over the pack (one file; offsets and sizes of the original files).
 fn pack_index(path: &std::path::Path) -> weightlift::Result<(TensorIndex, String)> {
     let p = weightlift::format::pack::read(path)?;
@@ -223,7 +234,13 @@ impl Checkpoint {
     /// Checks loaded tensors against the checksum manifests of their files (`FILE.xxh3.json`, written by
     /// `weightlift checksum FILE`): every chunk's xxh3 of the bytes as delivered (read back from the device for
     /// GPU tensors). Raises `ChecksumError` naming the tensor and chunk that differ.
-    fn verify(&self, py: Python<'_>, names: Vec<String>, buffers: Vec<PyRef<'_, crate::NativeBuffer>>) -> PyResult<()> {
+    fn verify(
+        &self,
+        py: Python<'_>,
+        engine: &NativeEngine,
+        names: Vec<String>,
+        buffers: Vec<PyRef<'_, crate::NativeBuffer>>,
+    ) -> PyResult<()> {
         if names.len() != buffers.len() {
             return Err(crate::errors::invalid_argument("verify: as many buffers as names are needed"));
         }
@@ -232,6 +249,8 @@ impl Checkpoint {
             return Ok(());
         }
         let mut manifests: HashMap<usize, weightlift_pack::manifest::Manifest> = HashMap::new();
+        // Device tensors are hashed on their GPU (one batch per GPU, no copy back) where the hash kernels run.
+        let mut on_gpu: HashMap<u32, Vec<DeviceChunk>> = HashMap::new();
         for (name, buf) in names.iter().zip(&buffers) {
             let t = &self.index.tensors[self.position(name)?];
             if let std::collections::hash_map::Entry::Vacant(v) = manifests.entry(t.file) {
@@ -246,10 +265,53 @@ impl Checkpoint {
             let sums = m.tensor(name).ok_or_else(|| {
                 to_py(weightlift::Error::Verify(format!("tensor {name:?} is not in the checksum manifest")))
             })?;
+            if let crate::dlpack::Holder::Device(d) = &buf.holder
+                && weightlift::cuda::nvrtc::available().is_ok()
+                && buf.byte_len() as u64 == sums.nbytes
+            {
+                let ranges =
+                    sums.chunk_ranges(m.chunk_bytes).map_err(|e| to_py(weightlift::Error::Verify(e.to_string())))?;
+                let entry = on_gpu.entry(d.block.gpu().ordinal()).or_default();
+                for (start, len, expected) in ranges {
+                    entry.push(DeviceChunk {
+                        name: name.clone(),
+                        ptr: d.device_ptr() + start,
+                        start,
+                        len,
+                        expected,
+                        file: sums.file.clone(),
+                    });
+                }
+                continue;
+            }
             let mut bytes = vec![0u8; buf.byte_len()];
             buf.read_back(&mut bytes).map_err(to_py)?;
             let chunk = m.chunk_bytes;
             py.detach(|| sums.check(chunk, &bytes)).map_err(|e| to_py(weightlift::Error::Verify(e.to_string())))?;
+        }
+        for (ordinal, chunks) in on_gpu {
+            let ranges: Vec<(u64, u64)> = chunks.iter().map(|c| (c.ptr, c.len)).collect();
+            let engine = engine.engine.clone();
+            // SAFETY: every range lies inside a device tensor held by `buffers` (alive for this call); nothing
+            // writes to them meanwhile (they were just loaded and not yet handed to the caller).
+            let hashes = py.detach(|| unsafe { engine.hash_device(ordinal, &ranges) }).map_err(to_py)?;
+            let mut index_in_tensor: HashMap<&str, u64> = HashMap::new();
+            for (c, actual) in chunks.iter().zip(hashes) {
+                let k = index_in_tensor.entry(c.name.as_str()).or_insert(0);
+                if actual != c.expected {
+                    let e = weightlift_pack::PackError::Checksum {
+                        path: std::path::PathBuf::from(&c.file),
+                        item: c.name.clone(),
+                        chunk: *k,
+                        start: c.start,
+                        end: c.start + c.len,
+                        expected: c.expected,
+                        actual,
+                    };
+                    return Err(to_py(weightlift::Error::Verify(format!("{e} (checked on cuda:{ordinal})"))));
+                }
+                *k += 1;
+            }
         }
         Ok(())
     }

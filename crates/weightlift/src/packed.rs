@@ -567,3 +567,26 @@ impl Engine {
         self.unpackers().lock().unwrap_or_else(|p| p.into_inner()).insert(ordinal, u);
     }
 }
+
+impl Engine {
+    /// The xxh3-64 of every `(device address, length)` range, computed on GPU `ordinal` by the packed-load decoder's
+    /// hash kernels (what `load_file(..., verify=True)` checks device tensors with, instead of copying them back).
+    /// Needs NVRTC (the kernels are compiled at first use), not nvCOMP.
+    ///
+    /// # Safety
+    /// Every range must be readable device memory of that GPU, not written by anyone until the call returns.
+    pub unsafe fn hash_device(&self, ordinal: u32, ranges: &[(weightlift_cuda::CUdeviceptr, u64)]) -> Result<Vec<u64>> {
+        let gpu = self.gpu(ordinal)?;
+        gpu.bind()?;
+        let mut unpacker = self.take_unpacker(&gpu)?;
+        // SAFETY: per this function's contract; the batch is waited before returning.
+        let result = unsafe { unpacker.hash_batch(ranges) }.and_then(|b| {
+            b.wait()?;
+            let hashes = b.hashes();
+            unpacker.recycle(b);
+            Ok(hashes)
+        });
+        self.give_unpacker(ordinal, unpacker);
+        result.map_err(|e| Error::InvalidArgument(format!("hashing on cuda:{ordinal}: {e}")))
+    }
+}
