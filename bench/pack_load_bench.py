@@ -94,14 +94,14 @@ def disk_ceiling(path: Path) -> float | None:
     return path.stat().st_size / (time.perf_counter() - t) / 1e9
 
 
-def timed_load(path: Path, device: str) -> tuple[float, dict]:
+def timed_load(path: Path, device: str, verify: bool = False) -> tuple[float, dict]:
     import torch
     import weightlift
 
     if device.startswith("cuda"):
         torch.cuda.synchronize()
     t = time.perf_counter()
-    tensors = weightlift.load_file(path, device)
+    tensors = weightlift.load_file(path, device, verify=verify)
     if device.startswith("cuda"):
         torch.cuda.synchronize()
     secs = time.perf_counter() - t
@@ -120,20 +120,26 @@ def same_tensors(a: Path, b: Path, device: str) -> bool:
     )
 
 
-def rates(path: Path, raw: int, device: str, runs: int, cold: bool) -> dict:
+def rates(path: Path, raw: int, device: str, runs: int, cold: bool, verify: bool = False) -> dict:
     out = {"seconds": [], "decoder": None, "reports": []}
     if not cold:
-        timed_load(path, device)  # warm-up: page cache, engine, kernels
+        timed_load(path, device, verify)  # warm-up: page cache, engine, kernels
     for _ in range(runs):
         if cold and not drop_caches():
             return {"skipped": "cold cases need root (drop_caches)"}
-        secs, report = timed_load(path, device)
+        secs, report = timed_load(path, device, verify)
         out["seconds"].append(secs)
         out["reports"].append({k: report.get(k) for k in ("pack", "gbps", "seconds", "cache", "direct_bytes")})
     out["median_s"] = statistics.median(out["seconds"])
     out["gbps"] = raw / out["median_s"] / 1e9
     out["decoder"] = (out["reports"][-1].get("pack") or {}).get("decoder")
     return out
+
+
+def checksum(src: Path) -> dict:
+    t = time.perf_counter()
+    out = subprocess.run([WL, "checksum", src], check=True, capture_output=True, text=True).stdout
+    return {"wall_s": time.perf_counter() - t, "output": out.strip()[-300:]}
 
 
 def pack(src: Path, dst: Path, codec: str = "zstd") -> dict:
@@ -214,6 +220,9 @@ def main() -> None:
     case("disk_ceiling_gbps", lambda: disk_ceiling(src))
     case("bytes_equal", lambda: same_tensors(src, packed, args.device))
     case("warm_plain", lambda: rates(src, raw, args.device, args.runs, cold=False))
+    # verify=True on the unpacked file: its checksum manifest (`weightlift checksum`), checked on the GPU.
+    case("checksum", lambda: checksum(src))
+    case("warm_plain_verify", lambda: rates(src, raw, args.device, args.runs, cold=False, verify=True))
     case("warm_packed", lambda: rates(packed, raw, args.device, args.runs, cold=False))
     case("cold_plain", lambda: rates(src, raw, args.device, 2, cold=True))
     case("cold_packed", lambda: rates(packed, raw, args.device, 2, cold=True))
@@ -245,7 +254,8 @@ def main() -> None:
     result["ratios"] = ratios
     c = result["cases"]
     summary = {}
-    for k in ("warm_plain", "warm_packed", "cold_plain", "cold_packed", "warm_packed_host", "warm_plain_host"):
+    for k in ("warm_plain", "warm_plain_verify", "warm_packed", "cold_plain", "cold_packed", "warm_packed_host",
+              "warm_plain_host"):
         if isinstance(c.get(k), dict) and "gbps" in c[k]:
             summary[k + "_gbps"] = c[k]["gbps"]
     pin, disk = c.get("pinned_ceiling_gbps"), c.get("disk_ceiling_gbps")
@@ -253,6 +263,8 @@ def main() -> None:
         summary["warm_packed_to_pinned_ceiling"] = summary["warm_packed_gbps"] / pin
     if isinstance(disk, float) and "cold_packed_gbps" in summary:
         summary["cold_packed_to_disk_ceiling"] = summary["cold_packed_gbps"] / disk
+    if "warm_plain_verify_gbps" in summary:
+        summary["verify_cost"] = c["warm_plain_verify"]["median_s"] / c["warm_plain"]["median_s"] - 1
     summary["pack_ratio"] = result["pack_bytes"] / raw
     result["summary"] = summary
     save()
