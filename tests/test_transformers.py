@@ -393,3 +393,26 @@ def test_readme_names_the_tested_versions():
     readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
     lo, hi = wt.TESTED_TRANSFORMERS
     assert f"transformers {lo[0]}.{lo[1]}–{hi[0]}.{hi[1]}" in readme
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("name", ["llama", "gpt2", "bert"])
+def test_from_pretrained_of_a_packed_folder(checkpoints, name, device, tmp_path, wl):
+    """A folder whose weights are `model.wlpack` (packed from the `model.safetensors` save_pretrained wrote, which is
+    then removed): the same model as transformers' from_pretrained of the original folder, tied weights and
+    generation config included."""
+    src = checkpoints[(name, False)]
+    folder = tmp_path / name
+    shutil.copytree(src, folder)
+    wl.run("pack", folder / "model.safetensors", folder / "model.wlpack")
+    (folder / "model.safetensors").unlink()
+    cls = _architectures()[name][1]
+    auto = transformers.AutoModel if name == "bert" else transformers.AutoModelForCausalLM
+    got = wt.from_pretrained(auto, folder, device=device)
+    assert weightlift.last_report()["pack"]["raw_bytes"] > 0
+    ref = reference(cls, src, device)
+    # Each names the folder it came from.
+    assert (got.config._name_or_path, ref.config._name_or_path) == (str(folder), str(src))
+    ref.config._name_or_path = str(folder)
+    assert_same_model(got, ref, device)
+    assert_same_outputs(got, ref, device)

@@ -30,6 +30,7 @@ loads local folders).
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import functools
 import inspect
 import json
@@ -397,11 +398,63 @@ def from_pretrained(
     if dtype is not None:
         kwargs["dtype"] = dtype
     dev = _core.normalize_device(device)
+    pack = _packed_weights(folder, kwargs)
+    if pack is not None:
+        return _from_pack(cls_or_auto, folder, pack, dev, check_version, kwargs)
     with _Loading(dev, strict=True, check_version=check_version):
         result = cls_or_auto.from_pretrained(folder, **kwargs)
     model = result[0] if isinstance(result, tuple) else result
     # The non-persistent buffers (and any missing keys), computed on the host as transformers computes them.
     model.to("cpu" if dev.startswith("cpu") else dev)
+    return result
+
+
+def _packed_weights(folder: str, kwargs: dict) -> Optional[str]:
+    """``model.wlpack`` (``model.VARIANT.wlpack``) of a folder that has no safetensors weights, else None."""
+    base = os.path.join(folder, kwargs.get("subfolder") or "")
+    variant = kwargs.get("variant")
+    stem = f"model.{variant}" if variant else "model"
+    pack = os.path.join(base, stem + ".wlpack")
+    plain = [os.path.join(base, stem + ".safetensors"), os.path.join(base, stem + ".safetensors.index.json")]
+    return pack if os.path.isfile(pack) and not any(os.path.isfile(p) for p in plain) else None
+
+
+def _from_pack(cls_or_auto: Any, folder: str, pack: str, dev: str, check_version: bool, kwargs: dict) -> Any:
+    """A folder whose weights are a pack (``weightlift pack model.safetensors model.wlpack``): transformers builds
+    the model from ``config.json`` and is handed the decoded tensors as its ``state_dict`` (transformers' own
+    loading path for a state dict: the same renames, dtype rules, tied weights and missing-key report), with the
+    folder's ``generation_config.json``."""
+    _transformers(check_version)
+    from transformers import AutoConfig, GenerationConfig
+
+    kw = dict(kwargs)
+    sub = kw.pop("subfolder", "") or ""
+    config = kw.pop("config", None)
+    if config is None:
+        config = AutoConfig.from_pretrained(
+            folder, subfolder=sub, trust_remote_code=kw.get("trust_remote_code"), local_files_only=True
+        )
+    kw.pop("local_files_only", None)
+    kw.pop("variant", None)
+    kw.pop("trust_remote_code", None)
+    cls = cls_or_auto
+    if hasattr(cls_or_auto, "_model_mapping"):  # an auto class: the model class its mapping gives for this config
+        from transformers.models.auto.auto_factory import _get_model_class
+
+        cls = _get_model_class(config, cls_or_auto._model_mapping)
+    tensors = load_file(pack, device=dev)
+    torch = _core.torch_module()
+    if not dev.startswith("cpu") and importlib.util.find_spec("accelerate") is not None:
+        # transformers needs accelerate for a device_map; without one the model is moved to the device below.
+        kw["device_map"] = {"": torch.device(dev)}
+    result = cls.from_pretrained(None, config=config, state_dict=tensors, **kw)
+    model = result[0] if isinstance(result, tuple) else result
+    model.config._name_or_path = folder  # what transformers records for a model loaded from a folder
+    gen = os.path.join(folder, sub, "generation_config.json")
+    if os.path.isfile(gen) and getattr(model, "can_generate", lambda: False)():
+        model.generation_config = GenerationConfig.from_pretrained(os.path.join(folder, sub))
+    model.to("cpu" if dev.startswith("cpu") else dev)
+    model.eval()
     return result
 
 
