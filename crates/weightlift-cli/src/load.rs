@@ -215,11 +215,7 @@ pub fn run(args: &Args) -> Result<()> {
         verify(&index, &loaded)?;
         loaded.report.verified = Some(true);
     }
-    if let (Device::Cuda(n), false) = (device, args.no_ceiling) {
-        let gpu = engine.gpu(n)?;
-        let rates = weightlift::cuda::pinned_h2d_gbps(&gpu, 256 << 20, 3)?;
-        loaded.report.ceiling_gbps = Some(rates.iter().copied().fold(0.0, f64::max));
-    }
+    loaded.report.ceiling_gbps = ceiling(&engine, device, args.no_ceiling)?;
     if args.json {
         let mut v = loaded.report.to_json();
         v["device_reason"] = why.into();
@@ -231,6 +227,16 @@ pub fn run(args: &Args) -> Result<()> {
         println!("  {}", costs.line());
     }
     Ok(())
+}
+
+/// For GPU loads (unless `--no-ceiling`): the pinned host→device copy rate of this machine (GB/s, best of 3).
+fn ceiling(engine: &Engine, device: Device, skip: bool) -> Result<Option<f64>> {
+    let Device::Cuda(n) = device else { return Ok(None) };
+    if skip {
+        return Ok(None);
+    }
+    let rates = weightlift::cuda::pinned_h2d_gbps(&engine.gpu(n)?, 256 << 20, 3)?;
+    Ok(Some(rates.iter().copied().fold(0.0, f64::max)))
 }
 
 /// `load` of a packed checkpoint: its chunks stream through the engine and are decoded (every chunk's checksum
@@ -247,11 +253,7 @@ fn run_pack(path: &std::path::Path, args: &Args) -> Result<()> {
         engine.load_pack(path, None, device, args.decoder, &opts)
     });
     let mut loaded = interrupt.outcome(loaded)?;
-    if let (Device::Cuda(n), false) = (device, args.no_ceiling) {
-        let gpu = engine.gpu(n)?;
-        let rates = weightlift::cuda::pinned_h2d_gbps(&gpu, 256 << 20, 3)?;
-        loaded.report.ceiling_gbps = Some(rates.iter().copied().fold(0.0, f64::max));
-    }
+    loaded.report.ceiling_gbps = ceiling(&engine, device, args.no_ceiling)?;
     let command_secs = start.elapsed().as_secs_f64();
     if args.json {
         let mut v = loaded.report.to_json();

@@ -10,6 +10,7 @@ use cudarc::driver::{CudaStream, sys};
 use weightlift_cuda::nvcomp::NvCodec;
 use weightlift_cuda::unpack::{BatchError, ChunkJob, GpuUnpacker, StreamSrc, UnpackError};
 use weightlift_cuda::{DeviceBuffer, Gpu};
+use weightlift_format::synth;
 use weightlift_pack::{Codec, Level};
 
 fn ready(test: &str, need_nvcomp: bool) -> Option<(Gpu, Arc<CudaStream>)> {
@@ -35,21 +36,6 @@ fn upload(gpu: &Gpu, stream: &Arc<CudaStream>, bytes: &[u8]) -> DeviceBuffer {
         .unwrap();
     stream.synchronize().unwrap();
     buf
-}
-
-/// Weight-like bf16 values (N(0, 0.02)).
-fn bf16_weights(n: usize, seed: u64) -> Vec<u8> {
-    let mut s = seed | 1;
-    let mut next = || {
-        s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-        ((s >> 11) as f64 + 0.5) / (1u64 << 53) as f64
-    };
-    (0..n)
-        .flat_map(|_| {
-            let v = 0.02 * (-2.0 * next().ln()).sqrt() * (std::f64::consts::TAU * next()).cos();
-            (((v as f32).to_bits() >> 16) as u16).to_le_bytes()
-        })
-        .collect()
 }
 
 fn nv(codec: Codec) -> Option<NvCodec> {
@@ -112,7 +98,7 @@ fn gpu_decode_matches_the_cpu_decoder_and_catches_a_corrupt_chunk() {
     let Some((gpu, stream)) = ready("gpu_decode_matches_the_cpu_decoder_and_catches_a_corrupt_chunk", true) else {
         return;
     };
-    let mut raw = bf16_weights(600_001, 3);
+    let mut raw = synth::bf16_weights(600_001, 3);
     raw.extend(std::iter::repeat_n(0x3c, 70_000));
     let mut unpacker = GpuUnpacker::new(&gpu, stream.clone()).unwrap();
     for codec in Codec::ALL {
@@ -153,7 +139,7 @@ fn gpu_decode_matches_the_cpu_decoder_and_catches_a_corrupt_chunk() {
 #[test]
 fn gpu_xxh3_equals_the_cpu_for_every_length_class() {
     let Some((gpu, stream)) = ready("gpu_xxh3_equals_the_cpu_for_every_length_class", false) else { return };
-    let data = bf16_weights(200_000, 9);
+    let data = synth::bf16_weights(200_000, 9);
     let buf = upload(&gpu, &stream, &data);
     let ranges: Vec<(u64, u64)> = [0u64, 1, 3, 4, 8, 9, 16, 17, 128, 129, 240, 241, 1024, 1025, 100_000, 399_000]
         .iter()
@@ -188,7 +174,7 @@ fn best(stream: &Arc<CudaStream>, runs: usize, mut f: impl FnMut()) -> f64 {
 fn bench_gpu_decompression() {
     let Some((gpu, stream)) = ready("bench_gpu_decompression", true) else { return };
     let mb: usize = std::env::var("WEIGHTLIFT_BENCH_MB").ok().and_then(|v| v.parse().ok()).unwrap_or(512);
-    let raw = bf16_weights(mb << 19, 11);
+    let raw = synth::bf16_weights(mb << 19, 11);
     let chunk = 128 << 10;
     let mut report = serde_json::Map::new();
     report.insert("gpu".into(), gpu.info().name.clone().into());

@@ -56,6 +56,23 @@ pub struct Summary {
     pub file_len: u64,
 }
 
+/// `n` weight-like bf16 values, little-endian: N(0, 0.02), the spread of initialised transformer weights, so that
+/// their exponent bytes compress as real weights' do (random bytes would not). A small LCG and Box-Muller: tests
+/// and benches of packed checkpoints use it.
+pub fn bf16_weights(n: usize, seed: u64) -> Vec<u8> {
+    let mut s = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+    let mut next = || {
+        s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        ((s >> 11) as f64 + 0.5) / (1u64 << 53) as f64
+    };
+    let mut out = Vec::with_capacity(n * 2);
+    for _ in 0..n {
+        let v = 0.02 * (-2.0 * next().ln()).sqrt() * (std::f64::consts::TAU * next()).cos();
+        out.extend_from_slice(&(((v as f32).to_bits() >> 16) as u16).to_le_bytes());
+    }
+    out
+}
+
 /// The contents of tensor `tensor` at byte `offset`, written into `buf`.
 ///
 /// splitmix64 over (seed, tensor, 8-byte word index): a counter-based generator can produce any slice of any tensor

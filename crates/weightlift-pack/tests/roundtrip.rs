@@ -12,21 +12,6 @@ use weightlift_pack::{Codec, Level, Pack, PackError, PackOptions};
 
 fn none(_: u64, _: u64) {}
 
-/// Weight-like bf16 values: N(0, 0.02) drawn with a small LCG and Box-Muller.
-fn bf16_weights(n: usize, seed: u64) -> Vec<u8> {
-    let mut s = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-    let mut next = || {
-        s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-        ((s >> 11) as f64 + 0.5) / (1u64 << 53) as f64
-    };
-    let mut out = Vec::with_capacity(n * 2);
-    for _ in 0..n {
-        let v = 0.02 * (-2.0 * next().ln()).sqrt() * (std::f64::consts::TAU * next()).cos();
-        out.extend_from_slice(&(((v as f32).to_bits() >> 16) as u16).to_le_bytes());
-    }
-    out
-}
-
 fn random(n: usize, seed: u64) -> Vec<u8> {
     let mut v = vec![0u8; n];
     synth::tensor_bytes(seed, 1, 0, &mut v);
@@ -49,7 +34,7 @@ fn every_dtype_file() -> Vec<u8> {
         tensors.push((TensorSpec::new(format!("empty.{}", dtype.name()), dtype, vec![0, 5]), Vec::new()));
     }
     tensors.push((TensorSpec::new("equal", DType::F32, vec![70_001]), vec![0x3c; 280_004]));
-    tensors.push((TensorSpec::new("weights", DType::BF16, vec![300, 1001]), bf16_weights(300_300, 7)));
+    tensors.push((TensorSpec::new("weights", DType::BF16, vec![300, 1001]), synth::bf16_weights(300_300, 7)));
     tensors.push((TensorSpec::new("one_byte", DType::U8, vec![1]), vec![42]));
     let refs: Vec<(TensorSpec, &[u8])> = tensors.iter().map(|(s, d)| (s.clone(), d.as_slice())).collect();
     let meta = BTreeMap::from([("format".to_string(), "pt".to_string())]);
@@ -125,7 +110,7 @@ fn aligned_sharded_and_gguf_checkpoints_round_trip() {
     let shards = dir.path().join("shards");
     std::fs::create_dir(&shards).unwrap();
     let a = safetensors::serialize(
-        &[(TensorSpec::new("a", DType::BF16, vec![5000]), &bf16_weights(5000, 1)[..])],
+        &[(TensorSpec::new("a", DType::BF16, vec![5000]), &synth::bf16_weights(5000, 1)[..])],
         &BTreeMap::new(),
         8,
     )

@@ -13,21 +13,6 @@ use weightlift_pack::{Codec, PackError, PackOptions};
 
 fn none(_: u64, _: u64) {}
 
-/// Weight-like bf16 values: N(0, 0.02), from a small LCG and Box-Muller (compressible exponent bytes).
-fn bf16_weights(n: usize, seed: u64) -> Vec<u8> {
-    let mut s = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-    let mut next = || {
-        s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-        ((s >> 11) as f64 + 0.5) / (1u64 << 53) as f64
-    };
-    let mut out = Vec::with_capacity(n * 2);
-    for _ in 0..n {
-        let v = 0.02 * (-2.0 * next().ln()).sqrt() * (std::f64::consts::TAU * next()).cos();
-        out.extend_from_slice(&(((v as f32).to_bits() >> 16) as u16).to_le_bytes());
-    }
-    out
-}
-
 fn random(n: usize, seed: u64) -> Vec<u8> {
     let mut v = vec![0u8; n];
     synth::tensor_bytes(seed, 1, 0, &mut v);
@@ -38,13 +23,13 @@ fn random(n: usize, seed: u64) -> Vec<u8> {
 /// tensor, all-equal bytes, random bytes, one byte.
 fn checkpoint(dir: &Path) -> PathBuf {
     let tensors: Vec<(TensorSpec, Vec<u8>)> = vec![
-        (TensorSpec::new("embed", DType::BF16, vec![1000, 777]), bf16_weights(777_000, 1)),
+        (TensorSpec::new("embed", DType::BF16, vec![1000, 777]), synth::bf16_weights(777_000, 1)),
         (TensorSpec::new("norm", DType::F32, vec![777]), random(777 * 4, 2)),
         (TensorSpec::new("empty", DType::F16, vec![0, 3]), Vec::new()),
         (TensorSpec::new("equal", DType::F64, vec![30_001]), vec![0x3f; 240_008]),
         (TensorSpec::new("bytes", DType::U8, vec![100_003]), random(100_003, 3)),
         (TensorSpec::new("one", DType::I8, vec![1]), vec![7]),
-        (TensorSpec::new("layer.0.w", DType::BF16, vec![513, 1025]), bf16_weights(513 * 1025, 4)),
+        (TensorSpec::new("layer.0.w", DType::BF16, vec![513, 1025]), synth::bf16_weights(513 * 1025, 4)),
     ];
     let refs: Vec<(TensorSpec, &[u8])> = tensors.iter().map(|(s, d)| (s.clone(), d.as_slice())).collect();
     let bytes = safetensors::serialize(&refs, &BTreeMap::new(), 8).unwrap();
@@ -285,7 +270,7 @@ fn a_large_pack_streams_through_many_batches_on_the_gpu() {
     }
     let dir = tempfile::tempdir().unwrap();
     let tensors: Vec<(TensorSpec, Vec<u8>)> = (0..12)
-        .map(|i| (TensorSpec::new(format!("w{i}"), DType::BF16, vec![4096, 3001]), bf16_weights(4096 * 3001, i)))
+        .map(|i| (TensorSpec::new(format!("w{i}"), DType::BF16, vec![4096, 3001]), synth::bf16_weights(4096 * 3001, i)))
         .collect();
     let refs: Vec<(TensorSpec, &[u8])> = tensors.iter().map(|(s, d)| (s.clone(), d.as_slice())).collect();
     let original = dir.path().join("large.safetensors");
