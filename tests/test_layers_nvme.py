@@ -276,3 +276,13 @@ def test_lba_reads_into_gpu_memory(image):
     assert u.cpu().numpy().tobytes() == data[9 * 4096 : 11 * 4096]
     got = dev.read_to_gpu(lba=0, size_mb=0.25)
     assert got.is_cuda and got.cpu().numpy().tobytes() == data[: 1 << 18]
+
+
+def test_layer_streamer_refuses_a_packed_checkpoint(tmp_path, wl):
+    """A pack's tensors are not at the offsets its index gives: reading them by offset would hand out compressed
+    bytes as weights, so the layer streamer refuses it."""
+    src = tmp_path / "m.safetensors"
+    wl.run("generate", src, "--size", "2MiB")
+    wl.run("pack", src, tmp_path / "m.wlpack")
+    with pytest.raises(weightlift.InvalidArgumentError, match="packed checkpoint"):
+        weightlift.LayerStreamer(tmp_path / "m.wlpack", device="cpu")

@@ -158,3 +158,23 @@ def test_both_decoders_agree_on_the_gpu(packed, wl):
     assert cpu["pack"]["decoder"] == "cpu"
     auto = wl.json("load", packed["zstd"], "--device", "cuda:0", "--json", "--no-ceiling")
     assert auto["pack"]["decoder"] == decoder, auto["pack"]
+
+
+def test_a_packed_stream_taken_from_several_threads(packed):
+    """Four threads take from one packed stream at once: one decodes, the others wait for it; every tensor right,
+    each handed out once."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from weightlift import _core, _native
+
+    ref = st.load_file(str(packed["src"]))
+    ckpt = _native.Checkpoint([str(packed["lz4"])])
+    stream = ckpt.stream(_core.shared_engine(), "cpu")
+    infos = {i.name: i for i in ckpt.tensors}
+    with ThreadPoolExecutor(4) as ex:
+        got = dict(zip(infos, ex.map(lambda k: _core.info_tensor(stream.take(k), infos[k]), infos)))
+    assert_same(got, ref, "cpu")
+    with pytest.raises(weightlift.WeightliftError, match="already taken"):
+        stream.take(next(iter(infos)))
+    stream.close()
+    assert not stream.open

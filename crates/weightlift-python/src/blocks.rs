@@ -126,7 +126,7 @@ impl NativeLayerStreamer {
     /// the slot size they need.
     #[staticmethod]
     fn plan(ckpt: &Checkpoint, layers: Vec<Vec<usize>>) -> PyResult<Plan> {
-        let (layouts, slot_bytes) = weightlift::layers::plan_layers(ckpt.index(), &layers).map_err(to_py)?;
+        let (layouts, slot_bytes) = weightlift::layers::plan_layers(ckpt.index()?, &layers).map_err(to_py)?;
         Ok((layouts.into_iter().map(|l| (l.bytes, l.offsets)).collect(), slot_bytes))
     }
 
@@ -145,9 +145,9 @@ impl NativeLayerStreamer {
         owner: Py<PyAny>,
     ) -> PyResult<Self> {
         let device = parse_device(device)?;
-        let (layouts, _) = weightlift::layers::plan_layers(ckpt.index(), &layers).map_err(to_py)?;
+        let (layouts, _) = weightlift::layers::plan_layers(ckpt.index()?, &layers).map_err(to_py)?;
         let dests = slots.iter().map(|&p| raw_dest(&device.to_string(), p)).collect::<PyResult<Vec<RawDest>>>()?;
-        let (engine, index) = (engine.engine.clone(), ckpt.index().clone());
+        let (engine, index) = (engine.engine.clone(), ckpt.index()?.clone());
         let dests = SendPtr(dests);
         let streamer = py
             .detach(move || {

@@ -60,6 +60,8 @@ pub struct Checkpoint {
 
 /// One manifest chunk of a device tensor, to hash on its GPU.
 struct DeviceChunk {
+    /// The tensor's position in the call's lists, and its name.
+    at: usize,
     name: String,
     ptr: u64,
     /// Where the chunk lies in its tensor, and its recorded checksum.
@@ -106,9 +108,17 @@ fn pack_index(path: &std::path::Path) -> weightlift::Result<(TensorIndex, String
 }
 
 impl Checkpoint {
-    /// The parsed index.
-    pub(crate) fn index(&self) -> &Arc<TensorIndex> {
-        &self.index
+    /// The parsed index, for reads by file offset: refused for a packed checkpoint, whose tensors are not stored at
+    /// the offsets its index gives (those of the original files) and must be decoded.
+    pub(crate) fn index(&self) -> PyResult<&Arc<TensorIndex>> {
+        match &self.pack {
+            Some(p) => Err(to_py(weightlift::Error::InvalidArgument(format!(
+                "{}: a packed checkpoint is read by decoding its chunks (load_file, safe_open); this API reads \
+                 tensors by file offset (unpack it first: weightlift unpack)",
+                p.display()
+            )))),
+            None => Ok(&self.index),
+        }
     }
 
     fn positions(&self, names: Option<Vec<String>>) -> PyResult<Vec<usize>> {
@@ -232,8 +242,9 @@ impl Checkpoint {
     }
 
     /// Checks loaded tensors against the checksum manifests of their files (`FILE.xxh3.json`, written by
-    /// `weightlift checksum FILE`): every chunk's xxh3 of the bytes as delivered (read back from the device for
-    /// GPU tensors). Raises `ChecksumError` naming the tensor and chunk that differ.
+    /// `weightlift checksum FILE`): every chunk's xxh3 of the bytes as delivered, hashed on their GPU for device
+    /// tensors (read back and hashed on the host where the GPU's hash kernels cannot run). Raises `ChecksumError`
+    /// naming the tensor and chunk that differ.
     fn verify(
         &self,
         py: Python<'_>,
@@ -251,7 +262,8 @@ impl Checkpoint {
         let mut manifests: HashMap<usize, weightlift_pack::manifest::Manifest> = HashMap::new();
         // Device tensors are hashed on their GPU (one batch per GPU, no copy back) where the hash kernels run.
         let mut on_gpu: HashMap<u32, Vec<DeviceChunk>> = HashMap::new();
-        for (name, buf) in names.iter().zip(&buffers) {
+        let mut host_checks: Vec<usize> = Vec::new();
+        for (at, (name, buf)) in names.iter().zip(&buffers).enumerate() {
             let t = &self.index.tensors[self.position(name)?];
             if let std::collections::hash_map::Entry::Vacant(v) = manifests.entry(t.file) {
                 let mut path = self.index.files[t.file].path.clone().into_os_string();
@@ -274,6 +286,7 @@ impl Checkpoint {
                 let entry = on_gpu.entry(d.block.gpu().ordinal()).or_default();
                 for (start, len, expected) in ranges {
                     entry.push(DeviceChunk {
+                        at,
                         name: name.clone(),
                         ptr: d.device_ptr() + start,
                         start,
@@ -284,17 +297,20 @@ impl Checkpoint {
                 }
                 continue;
             }
-            let mut bytes = vec![0u8; buf.byte_len()];
-            buf.read_back(&mut bytes).map_err(to_py)?;
-            let chunk = m.chunk_bytes;
-            py.detach(|| sums.check(chunk, &bytes)).map_err(|e| to_py(weightlift::Error::Verify(e.to_string())))?;
+            host_checks.push(at);
         }
         for (ordinal, chunks) in on_gpu {
             let ranges: Vec<(u64, u64)> = chunks.iter().map(|c| (c.ptr, c.len)).collect();
             let engine = engine.engine.clone();
             // SAFETY: every range lies inside a device tensor held by `buffers` (alive for this call); nothing
             // writes to them meanwhile (they were just loaded and not yet handed to the caller).
-            let hashes = py.detach(|| unsafe { engine.hash_device(ordinal, &ranges) }).map_err(to_py)?;
+            let Ok(hashes) = py.detach(|| unsafe { engine.hash_device(ordinal, &ranges) }) else {
+                // The hash kernels cannot run here (NVRTC cannot compile for this GPU, say): checked on the host.
+                let mut ats: Vec<usize> = chunks.iter().map(|c| c.at).collect();
+                ats.dedup();
+                host_checks.extend(ats);
+                continue;
+            };
             let mut index_in_tensor: HashMap<&str, u64> = HashMap::new();
             for (c, actual) in chunks.iter().zip(hashes) {
                 let k = index_in_tensor.entry(c.name.as_str()).or_insert(0);
@@ -312,6 +328,18 @@ impl Checkpoint {
                 }
                 *k += 1;
             }
+        }
+        for at in host_checks {
+            let (name, buf) = (&names[at], &buffers[at]);
+            let t = &self.index.tensors[self.position(name)?];
+            let m = &manifests[&t.file];
+            let sums = m.tensor(name).ok_or_else(|| {
+                to_py(weightlift::Error::Verify(format!("tensor {name:?} is not in the checksum manifest")))
+            })?;
+            let mut bytes = vec![0u8; buf.byte_len()];
+            buf.read_back(&mut bytes).map_err(to_py)?;
+            let chunk = m.chunk_bytes;
+            py.detach(|| sums.check(chunk, &bytes)).map_err(|e| to_py(weightlift::Error::Verify(e.to_string())))?;
         }
         Ok(())
     }
@@ -372,16 +400,13 @@ impl Checkpoint {
         let positions: HashMap<String, usize> =
             which.iter().enumerate().map(|(p, &i)| (self.index.tensors[i].name.clone(), p)).collect();
         if let Some(pack) = &self.pack {
-            let pending = Some(PackedPending { engine: engine.engine.clone(), path: pack.clone(), which, device });
-            return Ok(NativeStream {
-                stream: Arc::new(Mutex::new(None)),
-                positions,
-                packed: Arc::new(Mutex::new(Packed { pending, decoded: HashMap::new() })),
-            });
+            let pending = PackedPending { engine: engine.engine.clone(), path: pack.clone(), which, device };
+            let packed = Packed { state: Mutex::new(PackedState::Pending(pending)), done: Default::default() };
+            return Ok(NativeStream { stream: Arc::new(Mutex::new(None)), positions, packed: Arc::new(packed) });
         }
         let (index, e) = (self.index.clone(), engine.engine.clone());
         let stream = py.detach(|| e.stream(&index, &which, device)).map_err(to_py)?;
-        Ok(NativeStream { stream: Arc::new(Mutex::new(Some(stream))), positions, packed: Default::default() })
+        Ok(NativeStream { stream: Arc::new(Mutex::new(Some(stream))), positions, packed: Arc::new(Packed::default()) })
     }
 }
 
@@ -404,8 +429,22 @@ fn rows_of(data: weightlift::TensorData, offset: u64, len: u64) -> weightlift::R
 /// load keeps the reads and the decoder busy), then handed out one by one.
 #[derive(Default)]
 struct Packed {
-    pending: Option<PackedPending>,
-    decoded: HashMap<usize, weightlift::TensorData>,
+    state: Mutex<PackedState>,
+    /// Signalled when a decode ends (other takers wait for it).
+    done: std::sync::Condvar,
+}
+
+#[derive(Default)]
+enum PackedState {
+    /// Not a packed stream, or closed.
+    #[default]
+    None,
+    /// Nothing decoded yet: what the first take decodes.
+    Pending(PackedPending),
+    /// A take is decoding.
+    Decoding,
+    /// Decoded tensors not yet taken.
+    Ready(HashMap<usize, weightlift::TensorData>),
 }
 
 struct PackedPending {
@@ -417,7 +456,13 @@ struct PackedPending {
 
 impl std::fmt::Debug for Packed {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Packed({} decoded, pending: {})", self.decoded.len(), self.pending.is_some())
+        let state = match &*self.state.lock().unwrap_or_else(|p| p.into_inner()) {
+            PackedState::None => "none".to_string(),
+            PackedState::Pending(_) => "pending".to_string(),
+            PackedState::Decoding => "decoding".to_string(),
+            PackedState::Ready(m) => format!("{} decoded", m.len()),
+        };
+        write!(f, "Packed({state})")
     }
 }
 
@@ -452,7 +497,7 @@ pub struct NativeStream {
     stream: Arc<Mutex<Option<Stream>>>,
     positions: HashMap<String, usize>,
     /// For a packed checkpoint (then `stream` is `None`).
-    packed: Arc<Mutex<Packed>>,
+    packed: Arc<Packed>,
 }
 
 #[pymethods]
@@ -480,19 +525,15 @@ impl NativeStream {
     /// Whether the stream still runs (not closed).
     #[getter]
     fn open(&self) -> bool {
-        let packed = self.packed.lock().unwrap_or_else(|p| p.into_inner());
-        self.stream.lock().unwrap_or_else(|p| p.into_inner()).is_some()
-            || packed.pending.is_some()
-            || !packed.decoded.is_empty()
+        let packed = !matches!(*self.packed.state.lock().unwrap_or_else(|p| p.into_inner()), PackedState::None);
+        packed || self.stream.lock().unwrap_or_else(|p| p.into_inner()).is_some()
     }
 
     /// Stops reading ahead; returns what the stream read, on demand and ahead (and how much of that nobody took).
     fn close(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
-        {
-            let mut packed = self.packed.lock().unwrap_or_else(|p| p.into_inner());
-            packed.pending = None;
-            packed.decoded.clear();
-        }
+        // A decode under way stores nothing once it sees the stream closed.
+        *self.packed.state.lock().unwrap_or_else(|p| p.into_inner()) = PackedState::None;
+        self.packed.done.notify_all();
         let stream = self.stream.lock().unwrap_or_else(|p| p.into_inner()).take();
         let stats = match stream {
             Some(s) => py.detach(|| s.close()).map_err(to_py)?,
@@ -504,42 +545,79 @@ impl NativeStream {
 
 impl NativeStream {
     /// For a packed checkpoint: decodes every streamed tensor at the first take, then hands out tensor `i`
-    /// (`None`: not a packed stream).
+    /// (`None`: not a packed stream). A take that finds another decoding waits for it; a decode that fails or is
+    /// interrupted leaves the stream as it was, so the next take decodes again.
     fn take_packed(&self, py: Python<'_>, name: &str, i: usize) -> PyResult<Option<weightlift::TensorData>> {
-        let pending = {
-            let mut packed = self.packed.lock().unwrap_or_else(|p| p.into_inner());
-            if packed.pending.is_none()
-                && packed.decoded.is_empty()
-                && self.stream.lock().unwrap_or_else(|p| p.into_inner()).is_some()
-            {
-                return Ok(None);
-            }
-            packed.pending.take()
+        let packed = self.packed.clone();
+        let closed = || {
+            to_py(weightlift::Error::InvalidArgument(format!(
+                "tensor {name:?} was already taken from this stream, or the stream is closed"
+            )))
         };
-        if let Some(p) = pending {
-            let (engine, path, which, device) = (p.engine.clone(), p.path.clone(), p.which.clone(), p.device);
-            let loaded = interruptible(py, move |cancel| {
-                let opts = LoadOpts { cancel: Some(cancel), ..LoadOpts::default() };
-                engine.load_pack(&path, Some(&which), device, weightlift::Decoder::Auto, &opts)
-            })?;
-            let loaded = match loaded {
-                Ok(l) => l,
-                Err(e) => {
-                    // Interrupted or failed: the next take tries again.
-                    self.packed.lock().unwrap_or_else(|p| p.into_inner()).pending = Some(p);
-                    return Err(to_py(e));
+        loop {
+            let pending = {
+                let mut state = packed.state.lock().unwrap_or_else(|p| p.into_inner());
+                match std::mem::take(&mut *state) {
+                    PackedState::None => {
+                        let plain = self.stream.lock().unwrap_or_else(|p| p.into_inner()).is_some();
+                        return if plain { Ok(None) } else { Err(closed()) };
+                    }
+                    PackedState::Ready(mut m) => {
+                        let data = m.remove(&i);
+                        *state = PackedState::Ready(m);
+                        return data.map(Some).ok_or_else(closed);
+                    }
+                    PackedState::Decoding => {
+                        *state = PackedState::Decoding;
+                        drop(state);
+                        // Wait for the other take's decode without holding the GIL.
+                        let p = packed.clone();
+                        py.detach(move || {
+                            let s = p.state.lock().unwrap_or_else(|e| e.into_inner());
+                            let _wait = p
+                                .done
+                                .wait_while(s, |s| matches!(s, PackedState::Decoding))
+                                .unwrap_or_else(|e| e.into_inner());
+                        });
+                        continue;
+                    }
+                    PackedState::Pending(p) => {
+                        *state = PackedState::Decoding;
+                        p
+                    }
                 }
             };
-            remember(loaded.report.to_json());
-            let mut packed = self.packed.lock().unwrap_or_else(|p| p.into_inner());
-            packed.decoded = loaded.tensors.into_iter().map(|t| t.data).enumerate().collect();
-        }
-        let mut packed = self.packed.lock().unwrap_or_else(|p| p.into_inner());
-        match packed.decoded.remove(&i) {
-            Some(d) => Ok(Some(d)),
-            None => Err(to_py(weightlift::Error::InvalidArgument(format!(
-                "tensor {name:?} was already taken from this stream, or the stream is closed"
-            )))),
+            let (engine, path, which, device) =
+                (pending.engine.clone(), pending.path.clone(), pending.which.clone(), pending.device);
+            let outcome = interruptible(py, move |cancel| {
+                let opts = LoadOpts { cancel: Some(cancel), ..LoadOpts::default() };
+                engine.load_pack(&path, Some(&which), device, weightlift::Decoder::Auto, &opts)
+            })
+            .and_then(|r| r.map_err(to_py));
+            let mut state = packed.state.lock().unwrap_or_else(|p| p.into_inner());
+            // Closed meanwhile (state None): keep nothing.
+            let open = matches!(*state, PackedState::Decoding);
+            let result = match outcome {
+                Ok(loaded) => {
+                    remember(loaded.report.to_json());
+                    if open {
+                        *state = PackedState::Ready(loaded.tensors.into_iter().map(|t| t.data).enumerate().collect());
+                    }
+                    Ok(())
+                }
+                Err(e) => {
+                    if open {
+                        *state = PackedState::Pending(pending);
+                    }
+                    Err(e)
+                }
+            };
+            drop(state);
+            packed.done.notify_all();
+            result?;
+            if !open {
+                return Err(closed());
+            }
         }
     }
 }

@@ -68,7 +68,7 @@ pub fn to_py(e: Error) -> PyErr {
         Error::Verify(_) | Error::Pack(weightlift_pack::PackError::Checksum { .. }) => "ChecksumError",
         // A stored stream that does not decode is damaged data, as a malformed header is.
         Error::Pack(weightlift_pack::PackError::Codec { .. }) => "FormatError",
-        Error::Pack(weightlift_pack::PackError::Format(_)) => "FormatError",
+        Error::Pack(weightlift_pack::PackError::Format(_) | weightlift_pack::PackError::Invalid(_)) => "FormatError",
         Error::Pack(weightlift_pack::PackError::Io { .. }) => "IoError",
         _ => "WeightliftError",
     };
