@@ -29,7 +29,7 @@ pub enum CudaError {
 }
 
 impl CudaError {
-    pub(crate) fn driver(device: u32, call: &'static str) -> impl FnOnce(DriverError) -> CudaError {
+    pub fn driver(device: u32, call: &'static str) -> impl FnOnce(DriverError) -> CudaError {
         move |error| CudaError::Driver { device, call, error }
     }
 }

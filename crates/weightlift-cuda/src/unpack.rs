@@ -177,6 +177,24 @@ impl GpuUnpacker {
         chunks: &[ChunkJob],
         streams: &[StreamSrc],
     ) -> Result<PendingBatch, UnpackError> {
+        // SAFETY: the caller's contract, passed on.
+        let r = unsafe { self.enqueue_decode(chunks, streams) };
+        if r.is_err() {
+            // Part of the batch may be queued already: let it finish before the caller frees what it uses.
+            let _ = self.stream.synchronize();
+        }
+        r
+    }
+
+    /// [`GpuUnpacker::decode_batch`] without the clean-up on failure.
+    ///
+    /// # Safety
+    /// As for [`GpuUnpacker::decode_batch`].
+    unsafe fn enqueue_decode(
+        &mut self,
+        chunks: &[ChunkJob],
+        streams: &[StreamSrc],
+    ) -> Result<PendingBatch, UnpackError> {
         let plan = Plan::new(chunks, streams)?;
         self.gpu.bind()?;
         let nv = if plan.groups.is_empty() { None } else { Some(self.nvcomp()?) };

@@ -216,7 +216,21 @@ impl Engine {
                 })
                 .collect::<Result<_>>()?,
         };
-        let (kind, reason) = choose(decoder, device)?;
+        let (mut kind, mut reason) = choose(decoder, device)?;
+        if let (Decoder::Gpu, Decoder::Auto, Device::Cuda(n)) = (kind, decoder, device) {
+            // nvCOMP and NVRTC load, but the decoder may still not start (NVRTC's code refused by this driver...):
+            // auto then decodes on the CPU, saying why.
+            let ready = self.gpu(n).and_then(|g| {
+                g.bind()?;
+                let u = self.take_unpacker(&g)?;
+                self.give_unpacker(n, u);
+                Ok(())
+            });
+            if let Err(e) = ready {
+                kind = Decoder::Cpu;
+                reason = format!("decoded on the CPU and copied (slower): the GPU decoder cannot start: {e}");
+            }
+        }
         let batches = plan_batches(&index, &items, self.settings().pack_batch_bytes.value);
         let mut stats = PackStats {
             stored_bytes: batches.iter().map(|b| b.end - b.start).sum(),
@@ -242,14 +256,14 @@ impl Engine {
             Device::Cuda(n) => {
                 let gpu = self.gpu(n)?;
                 gpu.bind()?;
-                let s = gpu.context().new_stream().map_err(|e| Error::InvalidArgument(format!("a stream: {e}")))?;
+                let s = gpu.context().new_stream().map_err(weightlift_cuda::CudaError::driver(n, "cuStreamCreate"))?;
                 let mut datas = Vec::with_capacity(items.len());
                 for item in &items {
                     // Freed on the legacy stream (the default): after the decoder's work, which is waited for.
                     let b = DeviceBuffer::alloc(&gpu, item.nbytes as usize, &s)?;
                     datas.push(TensorData::Device(DeviceTensor { block: Arc::new(b), offset: 0, len: item.nbytes }));
                 }
-                s.synchronize().map_err(|e| Error::InvalidArgument(format!("allocating: {e}")))?;
+                s.synchronize().map_err(weightlift_cuda::CudaError::driver(n, "cuStreamSynchronize"))?;
                 (datas, Some(gpu))
             }
             Device::PinnedCpu => {
@@ -379,6 +393,14 @@ impl Engine {
     }
 }
 
+/// A GPU decoder failure that is not about the data: CUDA's error, or why the decoder could not run.
+fn unpack_error(e: UnpackError) -> Error {
+    match e {
+        UnpackError::Cuda(c) => Error::Cuda(c),
+        other => Error::Cuda(weightlift_cuda::CudaError::Unavailable(format!("the GPU decoder: {other}"))),
+    }
+}
+
 /// Picks the decoder for `device`: the kind and the reason.
 fn choose(decoder: Decoder, device: Device) -> Result<(Decoder, String)> {
     let on_device = matches!(device, Device::Cuda(_));
@@ -435,7 +457,7 @@ impl Ctx<'_> {
             UnpackError::Batch(be) => Some(be.clone()),
             _ => None,
         }) else {
-            return Error::InvalidArgument(format!("{}: decoding on the GPU: {e}", self.path.display()));
+            return unpack_error(e);
         };
         let at = |chunk: usize| {
             let (t, c) = b.chunks[chunk];
@@ -559,8 +581,9 @@ impl Engine {
         if let Some(u) = self.unpackers().lock().unwrap_or_else(|p| p.into_inner()).remove(&gpu.ordinal()) {
             return Ok(u);
         }
-        let stream = gpu.context().new_stream().map_err(|e| Error::InvalidArgument(format!("a stream: {e}")))?;
-        GpuUnpacker::new(gpu, stream).map_err(|e| Error::InvalidArgument(format!("the GPU decoder cannot start: {e}")))
+        let stream =
+            gpu.context().new_stream().map_err(weightlift_cuda::CudaError::driver(gpu.ordinal(), "cuStreamCreate"))?;
+        GpuUnpacker::new(gpu, stream).map_err(unpack_error)
     }
 
     fn give_unpacker(&self, ordinal: u32, u: GpuUnpacker) {
@@ -587,6 +610,6 @@ impl Engine {
             Ok(hashes)
         });
         self.give_unpacker(ordinal, unpacker);
-        result.map_err(|e| Error::InvalidArgument(format!("hashing on cuda:{ordinal}: {e}")))
+        result.map_err(unpack_error)
     }
 }

@@ -567,7 +567,8 @@ impl Stream {
     }
 
     /// [`Stream::close`], also handing back what the stream's reads did (`None` when the stream had started no
-    /// reads).
+    /// reads, or when they were cancelled: a stream closed before every tensor was taken, or whose job had not
+    /// ended 2 s after the last take).
     pub fn finish(mut self) -> Result<(StreamStats, Option<weightlift_io::IoReport>)> {
         self.stop()
     }
@@ -686,6 +687,13 @@ fn spawn_allocator(
                                 b.counted[i] = true;
                                 b.ahead += len;
                             }
+                        }
+                        let stale = b.untaken[i] == 0;
+                        drop(b);
+                        if stale {
+                            // Read on demand and taken while this thread allocated: the take released its own
+                            // buffer already; this one would otherwise stay until the stream closes.
+                            buffers.lock().unwrap_or_else(|p| p.into_inner())[i] = None;
                         }
                     }
                     Err(e) => {
