@@ -436,7 +436,8 @@ def _from_pack(cls_or_auto: Any, folder: str, pack: str, dev: str, check_version
         )
     kw.pop("local_files_only", None)
     kw.pop("variant", None)
-    kw.pop("trust_remote_code", None)
+    if kw.pop("trust_remote_code", None) or getattr(config, "auto_map", None):
+        raise UnsupportedError(f"{folder}: a packed folder of a model with remote code (unpack it: weightlift unpack)")
     cls = cls_or_auto
     if hasattr(cls_or_auto, "_model_mapping"):  # an auto class: the model class its mapping gives for this config
         from transformers.models.auto.auto_factory import _get_model_class
@@ -448,6 +449,7 @@ def _from_pack(cls_or_auto: Any, folder: str, pack: str, dev: str, check_version
         # transformers needs accelerate for a device_map; without one the model is moved to the device below.
         kw["device_map"] = {"": torch.device(dev)}
     result = cls.from_pretrained(None, config=config, state_dict=tensors, **kw)
+    del tensors  # the model holds what it uses; the rest (a dtype conversion's sources) goes now
     model = result[0] if isinstance(result, tuple) else result
     model.config._name_or_path = folder  # what transformers records for a model loaded from a folder
     gen = os.path.join(folder, sub, "generation_config.json")
