@@ -12,6 +12,7 @@ import datetime
 import hashlib
 import json
 import os
+import random
 import sys
 import time
 import traceback
@@ -45,6 +46,35 @@ def attempt(fn) -> dict:
             "trace": traceback.format_exc(),
         }
     return {"tensors": digest(tensors), "report": wd.last_report()}
+
+
+SOAK_ROUNDS = 24
+
+
+def soak(cfg: dict, cpu: dict) -> list:
+    """A randomized fault soak: rounds of replicated loads (a random checkpoint, collective and block size), most
+    with an EIO at a random offset of one of the files (the same on every rank: the seed is shared), each round's
+    outcome recorded for the test to judge."""
+    rng = random.Random(cfg.get("soak_seed", 7))
+    shards = sorted(set(json.load(open(cfg["index"]))["weight_map"].values()))
+    folder = os.path.dirname(cfg["index"])
+    rounds = []
+    for _ in range(SOAK_ROUNDS):
+        name = rng.choice(["mixed", "aligned", "index"])
+        target = cfg[name] if name != "index" else os.path.join(folder, rng.choice(shards))
+        offset = rng.randrange(os.path.getsize(target)) if rng.random() < 0.75 else None
+        collective = rng.choice(["all_gather", "broadcast"])
+        block = rng.choice([4096, 8192, 65536, 1 << 20])
+        if offset is not None:
+            os.environ["WEIGHTLIFT_INJECT_EIO"] = f"{target}@{offset}"
+        try:
+            r = attempt(lambda: wd.load_file(cfg[name], collective=collective, block_bytes=block, **cpu))
+        finally:
+            os.environ.pop("WEIGHTLIFT_INJECT_EIO", None)
+        r.pop("report", None)
+        r.pop("trace", None)
+        rounds.append({"name": name, "target": target, "offset": offset, "collective": collective, "block": block, **r})
+    return rounds
 
 
 def main() -> None:
@@ -88,6 +118,8 @@ def main() -> None:
     results["after_eio"] = attempt(lambda: wd.load_file(mixed, block_bytes=8192, **cpu))
     results["mismatch"] = attempt(lambda: wd.load_file(mixed if rank != 1 else aligned, **cpu))
     results["bad_spec"] = attempt(lambda: wd.load_file(mixed, shard={"rows": (0, world, rank + (rank == 1) * world)}, **cpu))
+    save()
+    results["soak"] = soak(cfg, cpu)
     save()
 
     # Last: one rank stops answering (it sleeps past the deadline); the others must raise in time, not hang.

@@ -203,6 +203,58 @@ def test_a_failing_rank_makes_every_rank_raise(ranks, ckpt):
         assert e.get("distributed_error") and set(e["failures"]) == {"1"} and "does not fit" in e["message"], e
 
 
+PAD = "__weightlift_pad"
+
+
+def tensor_ranges(path: str) -> list[tuple[int, int]]:
+    """The absolute byte ranges of a safetensors file's tensors, from its header."""
+    with open(path, "rb") as f:
+        n = int.from_bytes(f.read(8), "little")
+        header = json.loads(f.read(n))
+    return [
+        (8 + n + v["data_offsets"][0], 8 + n + v["data_offsets"][1])
+        for k, v in header.items()
+        if k != "__metadata__" and not k.startswith(PAD)
+    ]
+
+
+def test_randomized_faults_on_distributed_loads(ranks, ckpt):
+    """Rounds of replicated loads with an EIO at a random offset (the workers' `soak`): in each round every rank
+    succeeds with every byte right, or every rank raises DistributedError naming the same failed rank; a fault inside
+    a tensor's bytes always fails the round (each byte is read by one rank); the group stays usable throughout."""
+    world, results = ranks
+    soaks = [res["soak"] for res in results]
+    assert all(len(s) == len(soaks[0]) > 0 for s in soaks)
+    # weightlift's padding tensors (of aligned files) are not handed out.
+    references = {
+        name: digest({k: v for k, v in st.load_file(ckpt[name]).items() if not k.startswith(PAD)})
+        for name in ("mixed", "aligned")
+    }
+    index = json.loads(Path(ckpt["index"]).read_text())
+    merged = {}
+    for shard in sorted(set(index["weight_map"].values())):
+        merged.update(st.load_file(str(ckpt["dir"] / shard)))
+    references["index"] = digest(merged)
+    failed_rounds = 0
+    for i, rounds in enumerate(zip(*soaks)):
+        r0 = rounds[0]
+        what = f"round {i}: {r0['name']}, EIO at {r0['offset']} of {Path(r0['target']).name}, {r0['collective']}, blocks of {r0['block']}"
+        inside = r0["offset"] is not None and any(a <= r0["offset"] < b for a, b in tensor_ranges(r0["target"]))
+        if all("tensors" in r for r in rounds):
+            assert not inside, f"{what}: a fault inside a tensor's bytes ended in success"
+            for r in rounds:
+                assert r["tensors"] == references[r0["name"]], f"{what}: wrong bytes delivered as success"
+            continue
+        failed_rounds += 1
+        assert r0["offset"] is not None, f"{what}: failed without a fault: {rounds}"
+        for r in rounds:
+            assert r.get("distributed_error") and r.get("weightlift_error"), f"{what}: {r}"
+            assert r["failures"] == r0["failures"] and len(r["failures"]) == 1, f"{what}: {r}"
+            assert "EIO" in r["message"] or "nput/output error" in r["message"], f"{what}: {r['message']}"
+    print(f"distributed soak, {world} ranks: {len(soaks[0])} rounds, {failed_rounds} failed as they should")
+    assert failed_rounds > 0
+
+
 def test_a_silent_rank_makes_the_others_raise_not_hang(ranks):
     world, results = ranks
     for r in range(world - 1):
