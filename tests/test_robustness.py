@@ -264,3 +264,105 @@ def test_ctrl_c_interrupts_a_streaming_get_tensor(tmp_path):
     took = time.perf_counter() - sent[0]
     print(f"KeyboardInterrupt {took * 1e3:.0f} ms after Ctrl-C, stream closed")
     assert took < 0.5, took
+
+
+def _tensor_ranges(path: Path) -> dict[str, tuple[int, int]]:
+    """Each tensor's absolute byte range, from the safetensors header."""
+    data = path.read_bytes()
+    n = int.from_bytes(data[:8], "little")
+    header = json.loads(data[8 : 8 + n])
+    return {k: (8 + n + v["data_offsets"][0], 8 + n + v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"}
+
+
+def _raw(t: "torch.Tensor") -> bytes:
+    return t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda:0"])
+def test_randomized_faults_on_the_python_apis(tmp_path, device, wl, monkeypatch):
+    """The Python fronts under random EIO (the test hook WEIGHTLIFT_INJECT_EIO, at a random offset or none):
+    load_file, safe_open (every key in random order, and a slice), Loader.load_tensor, File.load_storage and
+    load_into. Each round either returns every byte right (checked against safetensors and the file's bytes), or
+    raises weightlift.IoError naming the file and an offset; a fault inside the bytes the call reads always fails
+    it; the engine loads correctly afterwards. Bounded by WEIGHTLIFT_SOAK_SECONDS / 3 (default 5 s); the seed is
+    printed (WEIGHTLIFT_SOAK_SEED replays it)."""
+    import random
+
+    if device != "cpu" and not (torch.cuda.is_available() and weightlift.cuda_available()):
+        pytest.skip("needs a GPU")
+    seconds = max(2.0, float(os.environ.get("WEIGHTLIFT_SOAK_SECONDS", "15")) / 3)
+    seed = int(os.environ.get("WEIGHTLIFT_SOAK_SEED", str(time.time_ns() % 1_000_000)))
+    print(f"python fault soak: seed {seed} (WEIGHTLIFT_SOAK_SEED={seed} replays it), {seconds:.0f} s, {device}")
+    rng = random.Random(seed)
+    g = torch.Generator().manual_seed(5)
+    tensors = {f"w{i}": torch.randn(64 + i, 129, generator=g) for i in range(12)}
+    tensors["b"] = torch.randn(33, generator=g).to(torch.bfloat16)
+    path = tmp_path / "m.safetensors"
+    st.save_file(tensors, str(path))
+    ref = st.load_file(str(path))
+    ranges = _tensor_ranges(path)
+    data = path.read_bytes()
+    size = len(data)
+    rounds = failed = 0
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        api = rng.choice(["load_file", "safe_open", "slice", "load_tensor", "load_storage", "load_into"])
+        offset = rng.randrange(size) if rng.random() < 0.75 else None
+        name = rng.choice(list(tensors))
+        raw_at = rng.randrange(size // 2)
+        raw_n = rng.randrange(1, size - raw_at)
+        want = {  # the bytes each call reads
+            "load_file": list(ranges.values()),
+            "safe_open": list(ranges.values()),
+            "slice": [(ranges[name][0], ranges[name][0] + 3 * ranges_row(tensors[name]))],
+            "load_tensor": [(0, raw_n)],
+            "load_storage": [(raw_at, raw_at + raw_n)],
+            "load_into": list(ranges.values()),
+        }[api]
+        inside = offset is not None and any(a <= offset < b for a, b in want)
+        what = f"round {rounds} (seed {seed}): {api}, EIO at {offset}"
+        if offset is None:
+            monkeypatch.delenv("WEIGHTLIFT_INJECT_EIO", raising=False)
+        else:
+            monkeypatch.setenv("WEIGHTLIFT_INJECT_EIO", f"{path}@{offset}")
+        try:
+            if api == "load_file":
+                got = weightlift.load_file(path, device)
+                assert all(_raw(got[k]) == _raw(ref[k]) for k in ref), what
+            elif api == "safe_open":
+                with weightlift.safe_open(path, framework="pt", device=device) as f:
+                    keys = list(f.keys())
+                    rng.shuffle(keys)
+                    for k in keys:
+                        assert _raw(f.get_tensor(k)) == _raw(ref[k]), f"{what}: {k}"
+            elif api == "slice":
+                with weightlift.safe_open(path, framework="pt", device=device) as f:
+                    assert _raw(f.get_slice(name)[:3]) == _raw(ref[name][:3]), what
+            elif api == "load_tensor":
+                t = weightlift.Loader(device=device).load_tensor(path, raw_n, torch.uint8)
+                assert _raw(t) == data[:raw_n], what
+            elif api == "load_storage":
+                t = torch.empty(raw_n, dtype=torch.uint8, device=device)
+                weightlift.File(path, "r").load_storage(t.untyped_storage(), offset=raw_at)
+                assert _raw(t) == data[raw_at : raw_at + raw_n], what
+            else:
+                model = torch.nn.ParameterDict({k: torch.nn.Parameter(torch.empty_like(v)) for k, v in ref.items()})
+                weightlift.load_into(model, path, device=device)
+                assert all(_raw(model[k]) == _raw(ref[k]) for k in ref), what
+            assert not inside, f"{what}: a fault inside the bytes read ended in success"
+        except weightlift.WeightliftError as e:
+            failed += 1
+            assert offset is not None, f"{what}: failed without a fault: {e}"
+            assert isinstance(e, weightlift.IoError), f"{what}: {type(e).__mro__}: {e}"
+            assert str(path) in str(e) and "offset" in str(e), f"{what}: {e}"
+        rounds += 1
+    monkeypatch.delenv("WEIGHTLIFT_INJECT_EIO", raising=False)
+    got = weightlift.load_file(path, device)
+    assert all(_raw(got[k]) == _raw(ref[k]) for k in ref)
+    print(f"python fault soak: {rounds} rounds, {failed} failed as they should")
+    assert rounds >= 20 and failed > 0
+
+
+def ranges_row(t: "torch.Tensor") -> int:
+    """Bytes of one row (first dimension) of `t`."""
+    return t[0].numel() * t.element_size()

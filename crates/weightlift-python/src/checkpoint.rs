@@ -121,6 +121,12 @@ impl Checkpoint {
         }
     }
 
+    /// The faults the test hook `WEIGHTLIFT_INJECT_EIO` asks for in reads of this checkpoint's files.
+    fn faults(&self) -> PyResult<Option<weightlift::io::fault::FaultPlan>> {
+        let paths: Vec<PathBuf> = self.index.files.iter().map(|f| f.path.clone()).collect();
+        crate::inject::from_env(&paths)
+    }
+
     fn positions(&self, names: Option<Vec<String>>) -> PyResult<Vec<usize>> {
         match names {
             None => Ok((0..self.index.tensors.len()).collect()),
@@ -229,10 +235,13 @@ impl Checkpoint {
         let device = parse_device(device)?;
         let which = self.positions(names)?;
         let (index, engine, pack) = (self.index.clone(), engine.engine.clone(), self.pack.clone());
+        let faults = self.faults()?.map(Arc::new);
         let loaded = interruptible(py, move |cancel| {
-            let opts = LoadOpts { cancel: Some(cancel), ..LoadOpts::default() };
+            let opts = LoadOpts { faults: faults.as_deref(), cancel: Some(cancel), ..LoadOpts::default() };
             match &pack {
-                Some(p) => engine.load_pack(p, Some(&which), device, weightlift::Decoder::Auto, &opts),
+                Some(p) => {
+                    engine.load_pack_with(p, Some(&which), device, weightlift::Decoder::Auto, &opts, faults.clone())
+                }
                 None => engine.load_some(&index, &which, device, &opts),
             }
         })?
@@ -377,8 +386,10 @@ impl Checkpoint {
         let range = (0usize, t.offset + start * row, (stop - start) * row);
         let device = parse_device(device)?;
         let engine = engine.engine.clone();
+        let faults = self.faults()?;
         let loaded = interruptible(py, move |cancel| {
-            engine.load_ranges(&[path], &[range], device, &LoadOpts { cancel: Some(cancel), ..LoadOpts::default() })
+            let opts = LoadOpts { faults: faults.as_ref(), cancel: Some(cancel), ..LoadOpts::default() };
+            engine.load_ranges(&[path], &[range], device, &opts)
         })?
         .map_err(to_py)?;
         remember(loaded.report.to_json());
@@ -405,7 +416,8 @@ impl Checkpoint {
             return Ok(NativeStream { stream: Arc::new(Mutex::new(None)), positions, packed: Arc::new(packed) });
         }
         let (index, e) = (self.index.clone(), engine.engine.clone());
-        let stream = py.detach(|| e.stream(&index, &which, device)).map_err(to_py)?;
+        let faults = self.faults()?.map(Arc::new);
+        let stream = py.detach(|| e.stream_with(&index, &which, device, faults)).map_err(to_py)?;
         Ok(NativeStream { stream: Arc::new(Mutex::new(Some(stream))), positions, packed: Arc::new(Packed::default()) })
     }
 }

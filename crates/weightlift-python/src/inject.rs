@@ -1,6 +1,8 @@
-//! Fault injection for tests of the layers above the engine (a process of a distributed load failing mid-read):
-//! `WEIGHTLIFT_INJECT_EIO=PATH@OFFSET` makes every read covering byte `OFFSET` of file `PATH` fail with EIO, in
-//! the loads that consult it. Unset in normal use; a malformed value is an error, never ignored.
+//! Fault injection for tests of the layers above the engine (a process of a distributed load failing mid-read, the
+//! Python APIs under random faults): `WEIGHTLIFT_INJECT_EIO=PATH@OFFSET` makes every read covering byte `OFFSET` of
+//! file `PATH` fail with EIO, in the loads that consult it: a checkpoint's loads, streams (`safe_open`) and rows,
+//! `load_ranges`, `read_into` and `read_ranges_into`. Unset in normal use; a malformed value is an error, never
+//! ignored.
 
 use std::path::{Path, PathBuf};
 

@@ -150,8 +150,10 @@ impl NativeEngine {
     ) -> PyResult<Vec<NativeBuffer>> {
         let device = parse_device(device)?;
         let engine = self.engine.clone();
+        let faults = inject::from_env(&paths)?;
         let loaded = interruptible(py, move |cancel| {
-            engine.load_ranges(&paths, &ranges, device, &LoadOpts { cancel: Some(cancel), ..LoadOpts::default() })
+            let opts = LoadOpts { faults: faults.as_ref(), cancel: Some(cancel), ..LoadOpts::default() };
+            engine.load_ranges(&paths, &ranges, device, &opts)
         })?
         .map_err(to_py)?;
         remember(loaded.report.to_json());
@@ -171,11 +173,13 @@ impl NativeEngine {
     ) -> PyResult<u64> {
         let dest = SendPtr(raw_dest(device, ptr)?);
         let engine = self.engine.clone();
-        let (n, report) = interruptible(py, move |_| {
+        let faults = inject::from_env(std::slice::from_ref(&path))?;
+        let (n, report) = interruptible(py, move |cancel| {
             let dest = dest;
+            let opts = LoadOpts { faults: faults.as_ref(), cancel: Some(cancel), ..LoadOpts::default() };
             // SAFETY: the Python layer passes the data pointer and byte size of a live, contiguous tensor or
             // storage that it keeps alive (and does not hand to other work) for the duration of this call.
-            unsafe { engine.read_into(&path, offset, nbytes, dest.0) }
+            unsafe { engine.read_into_with(&path, offset, nbytes, dest.0, &opts) }
         })?
         .map_err(to_py)?;
         remember(report.to_json());
