@@ -557,18 +557,36 @@ fn decode_on_cpu(
             weightlift_pack::decode_chunk(ctx.path, ctx.index, item, c, &bytes[s0 as usize..s1 as usize], dest)
         })?;
         if let Some(gpu) = gpu {
+            // One copy per run of consecutive chunks of one tensor (they lie back to back in the staging and in
+            // the tensor), not one per chunk: a 4 GiB pack has tens of thousands of chunks.
+            let mut run: Option<(usize, u64, *const u8, usize)> = None; // tensor, offset in it, source, length
+            let flush = |run: Option<(usize, u64, *const u8, usize)>| -> Result<()> {
+                if let Some((t, at, src, len)) = run {
+                    // SAFETY: the source is decoded bytes in the staging; the destination the same bytes' range of
+                    // the tensor's device buffer.
+                    unsafe {
+                        weightlift_cuda::copy_host_to_device(
+                            gpu,
+                            ctx.dsts[t] + at,
+                            std::slice::from_raw_parts(src, len),
+                        )?
+                    };
+                }
+                Ok(())
+            };
             for (&(t, c), out) in b.chunks.iter().zip(&outs) {
                 let ch = ctx.index.chunks[c];
-                // SAFETY: the source is the chunk's decoded bytes in the staging; the destination its range of the
-                // tensor's device buffer.
-                unsafe {
-                    weightlift_cuda::copy_host_to_device(
-                        gpu,
-                        ctx.dsts[t] + ch.raw_offset,
-                        std::slice::from_raw_parts(out.0, ch.raw_len as usize),
-                    )?
-                };
+                let src = out.0 as *const u8;
+                match &mut run {
+                    Some((rt, at, src0, len))
+                        if *rt == t && *at + *len as u64 == ch.raw_offset && src0.wrapping_add(*len) == src =>
+                    {
+                        *len += ch.raw_len as usize;
+                    }
+                    _ => flush(run.replace((t, ch.raw_offset, src, ch.raw_len as usize)))?,
+                }
             }
+            flush(run)?;
         }
         stats.decode_secs += t.elapsed().as_secs_f64();
         ctx.done(b);
