@@ -416,3 +416,16 @@ def test_from_pretrained_of_a_packed_folder(checkpoints, name, device, tmp_path,
     ref.config._name_or_path = str(folder)
     assert_same_model(got, ref, device)
     assert_same_outputs(got, ref, device)
+
+
+def test_a_packed_folder_with_remote_code_is_refused(checkpoints, tmp_path, wl):
+    """A packed folder whose config asks for remote code: refused with the reason, before anything is loaded."""
+    folder = tmp_path / "remote"
+    shutil.copytree(checkpoints[("llama", False)], folder)
+    wl.run("pack", folder / "model.safetensors", folder / "model.wlpack")
+    (folder / "model.safetensors").unlink()
+    config = json.loads((folder / "config.json").read_text())
+    config["auto_map"] = {"AutoModelForCausalLM": "modeling_custom.CustomModel"}
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(wt.UnsupportedError, match="remote code"):
+        wt.from_pretrained(transformers.AutoModelForCausalLM, folder, device="cpu")
