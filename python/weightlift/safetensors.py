@@ -42,7 +42,9 @@ def load_file(
     path for this call (one of the ``backend`` setting's values; default: ``WEIGHTLIFT_BACKEND`` or auto).
     ``verify=True`` (a weightlift extension) checks every loaded byte against each file's checksum manifest
     ``FILE.xxh3.json`` (write it with ``weightlift checksum FILE``) and raises ``ChecksumError`` naming the tensor
-    and chunk that differ; GPU tensors are read back to the host for it (slower)."""
+    and chunk that differ. Each tensor is hashed as soon as it has landed, overlapped with the rest of the load: GPU
+    tensors on their GPU, host tensors on a CPU thread (the report's ``checks`` says what was hashed, where, and how
+    long the hashing ran after the reads)."""
     dev = _core.normalize_device(device)
     if backend is not None and engine is None:
         engine = _core.new_engine(backend=backend)
@@ -55,9 +57,7 @@ def _load_tensors(
     _core.check_cuda(device)
     infos = ckpt.tensors if names is None else [ckpt.tensor(n) for n in names]
     engine = engine or _core.shared_engine()
-    buffers = ckpt.load(engine, device, None if names is None else list(names))
-    if verify:
-        ckpt.verify(engine, [i.name for i in infos], buffers)
+    buffers = ckpt.load(engine, device, None if names is None else list(names), verify)
     return {i.name: _core.info_tensor(buf, i) for i, buf in zip(infos, buffers)}
 
 

@@ -396,6 +396,11 @@ impl PendingBatch {
         Ok(())
     }
 
+    /// Whether the batch's work (and its results' copy to the host) has completed, without waiting.
+    pub fn is_complete(&self) -> bool {
+        self.event.is_complete()
+    }
+
     /// The xxh3-64 of every chunk's (or range's) destination bytes, after [`PendingBatch::wait`].
     pub fn hashes(&self) -> Vec<u64> {
         let host: &[u8] = self.host.as_deref().unwrap_or(&[]);

@@ -42,6 +42,6 @@ pub use load::{IoReport, LoadOptions, LoadRequest, Running, StreamOptions};
 pub use params::{CachePolicy, DirectMode, IoParams, ReadEngine, parse_bytes};
 pub use plan::{Extent, Piece, ReadOp};
 pub use pool::{IoEngine, ReadEngineUsed};
-pub use sink::{BorrowedHostSink, HostSink, InPlace, Pending, Sink, SinkError};
+pub use sink::{BorrowedHostSink, HostSink, InPlace, Observed, Observer, Pending, Sink, SinkError};
 pub use staging::{PinGuard, Pinner, Staging, StagingPool};
 pub use uring::available as uring_available;

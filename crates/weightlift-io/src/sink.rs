@@ -51,6 +51,44 @@ pub trait Sink: Send + Sync {
     }
 }
 
+/// A sink that reports every landing to `observer` (a checker hashing destinations as they complete, say) and
+/// otherwise behaves as `inner`.
+pub struct Observed<'a> {
+    pub inner: &'a dyn Sink,
+    pub observer: &'a Observer<'a>,
+}
+
+/// What [`Observed`] tells about landings.
+pub type Observer<'a> = dyn Fn(&[Piece]) + Sync + 'a;
+
+impl fmt::Debug for Observed<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Observed")
+    }
+}
+
+impl Sink for Observed<'_> {
+    fn asynchronous(&self) -> bool {
+        self.inner.asynchronous()
+    }
+    fn in_place(&self) -> Option<&dyn InPlace> {
+        self.inner.in_place()
+    }
+    fn begin_lane(&self, lane: usize) -> Result<(), SinkError> {
+        self.inner.begin_lane(lane)
+    }
+    fn deliver(&self, lane: usize, pieces: &[Piece], data: &[u8]) -> Result<Option<Box<dyn Pending>>, SinkError> {
+        self.inner.deliver(lane, pieces, data)
+    }
+    fn landed(&self, pieces: &[Piece]) {
+        self.inner.landed(pieces);
+        (self.observer)(pieces);
+    }
+    fn end_lane(&self, lane: usize) -> Result<(), SinkError> {
+        self.inner.end_lane(lane)
+    }
+}
+
 /// Host destinations that reads may write straight into.
 ///
 /// # Safety

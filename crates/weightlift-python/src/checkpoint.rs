@@ -58,19 +58,6 @@ pub struct Checkpoint {
     pack_source: Option<String>,
 }
 
-/// One manifest chunk of a device tensor, to hash on its GPU.
-struct DeviceChunk {
-    /// The tensor's position in the call's lists, and its name.
-    at: usize,
-    name: String,
-    ptr: u64,
-    /// Where the chunk lies in its tensor, and its recorded checksum.
-    start: u64,
-    len: u64,
-    expected: u64,
-    file: String,
-}
-
 /// A packed checkpoint's tensors as an index over the pack (one file; offsets and sizes of the original files).
 fn pack_index(path: &std::path::Path) -> weightlift::Result<(TensorIndex, String)> {
     let p = weightlift::format::pack::read(path)?;
@@ -125,6 +112,42 @@ impl Checkpoint {
     fn faults(&self) -> PyResult<Option<weightlift::io::fault::FaultPlan>> {
         let paths: Vec<PathBuf> = self.index.files.iter().map(|f| f.path.clone()).collect();
         crate::inject::from_env(&paths)
+    }
+
+    /// The expected checksums of the tensors at `which`, from the manifests of their files.
+    fn checks(&self, which: &[usize]) -> weightlift::Result<weightlift::Checks> {
+        use weightlift_pack::manifest::{Manifest, SUFFIX};
+        let mut manifests: HashMap<usize, Manifest> = HashMap::new();
+        let mut tensors = Vec::with_capacity(which.len());
+        for &i in which {
+            let t = &self.index.tensors[i];
+            if let std::collections::hash_map::Entry::Vacant(v) = manifests.entry(t.file) {
+                let mut path = self.index.files[t.file].path.clone().into_os_string();
+                path.push(SUFFIX);
+                let m = Manifest::read(std::path::Path::new(&path))
+                    .map_err(|e| weightlift::Error::Verify(format!("{e} (write it with `weightlift checksum`)")))?;
+                v.insert(m);
+            }
+            let m = &manifests[&t.file];
+            let verify = |e: String| weightlift::Error::Verify(e);
+            let sums = m
+                .tensor(&t.name)
+                .ok_or_else(|| verify(format!("tensor {:?} is not in the checksum manifest", t.name)))?;
+            if sums.nbytes != t.nbytes {
+                return Err(verify(format!(
+                    "tensor {:?}: the manifest has {} bytes, the file {}",
+                    t.name, sums.nbytes, t.nbytes
+                )));
+            }
+            let chunks = sums.chunk_ranges(m.chunk_bytes).map_err(|e| verify(e.to_string()))?;
+            tensors.push(
+                chunks
+                    .into_iter()
+                    .map(|(start, len, expected)| weightlift::ChunkSum { start, len, expected })
+                    .collect(),
+            );
+        }
+        Ok(weightlift::Checks { tensors })
     }
 
     fn positions(&self, names: Option<Vec<String>>) -> PyResult<Vec<usize>> {
@@ -224,20 +247,32 @@ impl Checkpoint {
     }
 
     /// Loads the named tensors (all of them by default) onto `device` through one plan, in the order asked.
-    #[pyo3(signature = (engine, device, names=None))]
+    ///
+    /// `verify=True` checks every loaded byte against the checksum manifests of the files (`FILE.xxh3.json`,
+    /// written by `weightlift checksum FILE`): each tensor is hashed as soon as it has landed, overlapped with the
+    /// rest of the load (device tensors on their GPU, host tensors on a CPU thread). A mismatch raises
+    /// `ChecksumError` naming tensor and chunk. A pack's own checksums are always checked.
+    #[pyo3(signature = (engine, device, names=None, verify=false))]
     fn load(
         &self,
         py: Python<'_>,
         engine: &NativeEngine,
         device: &str,
         names: Option<Vec<String>>,
+        verify: bool,
     ) -> PyResult<Vec<NativeBuffer>> {
         let device = parse_device(device)?;
         let which = self.positions(names)?;
+        let checks = if verify && self.pack.is_none() { Some(self.checks(&which).map_err(to_py)?) } else { None };
         let (index, engine, pack) = (self.index.clone(), engine.engine.clone(), self.pack.clone());
         let faults = self.faults()?.map(Arc::new);
         let loaded = interruptible(py, move |cancel| {
-            let opts = LoadOpts { faults: faults.as_deref(), cancel: Some(cancel), ..LoadOpts::default() };
+            let opts = LoadOpts {
+                faults: faults.as_deref(),
+                cancel: Some(cancel),
+                checks: checks.as_ref(),
+                ..LoadOpts::default()
+            };
             match &pack {
                 Some(p) => {
                     engine.load_pack_with(p, Some(&which), device, weightlift::Decoder::Auto, &opts, faults.clone())
@@ -248,109 +283,6 @@ impl Checkpoint {
         .map_err(to_py)?;
         remember(loaded.report.to_json());
         Ok(loaded.tensors.into_iter().map(|t| NativeBuffer::new(t.data)).collect())
-    }
-
-    /// Checks loaded tensors against the checksum manifests of their files (`FILE.xxh3.json`, written by
-    /// `weightlift checksum FILE`): every chunk's xxh3 of the bytes as delivered, hashed on their GPU for device
-    /// tensors (read back and hashed on the host where the GPU's hash kernels cannot run). Raises `ChecksumError`
-    /// naming the tensor and chunk that differ.
-    fn verify(
-        &self,
-        py: Python<'_>,
-        engine: &NativeEngine,
-        names: Vec<String>,
-        buffers: Vec<PyRef<'_, crate::NativeBuffer>>,
-    ) -> PyResult<()> {
-        if names.len() != buffers.len() {
-            return Err(crate::errors::invalid_argument("verify: as many buffers as names are needed"));
-        }
-        if self.pack.is_some() {
-            // A pack's loads check every chunk's checksum as they decode it: there is nothing left to check.
-            return Ok(());
-        }
-        let mut manifests: HashMap<usize, weightlift_pack::manifest::Manifest> = HashMap::new();
-        // Device tensors are hashed on their GPU (one batch per GPU, no copy back) where the hash kernels run.
-        let mut on_gpu: HashMap<u32, Vec<DeviceChunk>> = HashMap::new();
-        let mut host_checks: Vec<usize> = Vec::new();
-        for (at, (name, buf)) in names.iter().zip(&buffers).enumerate() {
-            let t = &self.index.tensors[self.position(name)?];
-            if let std::collections::hash_map::Entry::Vacant(v) = manifests.entry(t.file) {
-                let mut path = self.index.files[t.file].path.clone().into_os_string();
-                path.push(weightlift_pack::manifest::SUFFIX);
-                let m = weightlift_pack::manifest::Manifest::read(std::path::Path::new(&path)).map_err(|e| {
-                    to_py(weightlift::Error::Verify(format!("{e} (write it with `weightlift checksum`)")))
-                })?;
-                v.insert(m);
-            }
-            let m = &manifests[&t.file];
-            let sums = m.tensor(name).ok_or_else(|| {
-                to_py(weightlift::Error::Verify(format!("tensor {name:?} is not in the checksum manifest")))
-            })?;
-            if let crate::dlpack::Holder::Device(d) = &buf.holder
-                && weightlift::cuda::nvrtc::available().is_ok()
-                && buf.byte_len() as u64 == sums.nbytes
-            {
-                let ranges =
-                    sums.chunk_ranges(m.chunk_bytes).map_err(|e| to_py(weightlift::Error::Verify(e.to_string())))?;
-                let entry = on_gpu.entry(d.block.gpu().ordinal()).or_default();
-                for (start, len, expected) in ranges {
-                    entry.push(DeviceChunk {
-                        at,
-                        name: name.clone(),
-                        ptr: d.device_ptr() + start,
-                        start,
-                        len,
-                        expected,
-                        file: sums.file.clone(),
-                    });
-                }
-                continue;
-            }
-            host_checks.push(at);
-        }
-        for (ordinal, chunks) in on_gpu {
-            let ranges: Vec<(u64, u64)> = chunks.iter().map(|c| (c.ptr, c.len)).collect();
-            let engine = engine.engine.clone();
-            // SAFETY: every range lies inside a device tensor held by `buffers` (alive for this call); nothing
-            // writes to them meanwhile (they were just loaded and not yet handed to the caller).
-            let Ok(hashes) = py.detach(|| unsafe { engine.hash_device(ordinal, &ranges) }) else {
-                // The hash kernels cannot run here (NVRTC cannot compile for this GPU, say): checked on the host.
-                let mut ats: Vec<usize> = chunks.iter().map(|c| c.at).collect();
-                ats.dedup();
-                host_checks.extend(ats);
-                continue;
-            };
-            let mut index_in_tensor: HashMap<&str, u64> = HashMap::new();
-            for (c, actual) in chunks.iter().zip(hashes) {
-                let k = index_in_tensor.entry(c.name.as_str()).or_insert(0);
-                if actual != c.expected {
-                    let e = weightlift_pack::PackError::Checksum {
-                        path: std::path::PathBuf::from(&c.file),
-                        item: c.name.clone(),
-                        chunk: *k,
-                        start: c.start,
-                        end: c.start + c.len,
-                        expected: c.expected,
-                        actual,
-                    };
-                    return Err(to_py(weightlift::Error::Verify(format!("{e} (checked on cuda:{ordinal})"))));
-                }
-                *k += 1;
-            }
-        }
-        for at in host_checks {
-            let (name, buf) = (&names[at], &buffers[at]);
-            let t = &self.index.tensors[self.position(name)?];
-            let m = &manifests[&t.file];
-            let sums = m.tensor(name).ok_or_else(|| {
-                to_py(weightlift::Error::Verify(format!("tensor {name:?} is not in the checksum manifest")))
-            })?;
-            let mut bytes = vec![0u8; buf.byte_len()];
-            buf.read_back(&mut bytes).map_err(to_py)?;
-            let chunk = m.chunk_bytes;
-            py.detach(|| sums.check(chunk, &bytes)).map_err(|e| to_py(weightlift::Error::Verify(e.to_string())))?;
-        }
-        Ok(())
     }
 
     /// Rows `[start, stop)` of the named tensor (its first dimension), read alone.

@@ -45,20 +45,6 @@ impl NativeBuffer {
     fn new(data: TensorData) -> NativeBuffer {
         NativeBuffer { holder: Holder::from_data(data) }
     }
-
-    fn byte_len(&self) -> usize {
-        self.holder.len()
-    }
-
-    /// Copies the buffer's bytes into `out` (from the device for GPU memory).
-    fn read_back(&self, out: &mut [u8]) -> weightlift::Result<()> {
-        match &self.holder {
-            Holder::Host(b) => out.copy_from_slice(&b[..out.len()]),
-            Holder::Pinned(b) => out.copy_from_slice(&b[..out.len()]),
-            Holder::Device(d) => TensorData::Device(d.clone()).read_back(0, out)?,
-        }
-        Ok(())
-    }
 }
 
 #[pymethods]

@@ -9,10 +9,11 @@ use std::time::Instant;
 use weightlift_cuda::{DeviceBuffer, Gpu, PinnedBuffer, Targets};
 use weightlift_format::{DType, TensorEntry, TensorIndex};
 use weightlift_io::{
-    DirectMode, Extent, HostBuffer, HostCache, HostSink, IoEngine, IoReport, LoadOptions, LoadRequest, OpenFile,
-    StagingPool,
+    DirectMode, Extent, HostBuffer, HostCache, HostSink, IoEngine, IoReport, LoadOptions, LoadRequest, Observed,
+    OpenFile, StagingPool,
 };
 
+use crate::checked::{CheckStats, Checks, CpuChecker, GpuChecker, HostDest, Layout, Watch};
 use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::files::FileCache;
@@ -166,10 +167,14 @@ impl Engine {
             .iter()
             .map(|&i| index.tensors.get(i).ok_or_else(|| Error::InvalidArgument(format!("no tensor at position {i}"))))
             .collect::<Result<_>>()?;
+        let names = match opts.checks {
+            Some(checks) => check_names(checks, index, &entries)?,
+            None => Vec::new(),
+        };
         let files = self.open_index(index)?;
         let (datas, mut report) = match device {
-            Device::Cpu | Device::PinnedCpu => self.load_host(&files, &entries, device, opts)?,
-            Device::Cuda(n) => self.load_device(n, &files, &entries, opts)?,
+            Device::Cpu | Device::PinnedCpu => self.load_host(&files, &entries, device, opts, names)?,
+            Device::Cuda(n) => self.load_device(n, &files, &entries, opts, names)?,
         };
         let tensors: Vec<Tensor> = entries
             .iter()
@@ -188,6 +193,7 @@ impl Engine {
         entries: &[&TensorEntry],
         device: Device,
         opts: &LoadOpts<'_>,
+        names: Vec<(String, PathBuf)>,
     ) -> Result<(Vec<TensorData>, Report)> {
         let dest_lens: Vec<u64> = entries.iter().map(|t| t.nbytes).collect();
         let extents = extents_of(entries);
@@ -205,11 +211,33 @@ impl Engine {
         let dests: Vec<(*mut u8, usize)> = datas.iter_mut().map(host_range).collect();
         // SAFETY: each range is a distinct buffer of `datas`, which stays alive and untouched until the load below
         // has returned.
-        let sink = unsafe { HostSink::new(dests) };
-        let io =
-            self.io.load(&LoadRequest { files, extents: &extents, dest_lens: &dest_lens }, &io_opts(opts), &sink)?;
+        let sink = unsafe { HostSink::new(dests.clone()) };
+        let req = LoadRequest { files, extents: &extents, dest_lens: &dest_lens };
+        let Some(checks) = opts.checks else {
+            let io = self.io.load(&req, &io_opts(opts), &sink)?;
+            let mut report = self.report(device, Vec::new(), entries.len(), dest_lens.iter().sum(), io);
+            report.alloc_secs = alloc_secs;
+            return Ok((datas, report));
+        };
+        // Each tensor is hashed on a thread of its own as soon as it has landed.
+        let parts = (0..entries.len()).map(|i| vec![(i, 0)]).collect();
+        let host = dests.iter().map(|&(ptr, len)| HostDest { ptr, len }).collect();
+        let mut checker = CpuChecker::new(Layout { checks, parts, names }, host, "cpu".into());
+        let (watch, rx) = Watch::new(dest_lens.clone());
+        let observer = |p: &[weightlift_io::Piece]| watch.observe(p);
+        let observed = Observed { inner: &sink, observer: &observer };
+        let io = std::thread::scope(|scope| {
+            let c = &mut checker;
+            let hashing = scope.spawn(move || c.run(&rx));
+            let io = self.io.load(&req, &io_opts(opts), &observed);
+            watch.close();
+            let _ = hashing.join();
+            io
+        })?;
+        let stats = checker.finish()?;
         let mut report = self.report(device, Vec::new(), entries.len(), dest_lens.iter().sum(), io);
         report.alloc_secs = alloc_secs;
+        report.checks = Some(stats);
         Ok((datas, report))
     }
 
@@ -221,6 +249,7 @@ impl Engine {
         files: &[Arc<OpenFile>],
         entries: &[&TensorEntry],
         opts: &LoadOpts<'_>,
+        names: Vec<(String, PathBuf)>,
     ) -> Result<(Vec<TensorData>, Report)> {
         let gpu = self.gpu(n)?;
         gpu.bind()?;
@@ -236,14 +265,54 @@ impl Engine {
         let targets = Targets::lazy(block_lens.len());
         let mut blocks: Vec<DeviceBuffer> = Vec::with_capacity(block_lens.len());
         let mut alloc_secs = 0.0;
-        let read =
-            DeviceRead { gpu: &gpu, files, extents: &block_extents, dest_lens: &block_lens, targets: &targets, opts };
-        let outcome = path.imp.read(&self.io, &read, &mut || {
-            let t = Instant::now();
-            let r = allocate_published(&gpu, &block_lens, &targets, self.io.lanes(), &mut blocks);
-            alloc_secs = t.elapsed().as_secs_f64();
-            r
-        })?;
+        let mut parts: Vec<Vec<(usize, u64)>> = vec![Vec::new(); block_lens.len()];
+        for (i, &(b, offset)) in placement.tensors.iter().enumerate() {
+            parts[b].push((i, offset));
+        }
+        // With expected checksums, a checker hashes each block on the GPU as soon as it has landed.
+        let mut checker = opts.checks.map(|checks| self.gpu_checker(&gpu, Layout { checks, parts, names }));
+        let (watch, rx) = Watch::new(block_lens.clone());
+        let observer = |p: &[weightlift_io::Piece]| watch.observe(p);
+        let read = DeviceRead {
+            gpu: &gpu,
+            files,
+            extents: &block_extents,
+            dest_lens: &block_lens,
+            targets: &targets,
+            opts,
+            observer: matches!(checker, Some(Ok(_))).then_some(&observer as _),
+        };
+        let outcome = std::thread::scope(|scope| {
+            let hashing = match &mut checker {
+                Some(Ok(c)) => {
+                    let address = |d: usize| targets.wait(d as u32).ok().map(|(ptr, _, _)| ptr);
+                    Some(scope.spawn(move || c.run(&rx, &address)))
+                }
+                _ => None,
+            };
+            let outcome = path.imp.read(&self.io, &read, &mut || {
+                let t = Instant::now();
+                let r = allocate_published(&gpu, &block_lens, &targets, self.io.lanes(), &mut blocks);
+                alloc_secs = t.elapsed().as_secs_f64();
+                r
+            });
+            watch.close();
+            if let Some(h) = hashing {
+                let _ = h.join();
+            }
+            outcome
+        });
+        // On failure the checker (and the hashing it queued) goes before the blocks it reads.
+        let outcome = outcome?;
+        let checks = match checker {
+            None => None,
+            Some(Ok(c)) => {
+                let (stats, unpacker) = c.finish(&|d| blocks.get(d).map(|b| b.device_ptr()))?;
+                self.give_unpacker(n, unpacker);
+                Some(stats)
+            }
+            Some(Err((layout, why))) => Some(check_read_back(layout, &blocks, &why)?),
+        };
         let blocks: Vec<Arc<DeviceBuffer>> = blocks.into_iter().map(Arc::new).collect();
         let datas = placement
             .tensors
@@ -256,6 +325,7 @@ impl Engine {
         let bytes = entries.iter().map(|t| t.nbytes).sum();
         let mut report = self.device_report(Device::Cuda(n), &gpu, &path, outcome, entries.len(), bytes);
         report.alloc_secs = alloc_secs;
+        report.checks = checks;
         Ok((datas, report))
     }
 
@@ -292,6 +362,41 @@ impl Engine {
         let index = ranges_index(paths, ranges)?;
         self.load(&index, device, opts)
     }
+}
+
+/// Validates `checks` against the tensors of a load; each tensor's name and file, for error messages.
+fn check_names(checks: &Checks, index: &TensorIndex, entries: &[&TensorEntry]) -> Result<Vec<(String, PathBuf)>> {
+    if checks.tensors.len() != entries.len() {
+        return Err(Error::InvalidArgument(format!(
+            "checksums given for {} tensors, the load has {}",
+            checks.tensors.len(),
+            entries.len()
+        )));
+    }
+    for (t, chunks) in entries.iter().zip(&checks.tensors) {
+        if let Some(c) = chunks.iter().find(|c| c.start.checked_add(c.len).is_none_or(|end| end > t.nbytes)) {
+            return Err(Error::Verify(format!(
+                "a checksum of {:?} covers bytes {}..{}, past its {} bytes",
+                t.name,
+                c.start,
+                c.start.saturating_add(c.len),
+                t.nbytes
+            )));
+        }
+    }
+    Ok(entries.iter().map(|t| (t.name.clone(), index.files[t.file].path.clone())).collect())
+}
+
+/// Checks device blocks by copying them back and hashing on the CPU: where the GPU's hash kernels cannot run.
+fn check_read_back(layout: Layout<'_>, blocks: &[DeviceBuffer], why: &str) -> Result<CheckStats> {
+    let mut copies = Vec::with_capacity(blocks.len());
+    for b in blocks {
+        let mut host = vec![0u8; b.len()];
+        b.read_back(0, &mut host)?;
+        copies.push(host);
+    }
+    let dests = copies.iter().map(|c| HostDest { ptr: c.as_ptr(), len: c.len() }).collect();
+    CpuChecker::new(layout, dests, format!("cpu, read back from the device: {why}")).finish()
 }
 
 /// A byte range of host memory to fill.
@@ -399,6 +504,19 @@ pub(crate) fn allocate_published(
 }
 
 impl Engine {
+    /// A checker hashing blocks on `gpu` with the decoder's kernels, or the layout back with the reason they cannot
+    /// run here (NVRTC missing, say).
+    fn gpu_checker<'a>(
+        &self,
+        gpu: &Gpu,
+        layout: Layout<'a>,
+    ) -> std::result::Result<GpuChecker<'a>, (Layout<'a>, String)> {
+        match self.take_unpacker(gpu) {
+            Ok(u) => Ok(GpuChecker::new(layout, u, gpu.ordinal())),
+            Err(e) => Err((layout, e.to_string())),
+        }
+    }
+
     /// Reads up to `len` bytes of `path` at `offset` into caller memory, like `pread`: returns the bytes read, fewer
     /// at the end of the file (none past it).
     ///
@@ -445,6 +563,9 @@ impl Engine {
         cap: u64,
         opts: &LoadOpts<'_>,
     ) -> Result<Report> {
+        if opts.checks.is_some() {
+            return Err(Error::InvalidArgument("checksums are checked by tensor loads, not by raw reads".into()));
+        }
         let files: Vec<Arc<OpenFile>> = paths.iter().map(|p| self.open(p)).collect::<Result<_>>()?;
         // SAFETY: the same contract.
         unsafe { self.read_open_ranges_into(&files, ranges, dest, cap, opts) }
@@ -559,8 +680,15 @@ impl Engine {
                 // SAFETY: the caller guarantees each pointer is device memory of `ordinal` valid for its capacity
                 // and unused by anything else until this returns.
                 let targets = unsafe { Targets::fixed(dev) };
-                let read =
-                    DeviceRead { gpu: &gpu, files, extents: &extents, dest_lens: &caps, targets: &targets, opts };
+                let read = DeviceRead {
+                    gpu: &gpu,
+                    files,
+                    extents: &extents,
+                    dest_lens: &caps,
+                    targets: &targets,
+                    opts,
+                    observer: None,
+                };
                 let outcome = path.imp.read(&self.io, &read, &mut || Ok(()))?;
                 let mut r = self.device_report(Device::Cuda(ordinal), &gpu, &path, outcome, ranges.len(), bytes);
                 r.files = paths;

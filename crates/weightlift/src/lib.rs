@@ -15,6 +15,7 @@
 //! ([`path`]), the engine, streaming loads and reports. `docs/architecture.md` draws it.
 
 pub mod block;
+pub mod checked;
 pub mod cufile_api;
 mod device;
 mod engine;
@@ -34,6 +35,7 @@ mod tensor;
 pub mod verify;
 
 pub use block::{BlockDevice, LbaRange, RegionTable};
+pub use checked::{CheckStats, Checks, ChunkSum};
 pub use device::Device;
 pub use engine::Engine;
 pub use error::{Error, Result};

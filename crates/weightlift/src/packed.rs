@@ -204,6 +204,10 @@ impl Engine {
         opts: &LoadOpts<'_>,
         faults: Option<Arc<weightlift_io::fault::FaultPlan>>,
     ) -> Result<Loaded> {
+        if opts.checks.is_some() {
+            // A pack carries its own checksums, all checked as its chunks decode.
+            return Err(Error::InvalidArgument("a packed load checks the pack's own checksums; none are taken".into()));
+        }
         let start = Instant::now();
         let index = weightlift_format::pack::read(path)?;
         let all: Vec<&Item> = index.tensors().collect();
@@ -394,7 +398,7 @@ impl Engine {
 }
 
 /// A GPU decoder failure that is not about the data: CUDA's error, or why the decoder could not run.
-fn unpack_error(e: UnpackError) -> Error {
+pub(crate) fn unpack_error(e: UnpackError) -> Error {
     match e {
         UnpackError::Cuda(c) => Error::Cuda(c),
         other => Error::Cuda(weightlift_cuda::CudaError::Unavailable(format!("the GPU decoder: {other}"))),
@@ -595,7 +599,7 @@ fn decode_on_cpu(
 }
 
 impl Engine {
-    fn take_unpacker(&self, gpu: &Gpu) -> Result<GpuUnpacker> {
+    pub(crate) fn take_unpacker(&self, gpu: &Gpu) -> Result<GpuUnpacker> {
         if let Some(u) = self.unpackers().lock().unwrap_or_else(|p| p.into_inner()).remove(&gpu.ordinal()) {
             return Ok(u);
         }
@@ -604,30 +608,7 @@ impl Engine {
         GpuUnpacker::new(gpu, stream).map_err(unpack_error)
     }
 
-    fn give_unpacker(&self, ordinal: u32, u: GpuUnpacker) {
+    pub(crate) fn give_unpacker(&self, ordinal: u32, u: GpuUnpacker) {
         self.unpackers().lock().unwrap_or_else(|p| p.into_inner()).insert(ordinal, u);
-    }
-}
-
-impl Engine {
-    /// The xxh3-64 of every `(device address, length)` range, computed on GPU `ordinal` by the packed-load decoder's
-    /// hash kernels (what `load_file(..., verify=True)` checks device tensors with, instead of copying them back).
-    /// Needs NVRTC (the kernels are compiled at first use), not nvCOMP.
-    ///
-    /// # Safety
-    /// Every range must be readable device memory of that GPU, not written by anyone until the call returns.
-    pub unsafe fn hash_device(&self, ordinal: u32, ranges: &[(weightlift_cuda::CUdeviceptr, u64)]) -> Result<Vec<u64>> {
-        let gpu = self.gpu(ordinal)?;
-        gpu.bind()?;
-        let mut unpacker = self.take_unpacker(&gpu)?;
-        // SAFETY: per this function's contract; the batch is waited before returning.
-        let result = unsafe { unpacker.hash_batch(ranges) }.and_then(|b| {
-            b.wait()?;
-            let hashes = b.hashes();
-            unpacker.recycle(b);
-            Ok(hashes)
-        });
-        self.give_unpacker(ordinal, unpacker);
-        result.map_err(unpack_error)
     }
 }

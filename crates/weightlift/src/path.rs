@@ -21,7 +21,7 @@ use std::time::Instant;
 
 use weightlift_cuda::{CudaPinner, DeviceSink, Gpu, Targets};
 use weightlift_io::fault::FaultPlan;
-use weightlift_io::{Extent, IoEngine, IoReport, LoadOptions, LoadRequest, OpenFile, Pinner};
+use weightlift_io::{Extent, IoEngine, IoReport, LoadOptions, LoadRequest, Observed, OpenFile, Pinner, Sink};
 
 use crate::error::{Error, Result};
 use crate::report::PathUsed;
@@ -36,6 +36,9 @@ pub struct LoadOpts<'a> {
     pub cancel: Option<&'a AtomicBool>,
     /// Injected faults (tests).
     pub faults: Option<&'a FaultPlan>,
+    /// Expected checksums: each tensor is hashed as soon as its bytes have landed, overlapped with the rest of the
+    /// load, and a mismatch fails the load naming tensor and chunk (`Report::checks` says what was checked).
+    pub checks: Option<&'a crate::checked::Checks>,
 }
 
 /// A read into device memory, as every path receives it: byte ranges of opened files, each landing in a
@@ -47,6 +50,8 @@ pub(crate) struct DeviceRead<'a> {
     pub dest_lens: &'a [u64],
     pub targets: &'a Arc<Targets>,
     pub opts: &'a LoadOpts<'a>,
+    /// Told about every landing (paths with lanes call it; the others land everything before returning).
+    pub observer: Option<&'a weightlift_io::Observer<'a>>,
 }
 
 /// What a path did.
@@ -168,7 +173,12 @@ impl GpuPath for Pipeline {
         };
         let lreq = LoadRequest { files: req.files, extents: req.extents, dest_lens: req.dest_lens };
         let mut allocated = Ok(());
-        let loaded = io.load_with(&lreq, &opts, &sink, || {
+        let observed = req.observer.map(|observer| Observed { inner: &sink, observer });
+        let target: &dyn Sink = match &observed {
+            Some(o) => o,
+            None => &sink,
+        };
+        let loaded = io.load_with(&lreq, &opts, target, || {
             allocated = allocate();
             if let Err(e) = &allocated {
                 req.targets.fail(format!("allocating the destinations failed: {e}"));

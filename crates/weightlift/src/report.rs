@@ -63,6 +63,8 @@ pub struct Report {
     pub stream: Option<crate::stream::StreamStats>,
     /// For packed checkpoints: stored and raw bytes, and the decoder that ran.
     pub pack: Option<crate::packed::PackStats>,
+    /// For loads given expected checksums: what was hashed, where, and how much of it during the load.
+    pub checks: Option<crate::checked::CheckStats>,
 }
 
 impl Report {
@@ -88,6 +90,7 @@ impl Report {
             nvme: None,
             stream: None,
             pack: None,
+            checks: None,
         }
     }
 
@@ -103,7 +106,7 @@ impl Report {
             .iter()
             .map(|(k, v, src)| ((*k).to_string(), json!({"value": v, "source": src.to_string()})))
             .collect();
-        json!({
+        let mut v = json!({
             "device": self.device.to_string(),
             "files": self.files,
             "tensors": self.tensors,
@@ -154,7 +157,9 @@ impl Report {
                 "iops": if n.kernel_secs > 0.0 { n.commands as f64 / n.kernel_secs } else { 0.0 },
                 "gbps": if n.kernel_secs > 0.0 { n.transferred as f64 / n.kernel_secs / 1e9 } else { 0.0 },
             })),
-        })
+        });
+        v["checks"] = self.checks.as_ref().map_or(Value::Null, |c| c.to_json());
+        v
     }
 
     /// A few lines for people.

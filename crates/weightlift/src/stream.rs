@@ -517,6 +517,7 @@ impl Stream {
                     dest_lens: &[b.len],
                     targets: &targets,
                     opts: &opts,
+                    observer: None,
                 };
                 path.imp.read(&self.io, &read, &mut || Ok(()))?;
             }
