@@ -27,6 +27,9 @@ pub struct LaneStats {
     pub deliver: Duration,
     /// Time blocked because every slot was waiting for a delivery to finish.
     pub backpressure: Duration,
+    /// Time setting up staging for the load (mapping, faulting in and pinning slots, registering them with the
+    /// ring): a lane's first load, or one that needs larger slots than it has.
+    pub setup: Duration,
 }
 
 impl LaneStats {
@@ -40,6 +43,7 @@ impl LaneStats {
         self.io_wait += o.io_wait;
         self.deliver += o.deliver;
         self.backpressure += o.backpressure;
+        self.setup += o.setup;
     }
 }
 

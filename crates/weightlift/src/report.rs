@@ -139,6 +139,7 @@ impl Report {
                 "io_wait_thread_secs": io.stats.io_wait.as_secs_f64(),
                 "deliver_thread_secs": io.stats.deliver.as_secs_f64(),
                 "backpressure_thread_secs": io.stats.backpressure.as_secs_f64(),
+                "staging_setup_thread_secs": io.stats.setup.as_secs_f64(),
             },
             "settings": settings,
             "verified": self.verified,

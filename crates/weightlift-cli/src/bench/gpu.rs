@@ -111,11 +111,13 @@ fn first_loads(engine: &Engine, index: &TensorIndex, device: Device, llama: &Pat
     warm(llama)?;
     let first = engine.load(index, device, &LoadOpts::default())?;
     let (first_secs, first_alloc) = (first.report.seconds, first.report.alloc_secs);
+    let first_times = first.report.to_json()["times"].clone();
     drop(first);
     let second = engine.load(index, device, &LoadOpts::default())?;
     Ok(json!({
         "first_secs": first_secs, "second_secs": second.report.seconds, "ratio": first_secs / second.report.seconds,
         "first_alloc_secs": first_alloc, "second_alloc_secs": second.report.alloc_secs,
+        "first_times": first_times, "second_times": second.report.to_json()["times"],
         "peak_staging_bytes": second.report.io.peak_staging_bytes,
     }))
 }
