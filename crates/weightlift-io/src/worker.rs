@@ -85,6 +85,8 @@ pub(crate) struct Lane {
     staging: Option<Staging>,
     fixed: bool,
     fixed_refusal: Option<String>,
+    /// Staging set-up time not yet counted into a joined job's totals.
+    setup_pending: std::time::Duration,
     pool: Arc<PoolShared>,
     slots: Vec<Slot>,
     delivering: VecDeque<usize>,
@@ -105,6 +107,7 @@ impl Lane {
             io,
             staging: None,
             fixed: false,
+            setup_pending: std::time::Duration::ZERO,
             fixed_refusal: None,
             pool,
             slots: Vec::new(),
@@ -241,7 +244,10 @@ impl Lane {
                         let _one_at_a_time = SETTING_UP.lock().unwrap_or_else(|p| p.into_inner());
                         self.restage(&job)
                     };
-                    self.joined_of(&job).totals.stats.setup += t.elapsed();
+                    // Counted into the job's totals when this lane joins it. Not through `joined_of`: a lane that
+                    // never joins must not hold the job as joined (leaving it would call its sink, which the job's
+                    // caller may have dropped by then: the job can complete while this lane waited to set up).
+                    self.setup_pending += t.elapsed();
                     if let Err(e) = restaged {
                         job.fail(e);
                     } else if !self.staging_fits(&job) {
@@ -268,9 +274,11 @@ impl Lane {
 
     fn join(&mut self, job: &Arc<Job>) {
         let (fixed, refusal) = (self.fixed, self.fixed_refusal.clone());
+        let setup = std::mem::take(&mut self.setup_pending);
         let j = self.joined_of(job);
         j.totals.fixed_buffers = fixed;
         j.totals.fixed_refusal = refusal;
+        j.totals.stats.setup += setup;
         if let Err(e) = job.sink().begin_lane(self.id) {
             job.fail(IoError::Sink(e));
         }

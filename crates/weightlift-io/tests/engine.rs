@@ -310,3 +310,65 @@ fn one_engine_serves_many_loads_and_threads() {
         check_bytes(&paths, &extents, &bufs);
     }
 }
+
+/// Counts a sink's calls, and those made after the load using it returned.
+struct WatchedSink {
+    inner: HostSink,
+    returned: AtomicBool,
+    late_calls: AtomicU64,
+}
+
+impl WatchedSink {
+    fn note(&self) {
+        if self.returned.load(Ordering::SeqCst) {
+            self.late_calls.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+}
+
+impl Sink for WatchedSink {
+    fn begin_lane(&self, lane: usize) -> Result<(), SinkError> {
+        self.note();
+        self.inner.begin_lane(lane)
+    }
+    fn deliver(&self, lane: usize, pieces: &[Piece], data: &[u8]) -> Result<Option<Box<dyn Pending>>, SinkError> {
+        self.note();
+        self.inner.deliver(lane, pieces, data)
+    }
+    fn landed(&self, pieces: &[Piece]) {
+        self.note();
+        self.inner.landed(pieces);
+    }
+    fn end_lane(&self, lane: usize) -> Result<(), SinkError> {
+        self.note();
+        self.inner.end_lane(lane)
+    }
+}
+
+/// A load's sink may be gone once the load has returned (it lives in the caller's frame), so no lane may call it
+/// after that, not even a lane that was still setting up its staging for the load when the load completed (lanes
+/// set up one at a time; a one-read load is done by the first lane ready). Seen on the GPU machine as a segfault.
+#[test]
+fn no_lane_calls_a_sink_after_its_load_returned() {
+    let dir = tempfile::tempdir().unwrap();
+    let len = 64usize << 20;
+    let path = write(dir.path(), "sixteen-reads.bin", len, 5);
+    let expected = pattern(len, 5);
+    let params = IoParams { threads: 16, ..IoParams::default() };
+    for round in 0..3 {
+        let io = engine(&params);
+        let files = open_all(std::slice::from_ref(&path), false).unwrap();
+        let mut out = vec![0u8; len];
+        let extents = [Extent { file: 0, offset: 0, len: len as u64, dest: 0, dest_offset: 0 }];
+        // SAFETY: `out` outlives the sink and nothing else touches it during the load.
+        let inner = unsafe { HostSink::new(vec![(out.as_mut_ptr(), out.len())]) };
+        let sink = WatchedSink { inner, returned: AtomicBool::new(false), late_calls: AtomicU64::new(0) };
+        let req = LoadRequest { files: &files, extents: &extents, dest_lens: &[len as u64] };
+        io.load(&req, &LoadOptions::default(), &sink).unwrap();
+        sink.returned.store(true, Ordering::SeqCst);
+        // The other lanes finish setting up meanwhile.
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        assert_eq!(sink.late_calls.load(Ordering::SeqCst), 0, "round {round}: lanes called the sink after the load");
+        assert!(out == expected, "round {round}: bytes differ");
+    }
+}
