@@ -423,11 +423,17 @@ def test_load_file_verify_checks_every_byte_against_the_manifest(files, tmp_path
     got = weightlift.load_file(src, device, verify=True)
     ref = st.load_file(str(files["upstream"]), device=device)
     assert_same(got, ref, device)
-    # Every byte was hashed, on the GPU for device tensors, while the load ran.
-    checks = weightlift.last_report()["checks"]
+    # Every byte was hashed: on the GPU for device tensors (read back where its hash kernels cannot run), while the
+    # load ran where the path has lanes (not cuFile).
+    report = weightlift.last_report()
+    checks = report["checks"]
     assert checks["bytes"] == sum(t.numel() * t.element_size() for t in ref.values()), checks
-    assert checks["on"] == ("cpu" if device == "cpu" else "cuda:0"), checks
-    assert checks["overlapped_bytes"] > 0, checks
+    if device == "cpu":
+        assert checks["on"] == "cpu", checks
+    else:
+        assert checks["on"] == "cuda:0" or checks["on"].startswith("cpu, read back from the device"), checks
+    if "cufile" not in report["backend"] and checks["on"] in ("cpu", "cuda:0"):
+        assert checks["overlapped_bytes"] > 0, checks
     # A manifest that lacks a tensor of the file is an error naming the tensor, not a silent pass.
     manifest = Path(str(src) + ".xxh3.json")
     full = manifest.read_text()

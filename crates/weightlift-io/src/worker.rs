@@ -124,6 +124,9 @@ impl Lane {
         loop {
             let seen = self.pool.generation();
             self.reap();
+            // Leave finished jobs before taking more work: setting up for another job may wait for the other
+            // lanes' set-ups (one at a time), and a finished job's caller would wait that long too.
+            self.leave_finished();
             let took = self.fill();
             if self.inflight > 0 {
                 done.clear();

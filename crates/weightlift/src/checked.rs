@@ -175,19 +175,39 @@ impl<'a> GpuChecker<'a> {
     }
 
     /// Hashes every destination not hashed yet (nothing announced them), waits for every batch, and checks the
-    /// results.
-    pub fn finish(mut self, address: &dyn Fn(usize) -> Option<CUdeviceptr>) -> Result<(CheckStats, GpuUnpacker)> {
-        let t = Instant::now();
+    /// results. `read_end`: when the reads ended (the tail is counted from there).
+    pub fn finish(
+        mut self,
+        read_end: Instant,
+        address: &dyn Fn(usize) -> Option<CUdeviceptr>,
+    ) -> Result<(CheckStats, GpuUnpacker)> {
+        // In rounds of about `ROUND_BYTES`, as during the load: a batch's scratch grows with the bytes it hashes,
+        // and a whole model hashed at once (a path without lanes) would ask for gigabytes of it.
+        let mut round = Vec::new();
+        let mut bytes = 0;
         let rest: Vec<usize> = (0..self.done.len()).filter(|&d| !self.done[d]).collect();
-        if self.first_error.is_none() && !rest.is_empty() {
-            if let Err(e) = self.launch(&rest, address) {
+        for d in rest {
+            if self.first_error.is_some() {
+                break;
+            }
+            round.push(d);
+            bytes += self.layout.bytes_of(&[d]);
+            if bytes >= ROUND_BYTES {
+                if let Err(e) = self.launch(&std::mem::take(&mut round), address) {
+                    self.first_error = Some(e);
+                }
+                bytes = 0;
+            }
+        }
+        if self.first_error.is_none() && !round.is_empty() {
+            if let Err(e) = self.launch(&round, address) {
                 self.first_error = Some(e);
             }
         }
         while !self.in_flight.is_empty() {
             self.harvest(true);
         }
-        self.stats.tail_secs = t.elapsed().as_secs_f64();
+        self.stats.tail_secs = read_end.elapsed().as_secs_f64();
         match self.first_error.take() {
             Some(e) => Err(e),
             None => Ok((std::mem::take(&mut self.stats), self.unpacker)),
@@ -250,7 +270,7 @@ impl<'a> GpuChecker<'a> {
 }
 
 /// Host memory of the load's destinations, for the CPU checker.
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, Debug)]
 pub(crate) struct HostDest {
     pub ptr: *const u8,
     pub len: usize,
@@ -286,13 +306,25 @@ impl<'a> CpuChecker<'a> {
         }
     }
 
-    pub fn finish(mut self) -> Result<CheckStats> {
-        let t = Instant::now();
+    /// Destination `d`, at `at` (memory read back from a device), checked now.
+    pub fn check_one(&mut self, d: usize, at: HostDest) -> Result<()> {
+        self.dests[d] = at;
+        self.check(&[d]);
+        self.dests[d] = HostDest { ptr: std::ptr::null(), len: 0 };
+        match self.first_error.take() {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
+    /// Checks what was not announced, and returns the first mismatch or what was checked. `read_end`: when the
+    /// reads ended (the tail is counted from there).
+    pub fn finish(mut self, read_end: Instant) -> Result<CheckStats> {
         let rest: Vec<usize> = (0..self.done.len()).filter(|&d| !self.done[d]).collect();
         if self.first_error.is_none() {
             self.check(&rest);
         }
-        self.stats.tail_secs = t.elapsed().as_secs_f64();
+        self.stats.tail_secs = read_end.elapsed().as_secs_f64();
         match self.first_error.take() {
             Some(e) => Err(e),
             None => Ok(self.stats),

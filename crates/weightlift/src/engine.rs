@@ -226,15 +226,17 @@ impl Engine {
         let (watch, rx) = Watch::new(dest_lens.clone());
         let observer = |p: &[weightlift_io::Piece]| watch.observe(p);
         let observed = Observed { inner: &sink, observer: &observer };
-        let io = std::thread::scope(|scope| {
+        let (io, read_end) = std::thread::scope(|scope| {
             let c = &mut checker;
             let hashing = scope.spawn(move || c.run(&rx));
+            let closing = CloseOnDrop(&watch);
             let io = self.io.load(&req, &io_opts(opts), &observed);
-            watch.close();
-            let _ = hashing.join();
-            io
+            let read_end = Instant::now();
+            drop(closing);
+            let joined = hashing.join().map_err(|_| Error::Verify("the checking thread panicked".into()));
+            joined.and(io.map_err(Error::from)).map(|io| (io, read_end))
         })?;
-        let stats = checker.finish()?;
+        let stats = checker.finish(read_end)?;
         let mut report = self.report(device, Vec::new(), entries.len(), dest_lens.iter().sum(), io);
         report.alloc_secs = alloc_secs;
         report.checks = Some(stats);
@@ -290,24 +292,27 @@ impl Engine {
                 }
                 _ => None,
             };
+            let closing = CloseOnDrop(&watch);
             let outcome = path.imp.read(&self.io, &read, &mut || {
                 let t = Instant::now();
                 let r = allocate_published(&gpu, &block_lens, &targets, self.io.lanes(), &mut blocks);
                 alloc_secs = t.elapsed().as_secs_f64();
                 r
             });
-            watch.close();
-            if let Some(h) = hashing {
-                let _ = h.join();
-            }
-            outcome
+            let read_end = Instant::now();
+            drop(closing);
+            let joined = match hashing {
+                Some(h) => h.join().map_err(|_| Error::Verify("the checking thread panicked".into())),
+                None => Ok(()),
+            };
+            joined.and(outcome).map(|o| (o, read_end))
         });
         // On failure the checker (and the hashing it queued) goes before the blocks it reads.
-        let outcome = outcome?;
+        let (outcome, read_end) = outcome?;
         let checks = match checker {
             None => None,
             Some(Ok(c)) => {
-                let (stats, unpacker) = c.finish(&|d| blocks.get(d).map(|b| b.device_ptr()))?;
+                let (stats, unpacker) = c.finish(read_end, &|d| blocks.get(d).map(|b| b.device_ptr()))?;
                 self.give_unpacker(n, unpacker);
                 Some(stats)
             }
@@ -389,14 +394,27 @@ fn check_names(checks: &Checks, index: &TensorIndex, entries: &[&TensorEntry]) -
 
 /// Checks device blocks by copying them back and hashing on the CPU: where the GPU's hash kernels cannot run.
 fn check_read_back(layout: Layout<'_>, blocks: &[DeviceBuffer], why: &str) -> Result<CheckStats> {
-    let mut copies = Vec::with_capacity(blocks.len());
-    for b in blocks {
-        let mut host = vec![0u8; b.len()];
+    let start = Instant::now();
+    let none = HostDest { ptr: std::ptr::null(), len: 0 };
+    let mut checker =
+        CpuChecker::new(layout, vec![none; blocks.len()], format!("cpu, read back from the device: {why}"));
+    // One block at a time through one buffer: host memory of the largest block, not of the whole load.
+    let mut host = Vec::new();
+    for (d, b) in blocks.iter().enumerate() {
+        host.resize(b.len(), 0);
         b.read_back(0, &mut host)?;
-        copies.push(host);
+        checker.check_one(d, HostDest { ptr: host.as_ptr(), len: host.len() })?;
     }
-    let dests = copies.iter().map(|c| HostDest { ptr: c.as_ptr(), len: c.len() }).collect();
-    CpuChecker::new(layout, dests, format!("cpu, read back from the device: {why}")).finish()
+    checker.finish(start)
+}
+
+/// Closes a [`Watch`] when dropped, so that its checking thread ends whatever happens to the read (a panic too).
+struct CloseOnDrop<'a>(&'a Watch);
+
+impl Drop for CloseOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.close();
+    }
 }
 
 /// A byte range of host memory to fill.
@@ -563,9 +581,6 @@ impl Engine {
         cap: u64,
         opts: &LoadOpts<'_>,
     ) -> Result<Report> {
-        if opts.checks.is_some() {
-            return Err(Error::InvalidArgument("checksums are checked by tensor loads, not by raw reads".into()));
-        }
         let files: Vec<Arc<OpenFile>> = paths.iter().map(|p| self.open(p)).collect::<Result<_>>()?;
         // SAFETY: the same contract.
         unsafe { self.read_open_ranges_into(&files, ranges, dest, cap, opts) }
@@ -618,6 +633,9 @@ impl Engine {
         dests: &[(RawDest, u64)],
         opts: &LoadOpts<'_>,
     ) -> Result<Report> {
+        if opts.checks.is_some() {
+            return Err(Error::InvalidArgument("checksums are checked by tensor loads, not by raw reads".into()));
+        }
         let start = Instant::now();
         let paths: Vec<PathBuf> = files.iter().map(|f| f.path.clone()).collect();
         let mut extents = Vec::with_capacity(ranges.len());
