@@ -267,14 +267,23 @@ impl Engine {
         let targets = Targets::lazy(block_lens.len());
         let mut blocks: Vec<DeviceBuffer> = Vec::with_capacity(block_lens.len());
         let mut alloc_secs = 0.0;
-        let mut parts: Vec<Vec<(usize, u64)>> = vec![Vec::new(); block_lens.len()];
-        for (i, &(b, offset)) in placement.tensors.iter().enumerate() {
-            parts[b].push((i, offset));
-        }
-        // With expected checksums, a checker hashes each block on the GPU as soon as it has landed.
-        let mut checker = opts.checks.map(|checks| self.gpu_checker(&gpu, Layout { checks, parts, names }));
-        let (watch, rx) = Watch::new(block_lens.clone());
-        let observer = |p: &[weightlift_io::Piece]| watch.observe(p);
+        // With expected checksums, a checker hashes each block on the GPU as soon as it has landed (a watch counts
+        // what landed); loads without them build neither.
+        let mut checker = opts.checks.map(|checks| {
+            let mut parts: Vec<Vec<(usize, u64)>> = vec![Vec::new(); block_lens.len()];
+            for (i, &(b, offset)) in placement.tensors.iter().enumerate() {
+                parts[b].push((i, offset));
+            }
+            self.gpu_checker(&gpu, Layout { checks, parts, names })
+        });
+        let (watch, rx) = match checker {
+            Some(Ok(_)) => {
+                let (w, rx) = Watch::new(block_lens.clone());
+                (Some(w), Some(rx))
+            }
+            _ => (None, None),
+        };
+        let observer = |p: &[weightlift_io::Piece]| watch.iter().for_each(|w| w.observe(p));
         let read = DeviceRead {
             gpu: &gpu,
             files,
@@ -282,17 +291,17 @@ impl Engine {
             dest_lens: &block_lens,
             targets: &targets,
             opts,
-            observer: matches!(checker, Some(Ok(_))).then_some(&observer as _),
+            observer: watch.is_some().then_some(&observer as _),
         };
         let outcome = std::thread::scope(|scope| {
-            let hashing = match &mut checker {
-                Some(Ok(c)) => {
+            let hashing = match (&mut checker, rx) {
+                (Some(Ok(c)), Some(rx)) => {
                     let address = |d: usize| targets.wait(d as u32).ok().map(|(ptr, _, _)| ptr);
                     Some(scope.spawn(move || c.run(&rx, &address)))
                 }
                 _ => None,
             };
-            let closing = CloseOnDrop(&watch);
+            let closing = watch.as_ref().map(CloseOnDrop);
             let outcome = path.imp.read(&self.io, &read, &mut || {
                 let t = Instant::now();
                 let r = allocate_published(&gpu, &block_lens, &targets, self.io.lanes(), &mut blocks);

@@ -3,6 +3,8 @@
 //! chunk; malformed checks are refused. Host loads here; device loads where there is a GPU (hashed on it), with
 //! many small tensors sharing device blocks.
 
+mod common;
+use common::gpu_or_skip;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
@@ -129,8 +131,7 @@ fn host_loads_check_every_tensor_as_it_lands() {
 
 #[test]
 fn device_loads_check_every_block_on_the_gpu() {
-    if let Err(why) = weightlift_cuda::available() {
-        eprintln!("skipping: {why}");
+    if !gpu_or_skip("device_loads_check_every_block_on_the_gpu") {
         return;
     }
     if let Err(why) = weightlift_cuda::nvrtc::available() {

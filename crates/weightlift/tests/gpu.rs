@@ -2,6 +2,8 @@
 //! running out of device memory mid-load is a clean error that leaves nothing allocated; a hundred loads in a row do
 //! not grow device memory or host RSS. Each test prints why it skips where no CUDA device is usable.
 
+mod common;
+use common::gpu_or_skip;
 use std::path::{Path, PathBuf};
 
 use weightlift::Backend;
@@ -10,16 +12,6 @@ use weightlift::format::{DType, RawSpec, TensorIndex};
 use weightlift::io::DirectMode;
 use weightlift::io::fault::{Fault, FaultPlan};
 use weightlift::{Device, Engine, Error, LoadOpts, Settings};
-
-fn gpu_or_skip(test: &str) -> bool {
-    match weightlift_cuda::available() {
-        Ok(_) => true,
-        Err(why) => {
-            eprintln!("skipping {test}: {why}");
-            false
-        }
-    }
-}
 
 fn generate(dir: &Path, name: &str, layout: Layout, container: Container, size: u64, align: Option<u64>) -> PathBuf {
     let path = dir.join(name);

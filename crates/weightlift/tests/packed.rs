@@ -2,6 +2,8 @@
 //! `std::fs::read`), for every codec, whole and partial loads, host and (where there is one) GPU destinations with
 //! both decoders; a corrupt chunk is a checksum error naming tensor and chunk; a truncated pack is a format error.
 
+mod common;
+use common::gpu_or_skip;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
@@ -202,16 +204,6 @@ fn truncated_and_missing_packs_are_format_and_io_errors() {
         .load_pack(&dir.path().join("nope.wlpack"), None, Device::Cpu, Decoder::Auto, &LoadOpts::default())
         .unwrap_err();
     assert!(missing.to_string().contains("nope.wlpack"), "{missing}");
-}
-
-fn gpu_or_skip(test: &str) -> bool {
-    match weightlift_cuda::available() {
-        Ok(_) => true,
-        Err(why) => {
-            eprintln!("skipping {test}: {why}");
-            false
-        }
-    }
 }
 
 /// Whether the GPU decoder can run here (it needs nvCOMP and NVRTC besides the driver).
