@@ -429,3 +429,43 @@ def test_a_packed_folder_with_remote_code_is_refused(checkpoints, tmp_path, wl):
     (folder / "config.json").write_text(json.dumps(config))
     with pytest.raises(wt.UnsupportedError, match="remote code"):
         wt.from_pretrained(transformers.AutoModelForCausalLM, folder, device="cpu")
+
+
+def _packed_copy(checkpoints, name: str, tmp_path: Path, wl) -> Path:
+    folder = tmp_path / f"{name}-packed"
+    shutil.copytree(checkpoints[(name, False)], folder)
+    wl.run("pack", folder / "model.safetensors", folder / "model.wlpack")
+    (folder / "model.safetensors").unlink()
+    return folder
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("name", ["llama-tied", "bert"])
+def test_patch_loads_a_packed_folder(checkpoints, name, device, tmp_path, wl):
+    """Inside patch(), transformers' own from_pretrained of a packed folder (which transformers alone cannot read)
+    gives the model of the original folder, on the device of its device_map."""
+    folder = _packed_copy(checkpoints, name, tmp_path, wl)
+    cls = _architectures()[name][1]
+    auto = transformers.AutoModel if name == "bert" else transformers.AutoModelForCausalLM
+    with pytest.raises(OSError):
+        auto.from_pretrained(folder)  # without the patch: no weights transformers knows
+    kwargs = {}
+    if device != "cpu":
+        pytest.importorskip("accelerate", reason="transformers needs accelerate for device_map")
+        kwargs["device_map"] = device
+    with wt.patch():
+        got = auto.from_pretrained(folder, **kwargs)
+    assert weightlift.last_report()["pack"]["raw_bytes"] > 0
+    ref = reference(cls, checkpoints[(name, False)], device)
+    ref.config._name_or_path = str(folder)
+    assert_same_model(got, ref, device)
+    assert_same_outputs(got, ref, device)
+
+
+def test_patch_refuses_what_it_cannot_do_with_a_pack(checkpoints, tmp_path, wl):
+    folder = _packed_copy(checkpoints, "llama", tmp_path, wl)
+    with wt.patch():
+        with pytest.raises(wt.UnsupportedError, match="one device"):
+            transformers.AutoModelForCausalLM.from_pretrained(folder, device_map="auto")
+        with pytest.raises(wt.UnsupportedError, match="offload"):
+            transformers.AutoModelForCausalLM.from_pretrained(folder, offload_folder=str(tmp_path / "off"))

@@ -281,6 +281,10 @@ def _from_pretrained(original: Any, cls: Any, pretrained_model_name_or_path: Any
     files = None
     if (target is not None or _patched > 0) and kwargs.get("state_dict") is None:
         files = _checkpoint_files(pretrained_model_name_or_path, kwargs)
+        if files is None and isinstance(pretrained_model_name_or_path, (str, os.PathLike)):
+            pack = _packed_weights(os.fspath(pretrained_model_name_or_path), kwargs)
+            if pack is not None:  # transformers cannot read a pack: weightlift gives it the tensors
+                return _patched_pack(cls, os.fspath(pretrained_model_name_or_path), pack, target, args, kwargs)
     device = _prefetch_device(kwargs, target) if files else None
     if device is None:
         return original(cls, pretrained_model_name_or_path, *args, **kwargs)
@@ -292,6 +296,23 @@ def _from_pretrained(original: Any, cls: Any, pretrained_model_name_or_path: Any
     finally:
         stack.remove(pending)
         pending.drop()
+
+
+def _patched_pack(cls: Any, folder: str, pack: str, target: Optional[_Target], args: tuple, kwargs: dict) -> Any:
+    """transformers' from_pretrained of a packed folder, inside :func:`patch` or :func:`sentence_transformer`: the
+    device the call asks for (its one-device ``device_map``, else host memory), the rest as :func:`from_pretrained`
+    does it. What weightlift cannot do is refused: transformers could not read the pack either."""
+    kw = dict(kwargs)
+    device_map = kw.pop("device_map", None)
+    refused = sorted(k for k in kw if k in _REFUSED_KWARGS)
+    if refused:
+        raise UnsupportedError(f"{folder} holds a pack: from_pretrained({refused[0]}=...): {_REFUSED_KWARGS[refused[0]]}")
+    device = _prefetch_device({"device_map": device_map}, target)
+    if device is None:
+        raise UnsupportedError(f"{folder} holds a pack, which weightlift loads onto one device: device_map={device_map!r} names none")
+    if target is not None and device_map is not None and device != target.device:
+        raise UnsupportedError(f"{folder}: device_map puts the model on {device}, not on {target.device}")
+    return _from_pack(cls, folder, pack, device, False, kw, args)  # the version was checked when the hook went in
 
 
 def _read(files: list, device: str) -> dict:
@@ -419,7 +440,7 @@ def _packed_weights(folder: str, kwargs: dict) -> Optional[str]:
     return pack if os.path.isfile(pack) and not any(os.path.isfile(p) for p in plain) else None
 
 
-def _from_pack(cls_or_auto: Any, folder: str, pack: str, dev: str, check_version: bool, kwargs: dict) -> Any:
+def _from_pack(cls_or_auto: Any, folder: str, pack: str, dev: str, check_version: bool, kwargs: dict, model_args: tuple = ()) -> Any:
     """A folder whose weights are a pack (``weightlift pack model.safetensors model.wlpack``): transformers builds
     the model from ``config.json`` and is handed the decoded tensors as its ``state_dict`` (transformers' own
     loading path for a state dict: the same renames, dtype rules, tied weights and missing-key report), with the
@@ -448,7 +469,7 @@ def _from_pack(cls_or_auto: Any, folder: str, pack: str, dev: str, check_version
     if not dev.startswith("cpu") and importlib.util.find_spec("accelerate") is not None:
         # transformers needs accelerate for a device_map; without one the model is moved to the device below.
         kw["device_map"] = {"": torch.device(dev)}
-    result = cls.from_pretrained(None, config=config, state_dict=tensors, **kw)
+    result = cls.from_pretrained(None, *model_args, config=config, state_dict=tensors, **kw)
     del tensors  # the model holds what it uses; the rest (a dtype conversion's sources) goes now
     model = result[0] if isinstance(result, tuple) else result
     model.config._name_or_path = folder  # what transformers records for a model loaded from a folder
@@ -465,7 +486,9 @@ class patch:
     until undone: as a context manager (``with weightlift.transformers.patch(): ...``) or as a call whose result
     is undone later (``p = weightlift.transformers.patch(); ...; p.undo()``). Weights go where transformers would
     put them: the device of a one-device ``device_map``, else host memory. Loads weightlift cannot do (see the
-    module's documentation) fall back to transformers' own reading with a ``RuntimeWarning``.
+    module's documentation) fall back to transformers' own reading with a ``RuntimeWarning``. A folder whose
+    weights are a pack (``model.wlpack``, no safetensors) loads as :func:`from_pretrained` loads it; there,
+    what weightlift cannot do raises :class:`UnsupportedError` (transformers cannot read a pack).
 
     Raises :class:`UnsupportedError` on a transformers version outside :data:`TESTED_TRANSFORMERS` unless
     ``check_version=False``."""
