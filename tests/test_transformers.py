@@ -202,6 +202,26 @@ def test_patch_as_a_function_and_nested(checkpoints, monkeypatch):
     assert spy.calls == 2
 
 
+@pytest.mark.parametrize("packed", [False, True], ids=["safetensors", "pack"])
+def test_tensors_in_hand_skip_the_loading_thread_pool(checkpoints, packed, tmp_path, wl, monkeypatch):
+    """transformers moves checkpoint tensors into the model through a pool of threads; weightlift's tensors are
+    already loaded, so its calls take transformers' sequential path, and transformers' own loads keep the pool."""
+    from transformers import core_model_loading
+
+    pools = []
+    real = core_model_loading.ThreadPoolExecutor
+    monkeypatch.setattr(core_model_loading, "ThreadPoolExecutor", lambda *a, **k: pools.append(1) or real(*a, **k))
+    original = core_model_loading.is_env_variable_true
+    path = _packed_copy(checkpoints, "gpt2", tmp_path, wl) if packed else checkpoints[("gpt2", False)]
+    wt.from_pretrained(transformers.AutoModelForCausalLM, path, device="cpu")
+    with wt.patch():
+        transformers.GPT2LMHeadModel.from_pretrained(path)
+    assert pools == []
+    assert core_model_loading.is_env_variable_true is original
+    transformers.GPT2LMHeadModel.from_pretrained(checkpoints[("gpt2", False)])
+    assert pools == [1]
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_dtype_converts_like_transformers(checkpoints, device, monkeypatch):
     path = checkpoints[("llama", False)]
