@@ -284,13 +284,11 @@ def test_sentence_transformers_model(monkeypatch, tmp_path):
     assert spy.calls == 2 * len(DEVICES)
 
 
-@pytest.mark.parametrize("device", DEVICES)
-def test_sentence_transformers_saved_here(checkpoints, tmp_path, device, monkeypatch):
+def _st_folder(checkpoints, tmp_path: Path) -> Path:
     """A SentenceTransformer (BERT + mean pooling, with a word-level vocabulary) saved by SentenceTransformer.save."""
     st = pytest.importorskip("sentence_transformers")
     from sentence_transformers import models
 
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     bert = tmp_path / "bert"
     shutil.copytree(checkpoints[("bert", False)], bert)
     (bert / "vocab.txt").write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range(VOCAB - 5)]) + "\n")
@@ -298,13 +296,40 @@ def test_sentence_transformers_saved_here(checkpoints, tmp_path, device, monkeyp
     word = models.Transformer(str(bert))
     dim = getattr(word, "get_embedding_dimension", None) or word.get_word_embedding_dimension
     st.SentenceTransformer(modules=[word, models.Pooling(dim())], device="cpu").save(str(tmp_path / "st"))
+    return tmp_path / "st"
+
+
+ST_SENTENCES = ["w1 w2 w3 w4", "w7", "w9 w1 w40 w2 w2 w3"]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_sentence_transformers_saved_here(checkpoints, tmp_path, device, monkeypatch):
+    st = pytest.importorskip("sentence_transformers")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    _st_folder(checkpoints, tmp_path)
     spy = Spy(monkeypatch)
     got = wt.sentence_transformer(tmp_path / "st", device=device)
     ref = st.SentenceTransformer(str(tmp_path / "st"), device=device)
     assert spy.calls == 1
     assert_same_model(got[0].auto_model, ref[0].auto_model, device)
-    sentences = ["w1 w2 w3 w4", "w7", "w9 w1 w40 w2 w2 w3"]
-    a, b = (m.encode(sentences, convert_to_tensor=True) for m in (got, ref))
+    a, b = (m.encode(ST_SENTENCES, convert_to_tensor=True) for m in (got, ref))
+    assert raw(a) == raw(b) and a.abs().sum() > 0
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_sentence_transformers_packed(checkpoints, tmp_path, device, wl, monkeypatch):
+    """The same SentenceTransformer folder with its weights packed (model.wlpack, no safetensors): the same
+    embeddings as the original folder gives."""
+    st = pytest.importorskip("sentence_transformers")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    folder = _st_folder(checkpoints, tmp_path)
+    ref = st.SentenceTransformer(str(folder), device=device)
+    wl.run("pack", folder / "model.safetensors", folder / "model.wlpack")
+    (folder / "model.safetensors").unlink()
+    got = wt.sentence_transformer(folder, device=device)
+    assert weightlift.last_report()["pack"]["raw_bytes"] > 0
+    assert_same_model(got[0].auto_model, ref[0].auto_model, device)
+    a, b = (m.encode(ST_SENTENCES, convert_to_tensor=True) for m in (got, ref))
     assert raw(a) == raw(b) and a.abs().sum() > 0
 
 
