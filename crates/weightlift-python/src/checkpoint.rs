@@ -53,14 +53,14 @@ pub struct Checkpoint {
     by_name: HashMap<String, usize>,
     /// For a packed checkpoint (`.wlpack`): its path. `index` then lists its tensors (offsets are those of the
     /// original files) and loads go through `Engine::load_pack`.
-    pack: Option<PathBuf>,
+    pack: Option<Arc<weightlift::Pack>>,
     /// For a packed checkpoint: what it was packed from (`safetensors`, `safetensors-sharded` or `gguf`).
     pack_source: Option<String>,
 }
 
 /// A packed checkpoint's tensors as an index over the pack (one file; offsets and sizes of the original files).
-fn pack_index(path: &std::path::Path) -> weightlift::Result<(TensorIndex, String)> {
-    let p = weightlift::format::pack::read(path)?;
+fn pack_index(pack: &weightlift::Pack) -> (TensorIndex, String) {
+    let p = pack.index();
     let tensors = p
         .tensors()
         .filter_map(|item| match &item.kind {
@@ -78,10 +78,10 @@ fn pack_index(path: &std::path::Path) -> weightlift::Result<(TensorIndex, String
         })
         .collect();
     let metadata = if p.metadata.is_empty() { Metadata::None } else { Metadata::Safetensors(p.metadata.clone()) };
-    Ok((
+    (
         TensorIndex {
             files: vec![weightlift::format::SourceFile {
-                path: path.to_path_buf(),
+                path: pack.path().to_path_buf(),
                 format: weightlift::format::Format::Raw,
                 len: p.len,
                 data_start: p.data_start,
@@ -90,8 +90,8 @@ fn pack_index(path: &std::path::Path) -> weightlift::Result<(TensorIndex, String
             }],
             tensors,
         },
-        p.source,
-    ))
+        p.source.clone(),
+    )
 }
 
 impl Checkpoint {
@@ -102,7 +102,7 @@ impl Checkpoint {
             Some(p) => Err(to_py(weightlift::Error::InvalidArgument(format!(
                 "{}: a packed checkpoint is read by decoding its chunks (load_file, safe_open); this API reads \
                  tensors by file offset (unpack it first: weightlift unpack)",
-                p.display()
+                p.path().display()
             )))),
             None => Ok(&self.index),
         }
@@ -184,11 +184,16 @@ impl Checkpoint {
             None => None,
         };
         let pack = match (paths.as_slice(), &raw) {
-            ([p], None) if weightlift::is_pack_file(p) => Some(p.clone()),
+            ([p], None) if weightlift::is_pack_file(p) => {
+                Some(Arc::new(py.detach(|| weightlift::Pack::open(p)).map_err(to_py)?))
+            }
             _ => None,
         };
         let (index, pack_source) = match &pack {
-            Some(p) => py.detach(|| pack_index(p)).map(|(i, s)| (i, Some(s))).map_err(to_py)?,
+            Some(p) => {
+                let (i, s) = pack_index(p);
+                (i, Some(s))
+            }
             None => (py.detach(|| weightlift::format::open(&paths, raw)).map_err(|e| to_py(e.into()))?, None),
         };
         let by_name = index.tensors.iter().enumerate().map(|(i, t)| (t.name.clone(), i)).collect();
@@ -307,7 +312,7 @@ impl Checkpoint {
             let (i, device, engine) = (self.position(name)?, parse_device(device)?, engine.engine.clone());
             let loaded = interruptible(py, move |cancel| {
                 let opts = LoadOpts { cancel: Some(cancel), ..LoadOpts::default() };
-                engine.load_pack(&pack, Some(&[i]), device, weightlift::Decoder::Auto, &opts)
+                engine.load_pack_with(&pack, Some(&[i]), device, weightlift::Decoder::Auto, &opts, None)
             })?
             .map_err(to_py)?;
             remember(loaded.report.to_json());
@@ -343,7 +348,7 @@ impl Checkpoint {
         let positions: HashMap<String, usize> =
             which.iter().enumerate().map(|(p, &i)| (self.index.tensors[i].name.clone(), p)).collect();
         if let Some(pack) = &self.pack {
-            let pending = PackedPending { engine: engine.engine.clone(), path: pack.clone(), which, device };
+            let pending = PackedPending { engine: engine.engine.clone(), pack: pack.clone(), which, device };
             let packed = Packed { state: Mutex::new(PackedState::Pending(pending)), done: Default::default() };
             return Ok(NativeStream { stream: Arc::new(Mutex::new(None)), positions, packed: Arc::new(packed) });
         }
@@ -393,7 +398,7 @@ enum PackedState {
 
 struct PackedPending {
     engine: Arc<weightlift::Engine>,
-    path: PathBuf,
+    pack: Arc<weightlift::Pack>,
     which: Vec<usize>,
     device: weightlift::Device,
 }
@@ -531,11 +536,11 @@ impl NativeStream {
                     }
                 }
             };
-            let (engine, path, which, device) =
-                (pending.engine.clone(), pending.path.clone(), pending.which.clone(), pending.device);
+            let (engine, pack, which, device) =
+                (pending.engine.clone(), pending.pack.clone(), pending.which.clone(), pending.device);
             let outcome = interruptible(py, move |cancel| {
                 let opts = LoadOpts { cancel: Some(cancel), ..LoadOpts::default() };
-                engine.load_pack(&path, Some(&which), device, weightlift::Decoder::Auto, &opts)
+                engine.load_pack_with(&pack, Some(&which), device, weightlift::Decoder::Auto, &opts, None)
             })
             .and_then(|r| r.map_err(to_py));
             let mut state = packed.state.lock().unwrap_or_else(|p| p.into_inner());

@@ -41,7 +41,7 @@ pub use engine::Engine;
 pub use error::{Error, Result};
 pub use layers::{LayerStreamer, LayerView, StreamerStats};
 pub use nvme_sim::NvmeStats;
-pub use packed::{Decoder, PackStats, is_pack_file};
+pub use packed::{Decoder, Pack, PackStats, is_pack_file};
 pub use path::{LoadOpts, PathKind};
 pub use report::{PathUsed, Report};
 pub use settings::{Backend, Overrides, Setting, Settings, Source};

@@ -273,7 +273,8 @@ fn packed_round(
     what: &str,
 ) -> (bool, bool) {
     std::fs::write(path, pack).unwrap();
-    let index = weightlift::format::pack::read(path).unwrap();
+    let opened = weightlift::Pack::open(path).unwrap();
+    let index = opened.index();
     let at = index.data_start + rng.below(index.len - index.data_start);
     let fault = match rng.below(4) {
         0 => None,
@@ -291,7 +292,7 @@ fn packed_round(
     let failing = matches!(fault, Some(Fault::Eio { .. } | Fault::TruncateAt { .. }));
     let plan = Arc::new(FaultPlan::new(fault.into_iter().collect()));
     let what = format!("{what}, fault {fault:?}");
-    match engine.load_pack_with(path, None, Device::Cpu, Decoder::Auto, &LoadOpts::default(), Some(plan)) {
+    match engine.load_pack_with(&opened, None, Device::Cpu, Decoder::Auto, &LoadOpts::default(), Some(plan)) {
         Ok(loaded) => {
             assert!(!(inside && failing), "{what}: a fault inside the tensors' streams ended in success");
             for (t, item) in loaded.tensors.iter().zip(index.tensors()) {
