@@ -61,6 +61,9 @@ pub struct StreamOptions {
     pub pinner: Option<Arc<dyn Pinner>>,
     /// Injected faults (tests).
     pub faults: Option<Arc<FaultPlan>>,
+    /// At most this many lanes read for this load (None: as many as the staging bound allows), to leave CPUs to
+    /// work that runs beside the reads.
+    pub max_lanes: Option<usize>,
 }
 
 impl std::fmt::Debug for StreamOptions {
@@ -284,7 +287,13 @@ impl IoEngine {
     /// returned handle waits for it or cancels it.
     pub fn start(&self, req: &LoadRequest<'_>, opts: StreamOptions, sink: Arc<dyn Sink>) -> Result<Running, IoError> {
         // A gate decides per destination, so no read may feed two of them.
-        let prepared = self.prepare(req, sink.asynchronous(), opts.gate.is_some())?;
+        let mut prepared = self.prepare(req, sink.asynchronous(), opts.gate.is_some())?;
+        if let Some(cap) = opts.max_lanes {
+            let lanes = prepared.max_lanes.min(cap.max(1));
+            let lane_bytes = prepared.report.slot_bytes * prepared.slots_per_lane as u64;
+            prepared.report.peak_staging_bytes = lane_bytes * lanes.min(prepared.plan.ops.len().max(1)) as u64;
+            prepared.max_lanes = lanes;
+        }
         let parts = JobHeld {
             sink: Held::Owned(sink),
             gate: opts.gate.map(Held::Owned),

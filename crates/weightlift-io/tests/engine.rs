@@ -372,3 +372,56 @@ fn no_lane_calls_a_sink_after_its_load_returned() {
         assert!(out == expected, "round {round}: bytes differ");
     }
 }
+
+/// Records which lanes joined a load.
+struct LaneSink {
+    inner: HostSink,
+    lanes: Mutex<Vec<usize>>,
+}
+
+impl Sink for LaneSink {
+    fn begin_lane(&self, lane: usize) -> Result<(), SinkError> {
+        self.lanes.lock().unwrap().push(lane);
+        self.inner.begin_lane(lane)
+    }
+    fn deliver(&self, lane: usize, pieces: &[Piece], data: &[u8]) -> Result<Option<Box<dyn Pending>>, SinkError> {
+        self.inner.deliver(lane, pieces, data)
+    }
+    fn landed(&self, pieces: &[Piece]) {
+        self.inner.landed(pieces);
+    }
+    fn end_lane(&self, lane: usize) -> Result<(), SinkError> {
+        self.inner.end_lane(lane)
+    }
+}
+
+/// A streaming load capped at two lanes is read by lanes 0 and 1 only (of 8), every byte in place, and its report's
+/// staging is that of two lanes; without the cap, more lanes join.
+#[test]
+fn a_stream_capped_at_two_lanes_uses_two() {
+    let dir = tempfile::tempdir().unwrap();
+    let len = 192usize << 20; // 192 reads: more than one lane's work while the others set up
+    let path = write(dir.path(), "capped.bin", len, 9);
+    let expected = pattern(len, 9);
+    let io = engine(&IoParams { threads: 8, chunk_bytes: 1 << 20, ..IoParams::default() });
+    let files = open_all(std::slice::from_ref(&path), false).unwrap();
+    for cap in [Some(2), None] {
+        let mut out = vec![0u8; len];
+        let extents = [Extent { file: 0, offset: 0, len: len as u64, dest: 0, dest_offset: 0 }];
+        // SAFETY: `out` outlives the load (waited below) and nothing else touches it meanwhile.
+        let inner = unsafe { HostSink::new(vec![(out.as_mut_ptr(), out.len())]) };
+        let sink = std::sync::Arc::new(LaneSink { inner, lanes: Mutex::new(Vec::new()) });
+        let req = LoadRequest { files: &files, extents: &extents, dest_lens: &[len as u64] };
+        let opts = weightlift_io::StreamOptions { max_lanes: cap, ..Default::default() };
+        let report = io.start(&req, opts, sink.clone()).unwrap().wait().unwrap();
+        assert!(out == expected, "cap {cap:?}: bytes differ");
+        let lanes = sink.lanes.lock().unwrap().clone();
+        match cap {
+            Some(c) => {
+                assert!(lanes.iter().all(|&l| l < c), "lanes {lanes:?} joined a load capped at {c}");
+                assert_eq!(report.peak_staging_bytes, report.slot_bytes * report.slots_per_lane as u64 * c as u64);
+            }
+            None => assert!(lanes.iter().any(|&l| l >= 2), "only lanes {lanes:?} joined an uncapped load"),
+        }
+    }
+}

@@ -223,6 +223,8 @@ pub struct Stream {
     allocator: Option<std::thread::JoinHandle<()>>,
     started: Instant,
     faults: Option<Arc<FaultPlan>>,
+    /// At most this many lanes read for the stream (None: the engine's choice).
+    max_lanes: Option<usize>,
 }
 
 impl std::fmt::Debug for Stream {
@@ -245,6 +247,18 @@ impl Engine {
         which: &[usize],
         device: Device,
         faults: Option<Arc<FaultPlan>>,
+    ) -> Result<Stream> {
+        self.stream_on_lanes(index, which, device, faults, None)
+    }
+
+    /// [`Engine::stream_with`] read by at most `max_lanes` lanes (None: as many as the engine gives a load).
+    pub(crate) fn stream_on_lanes(
+        &self,
+        index: &TensorIndex,
+        which: &[usize],
+        device: Device,
+        faults: Option<Arc<FaultPlan>>,
+        max_lanes: Option<usize>,
     ) -> Result<Stream> {
         let entries: Vec<TensorEntry> = which
             .iter()
@@ -311,6 +325,7 @@ impl Engine {
             allocator: None,
             started: Instant::now(),
             faults,
+            max_lanes,
         };
         s.start()?;
         Ok(s)
@@ -355,7 +370,13 @@ impl Stream {
                 (Arc::new(StreamSink { inner, shared: self.shared.clone() }), Some(pinner))
             }
         };
-        let opts = StreamOptions { gate: Some(gate), pinner, faults: self.faults.clone(), ..StreamOptions::default() };
+        let opts = StreamOptions {
+            gate: Some(gate),
+            pinner,
+            faults: self.faults.clone(),
+            max_lanes: self.max_lanes,
+            ..StreamOptions::default()
+        };
         self.running = Some(self.io.start(&req, opts, sink)?);
         Ok(())
     }

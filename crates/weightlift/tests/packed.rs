@@ -78,6 +78,7 @@ fn packed_loads_give_the_original_bytes_for_every_codec() {
         check_against(&original, &loaded);
         let stats = loaded.report.pack.as_ref().unwrap();
         assert_eq!(stats.decoder, "cpu");
+        assert_eq!(stats.read_lanes, e.io().lanes(), "{codec:?}: a pack decoded on the CPU is read by every lane");
         assert_eq!(stats.raw_bytes, loaded.tensors.iter().map(|t| t.data.len() as u64).sum::<u64>());
         assert_eq!(loaded.report.bytes, stats.raw_bytes);
         if codec == Codec::Zstd {
@@ -230,6 +231,10 @@ fn packed_loads_onto_the_gpu_with_both_decoders() {
             let stats = loaded.report.pack.as_ref().unwrap();
             let expect = if decoder == Decoder::Auto && missing.is_none() { "gpu" } else { "cpu" };
             assert_eq!(stats.decoder, expect, "{codec:?} {decoder:?}: {}", stats.decoder_reason);
+            // A pack decoded on the GPU is read by fewer lanes, leaving CPUs to the decoder.
+            let lanes = e.io().lanes();
+            let read = if expect == "gpu" { weightlift::packed::gpu_decode_read_lanes(lanes) } else { lanes };
+            assert_eq!(stats.read_lanes, read, "{codec:?} {decoder:?}");
         }
         let subset = e.load_pack(&packed, Some(&[3, 0]), Device::Cuda(0), Decoder::Auto, &LoadOpts::default()).unwrap();
         check_against(&original, &subset);
