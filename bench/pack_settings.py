@@ -61,6 +61,28 @@ def child(plain: str, packed: str, runs: int, device: str) -> dict:
         del tensors
         return secs, figures(report)
 
+    def phases(path: str) -> dict:
+        """One load_file, cut where weightlift's Python front does its steps (its private helpers): opening the
+        checkpoint (parsing its index), the engine's load, making tensors of the buffers, the device sync."""
+        from weightlift import _core
+        from weightlift.safetensors import _checkpoint
+
+        sync()
+        t0 = time.perf_counter()
+        ckpt = _checkpoint(path)
+        t1 = time.perf_counter()
+        buffers = ckpt.load(_core.shared_engine(), device, None, False)
+        t2 = time.perf_counter()
+        tensors = {i.name: _core.info_tensor(b, i) for i, b in zip(ckpt.tensors, buffers)}
+        t3 = time.perf_counter()
+        sync()
+        t4 = time.perf_counter()
+        engine_s = (weightlift.last_report() or {}).get("seconds")
+        del tensors, buffers
+        t5 = time.perf_counter()
+        return {"open_s": t1 - t0, "load_call_s": t2 - t1, "engine_s": engine_s, "tensors_s": t3 - t2,
+                "sync_s": t4 - t3, "free_s": t5 - t4}
+
     torch.zeros(1, device=device)
     one(plain), one(packed), one(plain, True)  # first loads: staging, decoder and hash kernels start-up
     out: dict = {"plain": [], "packed": [], "plain_verify": []}
@@ -68,6 +90,7 @@ def child(plain: str, packed: str, runs: int, device: str) -> dict:
         for name, path, verify in (("plain", plain, False), ("packed", packed, False), ("plain_verify", plain, True)):
             secs, fig = one(path, verify)
             out[name].append({"wall_s": secs, **fig})
+    out["phases"] = {"plain": [phases(plain) for _ in range(3)], "packed": [phases(packed) for _ in range(3)]}
     return out
 
 
@@ -117,14 +140,17 @@ def main() -> int:
                      "packed_gbps": raw / median(rows["packed"], "wall_s") / 1e9,
                      "verify_cost_median_of_pairs": statistics.median(
                          v["wall_s"] / p["wall_s"] - 1 for p, v in zip(rows["plain"], rows["plain_verify"]))}
-            for name in rows:
+            for name in ("plain", "packed", "plain_verify"):
                 entry[f"{name}_medians"] = {k: median(rows[name], k) for k in rows[name][0]}
+            entry["phases_medians"] = {n: {k: median(v, k) for k in v[0]} for n, v in rows["phases"].items()}
             result["variants"][variant or "defaults"] = entry
             m = entry["packed_medians"]
             print(f"{variant or 'defaults':40s} plain {entry['plain_gbps']:6.2f} GB/s  packed {entry['packed_gbps']:6.2f} GB/s "
                   f"({entry['packed_gbps'] / (result['pinned_ceiling_gbps'] or float('nan')):.3f} of pinned); packed: wall {m['wall_s'] * 1e3:.1f} ms, "
                   f"engine {m['seconds'] * 1e3:.1f}, reads {1e3 * (m.get('times.io') or 0):.1f}, alloc {1e3 * (m.get('times.alloc') or 0):.1f}, "
                   f"decode wait {1e3 * (m.get('pack.decode_secs') or 0):.1f}; verify +{100 * entry['verify_cost_median_of_pairs']:.1f} %", flush=True)
+            for n, ph in entry["phases_medians"].items():
+                print(f"    {n} load_file's steps, ms: " + ", ".join(f"{k[:-2]} {1e3 * v:.1f}" for k, v in ph.items() if v is not None), flush=True)
         with open(args.outdir / "pack-settings.json", "w") as f:
             json.dump(result, f, indent=1)
     finally:
