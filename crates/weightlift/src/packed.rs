@@ -227,7 +227,11 @@ impl Engine {
         opts: &LoadOpts<'_>,
     ) -> Result<Loaded> {
         let start = Instant::now();
-        self.load_opened_pack(&Pack::open(path)?, which, device, decoder, opts, None, start)
+        let pack = Pack::open(path)?;
+        let opened = start.elapsed().as_secs_f64();
+        let mut loaded = self.load_pack_with(&pack, which, device, decoder, opts, None)?;
+        loaded.report.seconds += opened; // reading the index is part of this load
+        Ok(loaded)
     }
 
     /// [`Engine::load_pack`] of a pack already opened, with faults injected into its reads (tests).
@@ -240,20 +244,7 @@ impl Engine {
         opts: &LoadOpts<'_>,
         faults: Option<Arc<weightlift_io::fault::FaultPlan>>,
     ) -> Result<Loaded> {
-        self.load_opened_pack(pack, which, device, decoder, opts, faults, Instant::now())
-    }
-
-    #[allow(clippy::too_many_arguments)] // the two public entries above, plus when the load started
-    fn load_opened_pack(
-        &self,
-        pack: &Pack,
-        which: Option<&[usize]>,
-        device: Device,
-        decoder: Decoder,
-        opts: &LoadOpts<'_>,
-        faults: Option<Arc<weightlift_io::fault::FaultPlan>>,
-        start: Instant,
-    ) -> Result<Loaded> {
+        let start = Instant::now();
         if opts.checks.is_some() {
             // A pack carries its own checksums, all checked as its chunks decode.
             return Err(Error::InvalidArgument("a packed load checks the pack's own checksums; none are taken".into()));
