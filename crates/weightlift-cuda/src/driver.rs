@@ -41,6 +41,9 @@ const SYMBOLS: &[&str] = &[
     "cuMemHostAlloc",
     "cuMemFreeHost",
     "cuMemsetD8Async",
+    "cuDeviceGetDefaultMemPool",
+    "cuMemPoolSetAttribute",
+    "cuMemPoolTrimTo",
 ];
 
 /// What the driver reports about itself.

@@ -89,6 +89,42 @@ impl Gpu {
         self.inner.ctx.bind_to_thread().map_err(CudaError::driver(self.inner.ordinal, "cuCtxSetCurrent"))
     }
 
+    /// Sets how much freed memory the device's default stream-ordered pool (where weightlift's device memory comes
+    /// from) keeps for later allocations instead of returning it to the system at the next synchronisation. The
+    /// pool is the process's: this applies to every user of it in the process.
+    pub fn keep_freed_memory(&self, bytes: u64) -> Result<(), CudaError> {
+        let pool = self.default_pool()?;
+        let mut value = bytes;
+        // SAFETY: `pool` is the device's default pool; the attribute takes a pointer to a u64.
+        unsafe {
+            sys::cuMemPoolSetAttribute(
+                pool,
+                sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+                (&mut value as *mut u64).cast(),
+            )
+        }
+        .result()
+        .map_err(CudaError::driver(self.inner.ordinal, "cuMemPoolSetAttribute"))
+    }
+
+    /// Returns the freed memory the device's default pool keeps to the system (see [`Gpu::keep_freed_memory`]).
+    pub fn trim_freed_memory(&self) -> Result<(), CudaError> {
+        let pool = self.default_pool()?;
+        // SAFETY: `pool` is the device's default pool.
+        unsafe { sys::cuMemPoolTrimTo(pool, 0) }
+            .result()
+            .map_err(CudaError::driver(self.inner.ordinal, "cuMemPoolTrimTo"))
+    }
+
+    fn default_pool(&self) -> Result<sys::CUmemoryPool, CudaError> {
+        let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
+        // SAFETY: the out-pointer is valid; the device handle is this context's.
+        unsafe { sys::cuDeviceGetDefaultMemPool(&mut pool, self.inner.ctx.cu_device()) }
+            .result()
+            .map_err(CudaError::driver(self.inner.ordinal, "cuDeviceGetDefaultMemPool"))?;
+        Ok(pool)
+    }
+
     /// Stream number `i` of this device's pool (created on first use, kept for later loads).
     pub fn stream(&self, i: usize) -> Result<Arc<CudaStream>, CudaError> {
         let mut streams = self.inner.streams.lock().unwrap_or_else(|p| p.into_inner());

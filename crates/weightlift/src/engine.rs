@@ -85,6 +85,10 @@ impl Engine {
             return Ok(g.clone());
         }
         let g = Gpu::open(n)?;
+        let keep = self.settings.device_cache_bytes.value;
+        if keep > 0 {
+            g.keep_freed_memory(keep)?;
+        }
         gpus.insert(n, g.clone());
         Ok(g)
     }
@@ -100,13 +104,21 @@ impl Engine {
     }
 
     /// Frees the lanes' staging memory, the freed host buffers kept for reuse and the GPU decoders' scratch memory
-    /// (packed loads), and closes cached files.
+    /// (packed loads), returns the freed device memory the driver's pool keeps (`device_cache_bytes`), and closes
+    /// cached files.
     pub fn release_memory(&self) {
         lock(&self.unpackers).clear();
         self.io.release_staging();
         self.host_cache.clear();
         lock(&self.write_pool).release();
         self.files.clear();
+        if self.settings.device_cache_bytes.value > 0 {
+            for g in lock(&self.gpus).values() {
+                if let Err(e) = g.trim_freed_memory() {
+                    tracing::warn!("returning the device pool's freed memory: {e}");
+                }
+            }
+        }
     }
 
     fn want_direct(&self) -> bool {

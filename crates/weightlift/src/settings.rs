@@ -207,6 +207,8 @@ settings! {
         "packed loads: stored bytes decoded per batch (larger batches keep the GPU decoder busier)";
     host_cache_bytes: u64 = 1 << 30, "1 GiB", env "WEIGHTLIFT_HOST_CACHE_BYTES", parse bytes, values &[],
         "freed host buffers kept for reuse by the engine (fresh pages cost more to fault in than to fill)";
+    device_cache_bytes: u64 = 0, "0", env "WEIGHTLIFT_DEVICE_CACHE_BYTES", parse bytes, values &[],
+        "device memory freed by loads that the driver's pool keeps for the next load, instead of returning it to the system at the next synchronisation (the process's default pool, for every user of it; release_memory returns it)";
     cufile_lib: Option<PathBuf> = None, "searched", env "WEIGHTLIFT_CUFILE_LIB", parse path, values &[],
         "path of libcufile to load (searched in the CUDA and Python-wheel folders otherwise); the first engine to open cuFile in a process decides";
 }

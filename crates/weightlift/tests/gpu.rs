@@ -359,3 +359,34 @@ fn a_thousand_mixed_loads_keep_memory_flat() {
     assert!(flat_device, "device memory grew from {dev200} to {dev1000} between loads 200 and 1000");
     assert!(flat_rss, "host RSS grew from {rss200} to {rss1000} between loads 200 and 1000");
 }
+
+/// With `device_cache_bytes`, device memory a load's tensors freed stays in the driver's pool after the device
+/// synchronised (the next load allocates from it), and `release_memory` returns it; without, it goes back.
+#[test]
+fn the_device_cache_keeps_freed_memory_until_released() {
+    if !gpu_or_skip("the_device_cache_keeps_freed_memory_until_released") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let f = generate(dir.path(), "cache.safetensors", Layout::Llama, Container::Safetensors, 256 << 20, None);
+    let index = weightlift::format::open(std::slice::from_ref(&f), None).unwrap();
+    let gpu = weightlift_cuda::Gpu::open(0).unwrap();
+    for keep in [1u64 << 30, 0] {
+        let base = device_used();
+        let engine = Engine::new(Settings::default().device_cache_bytes(keep)).unwrap();
+        let loaded = engine.load(&index, Device::Cuda(0), &LoadOpts::default()).unwrap();
+        check_against_file_and_generator(&index, &loaded, true);
+        drop(loaded);
+        let held = device_used().saturating_sub(base);
+        if keep > 0 {
+            assert!(held >= 200 << 20, "the pool kept {held} bytes of a 256 MiB load");
+            engine.release_memory();
+            let after = device_used().saturating_sub(base);
+            assert!(after < 64 << 20, "{after} bytes still held after release_memory");
+            // The pool is the process's: leave it as the driver sets it, for the other tests.
+            gpu.keep_freed_memory(0).unwrap();
+        } else {
+            assert!(held < 64 << 20, "{held} bytes held without a device cache");
+        }
+    }
+}
