@@ -94,6 +94,19 @@ def test_load_file_equals_safetensors(files, device, name):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_release_memory_between_loads(files, device, monkeypatch):
+    """release_memory() frees what the engine keeps between loads (with a device cache asked for); loads before and
+    after it, and tensors loaded before it, keep every byte."""
+    monkeypatch.setenv("WEIGHTLIFT_DEVICE_CACHE_BYTES", "1GiB")
+    ref = st.load_file(str(files["llama"]), device=device)
+    before = weightlift.load_file(files["llama"], device=device)
+    assert weightlift._core.shared_engine().settings()["device_cache_bytes"]["source"] == "environment"
+    weightlift.release_memory()
+    assert_same(before, ref, device)
+    assert_same(weightlift.load_file(files["llama"], device=device), ref, device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_sharded_checkpoint(files, device):
     got = weightlift.load_file(files["index"], device=device)
     ref = {}

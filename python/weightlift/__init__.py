@@ -69,6 +69,13 @@ def last_report() -> "dict[str, Any] | None":
     return _core.last_report()
 
 
+def release_memory() -> None:
+    """Frees what the process-wide engine keeps between loads: its staging (pinned) memory, freed host buffers, GPU
+    decoder scratch, the freed device memory the driver's pool keeps under ``device_cache_bytes``
+    (``WEIGHTLIFT_DEVICE_CACHE_BYTES``), and cached files. Tensors already loaded are not touched."""
+    _core.shared_engine().release_memory()
+
+
 def cuda_available() -> bool:
     """Whether weightlift can use a CUDA device here."""
     return bool(_native.cuda_status()[0])
@@ -93,6 +100,7 @@ __all__ = [
     "load_into",
     "probe",
     "last_report",
+    "release_memory",
     "cuda_available",
     "SETTINGS",
     *_errors.__all__,

@@ -126,6 +126,13 @@ impl NativeEngine {
         json_to_py(py, &v)
     }
 
+    /// Frees what the engine keeps between loads: staging memory, freed host buffers, GPU decoder scratch, the
+    /// freed device memory the driver's pool keeps (`device_cache_bytes`), cached files. Tensors already loaded stay.
+    fn release_memory(&self, py: Python<'_>) {
+        let engine = self.engine.clone();
+        py.detach(move || engine.release_memory());
+    }
+
     /// Loads byte ranges `(file index, offset, length)` of `paths` onto `device`, through one plan.
     fn load_ranges(
         &self,
