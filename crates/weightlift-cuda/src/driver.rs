@@ -43,6 +43,7 @@ const SYMBOLS: &[&str] = &[
     "cuMemsetD8Async",
     "cuDeviceGetDefaultMemPool",
     "cuMemPoolSetAttribute",
+    "cuMemPoolGetAttribute",
     "cuMemPoolTrimTo",
 ];
 

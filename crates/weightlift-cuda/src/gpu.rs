@@ -107,6 +107,24 @@ impl Gpu {
         .map_err(CudaError::driver(self.inner.ordinal, "cuMemPoolSetAttribute"))
     }
 
+    /// How much freed memory the device's default pool keeps (its release threshold; see
+    /// [`Gpu::keep_freed_memory`]).
+    pub fn freed_memory_kept(&self) -> Result<u64, CudaError> {
+        let pool = self.default_pool()?;
+        let mut value = 0u64;
+        // SAFETY: `pool` is the device's default pool; the attribute is written to a u64.
+        unsafe {
+            sys::cuMemPoolGetAttribute(
+                pool,
+                sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+                (&mut value as *mut u64).cast(),
+            )
+        }
+        .result()
+        .map_err(CudaError::driver(self.inner.ordinal, "cuMemPoolGetAttribute"))?;
+        Ok(value)
+    }
+
     /// Returns the freed memory the device's default pool keeps to the system (see [`Gpu::keep_freed_memory`]).
     pub fn trim_freed_memory(&self) -> Result<(), CudaError> {
         let pool = self.default_pool()?;

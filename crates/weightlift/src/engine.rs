@@ -36,6 +36,20 @@ pub struct Engine {
     write_pool: Mutex<StagingPool>,
     /// GPU decoders of packed loads, one per GPU, kept between loads (their kernels are compiled once).
     unpackers: Mutex<HashMap<u32, weightlift_cuda::unpack::GpuUnpacker>>,
+    /// What the default pool of each GPU kept of freed memory before `device_cache_bytes` changed it: put back
+    /// when the engine goes.
+    pool_thresholds: Mutex<HashMap<u32, u64>>,
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        let gpus = lock(&self.gpus);
+        for (n, before) in lock(&self.pool_thresholds).drain() {
+            if let Some(Err(e)) = gpus.get(&n).map(|g| g.keep_freed_memory(before)) {
+                tracing::warn!("putting back cuda:{n}'s pool release threshold: {e}");
+            }
+        }
+    }
 }
 
 impl std::fmt::Debug for Engine {
@@ -66,6 +80,7 @@ impl Engine {
             paths: Mutex::new(HashMap::new()),
             write_pool: Mutex::new(StagingPool::new()),
             unpackers: Mutex::new(HashMap::new()),
+            pool_thresholds: Mutex::new(HashMap::new()),
         })
     }
 
@@ -87,7 +102,9 @@ impl Engine {
         let g = Gpu::open(n)?;
         let keep = self.settings.device_cache_bytes.value;
         if keep > 0 {
+            let before = g.freed_memory_kept()?;
             g.keep_freed_memory(keep)?;
+            lock(&self.pool_thresholds).insert(n, before);
         }
         gpus.insert(n, g.clone());
         Ok(g)
@@ -114,7 +131,8 @@ impl Engine {
         self.files.clear();
         if self.settings.device_cache_bytes.value > 0 {
             for g in lock(&self.gpus).values() {
-                if let Err(e) = g.trim_freed_memory() {
+                // Frees still queued on streams return to the pool only once they ran.
+                if let Err(e) = g.bind().and_then(|()| g.synchronize()).and_then(|()| g.trim_freed_memory()) {
                     tracing::warn!("returning the device pool's freed memory: {e}");
                 }
             }

@@ -371,6 +371,7 @@ fn the_device_cache_keeps_freed_memory_until_released() {
     let f = generate(dir.path(), "cache.safetensors", Layout::Llama, Container::Safetensors, 256 << 20, None);
     let index = weightlift::format::open(std::slice::from_ref(&f), None).unwrap();
     let gpu = weightlift_cuda::Gpu::open(0).unwrap();
+    let threshold = gpu.freed_memory_kept().unwrap();
     for keep in [1u64 << 30, 0] {
         let base = device_used();
         let engine = Engine::new(Settings::default().device_cache_bytes(keep)).unwrap();
@@ -383,8 +384,10 @@ fn the_device_cache_keeps_freed_memory_until_released() {
             engine.release_memory();
             let after = device_used().saturating_sub(base);
             assert!(after < 64 << 20, "{after} bytes still held after release_memory");
-            // The pool is the process's: leave it as the driver sets it, for the other tests.
-            gpu.keep_freed_memory(0).unwrap();
+            assert_eq!(gpu.freed_memory_kept().unwrap(), keep);
+            drop(engine);
+            // The pool is the process's: the engine put its threshold back when it went.
+            assert_eq!(gpu.freed_memory_kept().unwrap(), threshold);
         } else {
             assert!(held < 64 << 20, "{held} bytes held without a device cache");
         }
