@@ -514,3 +514,8 @@ def test_patch_refuses_what_it_cannot_do_with_a_pack(checkpoints, tmp_path, wl):
             transformers.AutoModelForCausalLM.from_pretrained(folder, device_map="auto")
         with pytest.raises(wt.UnsupportedError, match="offload"):
             transformers.AutoModelForCausalLM.from_pretrained(folder, offload_folder=str(tmp_path / "off"))
+        # Keywords given as None ask for nothing (callers such as pipelines pass them so).
+        model = transformers.AutoModelForCausalLM.from_pretrained(folder, offload_folder=None, max_memory=None)
+    ref = transformers.AutoModelForCausalLM.from_pretrained(checkpoints[("llama", False)])
+    ref.config._name_or_path = str(folder)
+    assert_same_model(model, ref, "cpu")

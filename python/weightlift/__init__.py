@@ -73,7 +73,9 @@ def release_memory() -> None:
     """Frees what the process-wide engine keeps between loads: its staging (pinned) memory, freed host buffers, GPU
     decoder scratch, the freed device memory the driver's pool keeps under ``device_cache_bytes``
     (``WEIGHTLIFT_DEVICE_CACHE_BYTES``), and cached files. Tensors already loaded are not touched."""
-    _core.shared_engine().release_memory()
+    engine = _core._shared  # the engine that holds what there is to free (none yet: nothing to free)
+    if engine is not None:
+        engine.release_memory()
 
 
 def cuda_available() -> bool:

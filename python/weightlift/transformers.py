@@ -171,7 +171,10 @@ def _is_env_variable_true(name: str) -> bool:
     # starting threads: 6 ms less of 50 for a MiniLM-sized encoder on an H100 (bench/model_stages.py).
     if name == "HF_DEACTIVATE_ASYNC_LOAD" and getattr(_local, "tensors_in_hand", False):
         return True
-    return _original["env"](name)
+    original = _original.get("env")
+    if original is None:  # uninstalled by another thread while this call was on its way here
+        from transformers.utils import is_env_variable_true as original
+    return original(name)
 
 
 def _caching_allocator_warmup(*args: Any, **kwargs: Any) -> None:
@@ -306,7 +309,7 @@ def _from_pretrained(original: Any, cls: Any, pretrained_model_name_or_path: Any
     files = None
     if (target is not None or _patched > 0) and kwargs.get("state_dict") is None:
         files = _checkpoint_files(pretrained_model_name_or_path, kwargs)
-        if files is None and isinstance(pretrained_model_name_or_path, (str, os.PathLike)):
+        if files is None and _may_be_packed(pretrained_model_name_or_path, kwargs):
             pack = _packed_weights(os.fspath(pretrained_model_name_or_path), kwargs)
             if pack is not None:  # transformers cannot read a pack: weightlift gives it the tensors
                 return _patched_pack(cls, os.fspath(pretrained_model_name_or_path), pack, target, args, kwargs)
@@ -323,20 +326,38 @@ def _from_pretrained(original: Any, cls: Any, pretrained_model_name_or_path: Any
         pending.drop()
 
 
+# Weights transformers reads itself, found before a pack would be looked at.
+_OTHER_WEIGHTS = ("pytorch_model.bin", "pytorch_model.bin.index.json", "model.gguf", "tf_model.h5", "flax_model.msgpack")
+
+
+def _may_be_packed(path: Any, kwargs: dict) -> bool:
+    """Whether transformers, asked for ``path`` with ``kwargs``, would look for safetensors weights and find none of
+    its own kind: only then does a ``model.wlpack`` stand in for them."""
+    if not isinstance(path, (str, os.PathLike)) or kwargs.get("gguf_file") or kwargs.get("use_safetensors") is False:
+        return False
+    if kwargs.get("quantization_config") is not None:
+        return False
+    folder = os.path.join(os.fspath(path), kwargs.get("subfolder") or "")
+    return not any(os.path.exists(os.path.join(folder, w)) for w in _OTHER_WEIGHTS)
+
+
 def _patched_pack(cls: Any, folder: str, pack: str, target: Optional[_Target], args: tuple, kwargs: dict) -> Any:
     """transformers' from_pretrained of a packed folder, inside :func:`patch` or :func:`sentence_transformer`: the
     device the call asks for (its one-device ``device_map``, else host memory), the rest as :func:`from_pretrained`
     does it. What weightlift cannot do is refused: transformers could not read the pack either."""
     kw = dict(kwargs)
     device_map = kw.pop("device_map", None)
-    refused = sorted(k for k in kw if k in _REFUSED_KWARGS)
+    refused = sorted(k for k, v in kw.items() if k in _REFUSED_KWARGS and v is not None)
     if refused:
         raise UnsupportedError(f"{folder} holds a pack: from_pretrained({refused[0]}=...): {_REFUSED_KWARGS[refused[0]]}")
-    device = _prefetch_device({"device_map": device_map}, target)
-    if device is None:
+    for k in [k for k in kw if k in _REFUSED_KWARGS]:  # given as None: nothing asked
+        del kw[k]
+    mapped = _prefetch_device({"device_map": device_map}, None)
+    if mapped is None:
         raise UnsupportedError(f"{folder} holds a pack, which weightlift loads onto one device: device_map={device_map!r} names none")
-    if target is not None and device_map is not None and device != target.device:
-        raise UnsupportedError(f"{folder}: device_map puts the model on {device}, not on {target.device}")
+    if target is not None and device_map is not None and mapped != target.device:
+        raise UnsupportedError(f"{folder}: device_map puts the model on {mapped}, not on {target.device}")
+    device = target.device if target is not None else mapped
     return _from_pack(cls, folder, pack, device, False, kw, args)  # the version was checked when the hook went in
 
 

@@ -51,7 +51,7 @@ impl TensorInfo {
 pub struct Checkpoint {
     index: Arc<TensorIndex>,
     by_name: HashMap<String, usize>,
-    /// For a packed checkpoint (`.wlpack`): its path. `index` then lists its tensors (offsets are those of the
+    /// For a packed checkpoint (`.wlpack`): the pack, its index read once. `index` then lists its tensors (offsets are those of the
     /// original files) and loads go through `Engine::load_pack`.
     pack: Option<Arc<weightlift::Pack>>,
     /// For a packed checkpoint: what it was packed from (`safetensors`, `safetensors-sharded` or `gguf`).

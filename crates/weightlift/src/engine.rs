@@ -36,19 +36,68 @@ pub struct Engine {
     write_pool: Mutex<StagingPool>,
     /// GPU decoders of packed loads, one per GPU, kept between loads (their kernels are compiled once).
     unpackers: Mutex<HashMap<u32, weightlift_cuda::unpack::GpuUnpacker>>,
-    /// What the default pool of each GPU kept of freed memory before `device_cache_bytes` changed it: put back
-    /// when the engine goes.
-    pool_thresholds: Mutex<HashMap<u32, u64>>,
+    /// The GPUs whose default pool this engine asked to keep freed memory (`device_cache_bytes`).
+    pool_caches: Mutex<Vec<Gpu>>,
 }
 
 impl Drop for Engine {
     fn drop(&mut self) {
-        let gpus = lock(&self.gpus);
-        for (n, before) in lock(&self.pool_thresholds).drain() {
-            if let Some(Err(e)) = gpus.get(&n).map(|g| g.keep_freed_memory(before)) {
-                tracing::warn!("putting back cuda:{n}'s pool release threshold: {e}");
+        let keep = self.settings.device_cache_bytes.value;
+        for g in lock(&self.pool_caches).drain(..) {
+            if let Err(e) = pool_cache::leave(&g, keep) {
+                tracing::warn!("putting back cuda:{}'s pool release threshold: {e}", g.ordinal());
             }
         }
+    }
+}
+
+/// The default pool of a device is the process's, shared by every engine (and other libraries): its release
+/// threshold is kept at the largest `device_cache_bytes` of the engines alive that asked for one (never below what
+/// it was before the first of them), and put back as it was when the last of them goes.
+mod pool_cache {
+    use std::collections::HashMap;
+    use std::sync::Mutex;
+
+    use weightlift_cuda::{CudaError, Gpu};
+
+    /// A device's threshold before any engine changed it, and the values of the engines alive that asked.
+    struct Asked {
+        original: u64,
+        keeps: Vec<u64>,
+    }
+
+    impl Asked {
+        fn threshold(&self) -> u64 {
+            self.keeps.iter().copied().fold(self.original, u64::max)
+        }
+    }
+
+    static CACHES: Mutex<Option<HashMap<u32, Asked>>> = Mutex::new(None);
+
+    pub(super) fn join(g: &Gpu, keep: u64) -> Result<(), CudaError> {
+        let mut all = CACHES.lock().unwrap_or_else(|p| p.into_inner());
+        let map = all.get_or_insert_with(HashMap::new);
+        let original = match map.get(&g.ordinal()) {
+            Some(a) => a.original,
+            None => g.freed_memory_kept()?,
+        };
+        let asked = map.entry(g.ordinal()).or_insert(Asked { original, keeps: Vec::new() });
+        asked.keeps.push(keep);
+        g.keep_freed_memory(asked.threshold())
+    }
+
+    pub(super) fn leave(g: &Gpu, keep: u64) -> Result<(), CudaError> {
+        let mut all = CACHES.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(map) = all.as_mut() else { return Ok(()) };
+        let Some(asked) = map.get_mut(&g.ordinal()) else { return Ok(()) };
+        if let Some(i) = asked.keeps.iter().position(|&k| k == keep) {
+            asked.keeps.swap_remove(i);
+        }
+        let value = asked.threshold();
+        if asked.keeps.is_empty() {
+            map.remove(&g.ordinal());
+        }
+        g.keep_freed_memory(value)
     }
 }
 
@@ -80,7 +129,7 @@ impl Engine {
             paths: Mutex::new(HashMap::new()),
             write_pool: Mutex::new(StagingPool::new()),
             unpackers: Mutex::new(HashMap::new()),
-            pool_thresholds: Mutex::new(HashMap::new()),
+            pool_caches: Mutex::new(Vec::new()),
         })
     }
 
@@ -102,9 +151,8 @@ impl Engine {
         let g = Gpu::open(n)?;
         let keep = self.settings.device_cache_bytes.value;
         if keep > 0 {
-            let before = g.freed_memory_kept()?;
-            g.keep_freed_memory(keep)?;
-            lock(&self.pool_thresholds).insert(n, before);
+            pool_cache::join(&g, keep)?;
+            lock(&self.pool_caches).push(g.clone());
         }
         gpus.insert(n, g.clone());
         Ok(g)
@@ -130,12 +178,18 @@ impl Engine {
         lock(&self.write_pool).release();
         self.files.clear();
         if self.settings.device_cache_bytes.value > 0 {
-            for g in lock(&self.gpus).values() {
-                // Frees still queued on streams return to the pool only once they ran.
-                if let Err(e) = g.bind().and_then(|()| g.synchronize()).and_then(|()| g.trim_freed_memory()) {
-                    tracing::warn!("returning the device pool's freed memory: {e}");
-                }
-            }
+            let gpus: Vec<Gpu> = lock(&self.pool_caches).clone();
+            // On a thread of its own: binding a device's context here would change the caller's current device.
+            std::thread::scope(|s| {
+                s.spawn(|| {
+                    for g in &gpus {
+                        // Frees still queued on streams return to the pool only once they ran.
+                        if let Err(e) = g.bind().and_then(|()| g.synchronize()).and_then(|()| g.trim_freed_memory()) {
+                            tracing::warn!("returning the device pool's freed memory: {e}");
+                        }
+                    }
+                });
+            });
         }
     }
 

@@ -393,3 +393,31 @@ fn the_device_cache_keeps_freed_memory_until_released() {
         }
     }
 }
+
+/// The device pool is the process's: engines asking for different device caches leave it at the largest of those
+/// alive, whichever goes first, and as it was once the last of them goes.
+#[test]
+fn engines_share_the_device_pool_threshold() {
+    if !gpu_or_skip("engines_share_the_device_pool_threshold") {
+        return;
+    }
+    let gpu = weightlift_cuda::Gpu::open(0).unwrap();
+    let original = gpu.freed_memory_kept().unwrap();
+    let (small, large) = (original.saturating_add(1 << 30), original.saturating_add(2 << 30));
+    let open = |keep: u64| {
+        let e = Engine::new(Settings::default().device_cache_bytes(keep)).unwrap();
+        e.gpu(0).unwrap();
+        e
+    };
+    let a = open(small);
+    assert_eq!(gpu.freed_memory_kept().unwrap(), small);
+    let b = open(large);
+    assert_eq!(gpu.freed_memory_kept().unwrap(), large);
+    drop(a);
+    assert_eq!(gpu.freed_memory_kept().unwrap(), large, "the first engine's going must not undo the second's cache");
+    let c = open(small);
+    drop(b);
+    assert_eq!(gpu.freed_memory_kept().unwrap(), small);
+    drop(c);
+    assert_eq!(gpu.freed_memory_kept().unwrap(), original);
+}
