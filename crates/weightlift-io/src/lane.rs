@@ -30,6 +30,9 @@ pub struct LaneStats {
     /// Time setting up staging for the load (mapping, faulting in and pinning slots, registering them with the
     /// ring): a lane's first load, or one that needs larger slots than it has.
     pub setup: Duration,
+    /// Time waiting for other lanes' staging set-ups to finish before starting its own (lanes set up one at a
+    /// time, process-wide).
+    pub setup_wait: Duration,
 }
 
 impl LaneStats {
@@ -44,6 +47,7 @@ impl LaneStats {
         self.deliver += o.deliver;
         self.backpressure += o.backpressure;
         self.setup += o.setup;
+        self.setup_wait += o.setup_wait;
     }
 }
 

@@ -39,7 +39,7 @@ pub use file::{OpenFile, open_all};
 pub use job::{Admit, Gate};
 pub use lane::LaneStats;
 pub use load::{IoReport, LoadOptions, LoadRequest, Running, StreamOptions};
-pub use params::{CachePolicy, DirectMode, IoParams, ReadEngine, parse_bytes};
+pub use params::{CachePolicy, DirectMode, IoParams, ReadEngine, StagingPages, parse_bytes};
 pub use plan::{Extent, Piece, ReadOp};
 pub use pool::{IoEngine, ReadEngineUsed};
 pub use sink::{BorrowedHostSink, HostSink, InPlace, Observed, Observer, Pending, Sink, SinkError};

@@ -48,6 +48,16 @@ pub enum CachePolicy {
     Bypass,
 }
 
+/// The page size staging memory asks the kernel for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StagingPages {
+    /// 2 MiB transparent huge pages where the kernel grants them (`MADV_HUGEPAGE` on a 2 MiB-aligned region):
+    /// fewer pages to fault in, zero, pin and register.
+    Huge,
+    /// The base page size (4 KiB).
+    Base,
+}
+
 /// Which kernel interface submits the reads.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ReadEngine {
@@ -81,6 +91,7 @@ named_enum!(DirectMode, "auto, always or never", Auto => "auto", Always => "alwa
 named_enum!(CachePolicy, "auto, keep or bypass", Auto => "auto", Keep => "keep", Bypass => "bypass");
 named_enum!(ReadEngine, "auto, uring or pread", Auto => "auto", Uring => "uring" | "io_uring" | "io-uring",
     Pread => "pread");
+named_enum!(StagingPages, "huge or base", Huge => "huge" | "2mib" | "on", Base => "base" | "4kib" | "off");
 
 /// Parses `4096`, `4k`, `4KiB`, `8MiB`, `1G`.
 pub fn parse_bytes(s: &str) -> Result<u64, String> {
@@ -109,6 +120,7 @@ pub struct IoParams {
     pub direct: DirectMode,
     pub cache: CachePolicy,
     pub engine: ReadEngine,
+    pub staging_pages: StagingPages,
 }
 
 impl Default for IoParams {
@@ -121,6 +133,7 @@ impl Default for IoParams {
             direct: DirectMode::Auto,
             cache: CachePolicy::Auto,
             engine: ReadEngine::Auto,
+            staging_pages: StagingPages::Huge,
         }
     }
 }

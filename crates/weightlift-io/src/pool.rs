@@ -6,7 +6,7 @@ use std::thread::JoinHandle;
 
 use crate::error::IoError;
 use crate::job::{Job, Priority};
-use crate::params::{IoParams, ReadEngine};
+use crate::params::{IoParams, ReadEngine, StagingPages};
 use crate::worker::{Lane, Submitter};
 
 /// Pread lanes issue one read at a time, so they are more numerous than io_uring lanes, up to this many.
@@ -38,6 +38,7 @@ pub(crate) struct PoolShared {
     broken: Mutex<Option<String>>,
     release_epoch: AtomicU64,
     staging_per_lane: u64,
+    staging_pages: StagingPages,
 }
 
 impl PoolShared {
@@ -51,6 +52,10 @@ impl PoolShared {
 
     pub fn staging_per_lane(&self) -> u64 {
         self.staging_per_lane
+    }
+
+    pub fn staging_pages(&self) -> StagingPages {
+        self.staging_pages
     }
 
     pub fn release_epoch(&self) -> u64 {
@@ -175,6 +180,7 @@ impl IoEngine {
             broken: Mutex::new(None),
             release_epoch: AtomicU64::new(0),
             staging_per_lane: (params.staging_bytes / lanes as u64).max(4096),
+            staging_pages: params.staging_pages,
         });
         let mut t = Threads { shared: shared.clone(), handles: Vec::with_capacity(lanes) };
         for id in 0..lanes {

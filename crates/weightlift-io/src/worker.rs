@@ -85,8 +85,8 @@ pub(crate) struct Lane {
     staging: Option<Staging>,
     fixed: bool,
     fixed_refusal: Option<String>,
-    /// Staging set-up time not yet counted into a joined job's totals.
-    setup_pending: std::time::Duration,
+    /// Staging set-up time, and time waiting for other lanes' set-ups, not yet counted into a joined job's totals.
+    setup_pending: (std::time::Duration, std::time::Duration),
     pool: Arc<PoolShared>,
     slots: Vec<Slot>,
     delivering: VecDeque<usize>,
@@ -107,7 +107,7 @@ impl Lane {
             io,
             staging: None,
             fixed: false,
-            setup_pending: std::time::Duration::ZERO,
+            setup_pending: Default::default(),
             fixed_refusal: None,
             pool,
             slots: Vec::new(),
@@ -243,14 +243,16 @@ impl Lane {
                 Work::None => return took,
                 Work::Restage(job) => {
                     let t = Instant::now();
-                    let restaged = {
+                    let (waited, restaged) = {
                         let _one_at_a_time = SETTING_UP.lock().unwrap_or_else(|p| p.into_inner());
-                        self.restage(&job)
+                        let waited = t.elapsed();
+                        (waited, self.restage(&job))
                     };
                     // Counted into the job's totals when this lane joins it. Not through `joined_of`: a lane that
                     // never joins must not hold the job as joined (leaving it would call its sink, which the job's
                     // caller may have dropped by then: the job can complete while this lane waited to set up).
-                    self.setup_pending += t.elapsed();
+                    self.setup_pending.0 += t.elapsed() - waited;
+                    self.setup_pending.1 += waited;
                     if let Err(e) = restaged {
                         job.fail(e);
                     } else if !self.staging_fits(&job) {
@@ -277,11 +279,12 @@ impl Lane {
 
     fn join(&mut self, job: &Arc<Job>) {
         let (fixed, refusal) = (self.fixed, self.fixed_refusal.clone());
-        let setup = std::mem::take(&mut self.setup_pending);
+        let (setup, wait) = std::mem::take(&mut self.setup_pending);
         let j = self.joined_of(job);
         j.totals.fixed_buffers = fixed;
         j.totals.fixed_refusal = refusal;
         j.totals.stats.setup += setup;
+        j.totals.stats.setup_wait += wait;
         if let Err(e) = job.sink().begin_lane(self.id) {
             job.fail(IoError::Sink(e));
         }
@@ -318,7 +321,8 @@ impl Lane {
         unsafe { self.io.register(None) };
         self.staging = None;
         self.slots.clear();
-        self.staging = Some(Staging::new(slot_bytes as usize, slots, job.pinner.as_deref())?);
+        self.staging =
+            Some(Staging::new(slot_bytes as usize, slots, job.pinner.as_deref(), self.pool.staging_pages())?);
         self.register_staging();
         self.slots = (0..slots).map(|_| Slot::Free).collect();
         Ok(())

@@ -96,7 +96,8 @@ pub fn write_at(
     };
     if len > 0 {
         let slots = WRITE_SLOTS.min(len.div_ceil(chunk) as usize).max(1);
-        let staging = pool.acquire(chunk as usize, slots, params.staging_bytes.max(chunk), pinner)?;
+        let staging =
+            pool.acquire(chunk as usize, slots, params.staging_bytes.max(chunk), pinner, params.staging_pages)?;
         let use_uring = params.engine != ReadEngine::Pread && crate::uring::available().is_ok();
         let w = Writer { target: &target, offset, len, chunk, source, faults };
         let mut stats = LaneStats::default();

@@ -140,6 +140,7 @@ impl Report {
                 "deliver_thread_secs": io.stats.deliver.as_secs_f64(),
                 "backpressure_thread_secs": io.stats.backpressure.as_secs_f64(),
                 "staging_setup_thread_secs": io.stats.setup.as_secs_f64(),
+                "staging_wait_thread_secs": io.stats.setup_wait.as_secs_f64(),
             },
             "settings": settings,
             "verified": self.verified,

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::str::FromStr;
 
 use weightlift_io::params::defaults;
-use weightlift_io::{CachePolicy, DirectMode, IoParams, ReadEngine, parse_bytes};
+use weightlift_io::{CachePolicy, DirectMode, IoParams, ReadEngine, StagingPages, parse_bytes};
 
 use crate::error::{Error, Result};
 
@@ -108,7 +108,7 @@ trait Shown {
 macro_rules! shown_display {
     ($($t:ty),*) => { $(impl Shown for $t { fn shown(&self) -> String { self.to_string() } })* };
 }
-shown_display!(u32, u64, DirectMode, CachePolicy, Backend);
+shown_display!(u32, u64, DirectMode, CachePolicy, Backend, StagingPages);
 
 impl Shown for Option<PathBuf> {
     fn shown(&self) -> String {
@@ -190,6 +190,9 @@ settings! {
         "reads in flight per I/O thread";
     staging_bytes: u64 = defaults::STAGING_BYTES, "256 MiB", env "WEIGHTLIFT_STAGING_BYTES", parse bytes,
         values &[], "upper bound on staging (pinned) memory, whatever the checkpoint size";
+    staging_pages: StagingPages = StagingPages::Huge, "huge", env "WEIGHTLIFT_STAGING_PAGES",
+        parse named::<StagingPages>, values &["huge", "base"],
+        "page size of staging memory: huge (2 MiB transparent huge pages where the kernel grants them: a first load sets up faster; may compact memory on a fragmented host) or base (4 KiB)";
     threads: u32 = defaults::threads(), "CPU count, at most 16", env "WEIGHTLIFT_THREADS", parse count::<u32>,
         values &[], "I/O threads (lanes), each with its own ring, staging slots and CUDA stream, kept between loads";
     direct: DirectMode = DirectMode::Auto, "auto", env "WEIGHTLIFT_DIRECT", parse named::<DirectMode>,
@@ -278,6 +281,7 @@ impl Settings {
             direct: self.direct.value,
             cache: self.cache.value,
             engine: self.backend.value.read_engine(),
+            staging_pages: self.staging_pages.value,
         }
     }
 
