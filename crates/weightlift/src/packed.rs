@@ -2,7 +2,8 @@
 //!
 //! The stored streams of the tensors asked for are cut into batches of whole chunks (contiguous in the pack) and
 //! read by a streaming load over those byte ranges, so the reads go through the same lanes, page-cache policy and
-//! pinned ring as any load and run ahead of the decoding by at most `prefetch_bytes`. Each batch is then decoded
+//! pinned ring as any load and run ahead of the decoding by at most [`READ_AHEAD_BATCHES`] batches (or
+//! `prefetch_bytes`, if smaller). Each batch is then decoded
 //! into the destination tensors as soon as it has landed:
 //!
 //! - on the GPU (device destinations, the GPU decoder available): the stored bytes land in device memory and
@@ -112,6 +113,14 @@ struct Batch {
     end: u64,
     chunks: Vec<(usize, usize)>,
 }
+
+/// Stored bytes read ahead of the batches the decoder has taken, in batches. The decoder takes a batch once it has
+/// landed, so two more keep the reads going; a wider window only holds more stored bytes. Measured on the H100
+/// (bench/results/2026-11-24-h100-za, a warm 4 GiB packed load decoded on the GPU): with the 2 GiB of
+/// `prefetch_bytes` the stored batches freed during the load (about 3 GB) went back to the system at the caller's
+/// next synchronisation, 5.3 ms, and the load reached 0.857 of the pinned-copy ceiling; with 1 GiB 0.913 (2.3 ms),
+/// with 512 MiB (two batches) 0.915 (1.5 ms).
+pub const READ_AHEAD_BATCHES: u64 = 2;
 
 /// Cuts the chunks of `items` into batches in pack order; a batch ends at `batch_bytes` of stored bytes (the
 /// `pack_batch_bytes` setting) or where the next chunk does not follow the previous one (a tensor not asked for
@@ -299,7 +308,9 @@ impl Engine {
                 (Device::Cpu, None)
             };
             stats.read_lanes = lanes.unwrap_or(self.io().lanes()).min(self.io().lanes());
-            Some(self.stream_on_lanes(&bindex, &positions, stream_device, faults, lanes)?)
+            let batch_bytes = self.settings().pack_batch_bytes.value;
+            let ahead = self.settings().prefetch_bytes.value.min(batch_bytes.saturating_mul(READ_AHEAD_BATCHES));
+            Some(self.stream_on_lanes(&bindex, &positions, stream_device, faults, lanes, Some(ahead))?)
         };
         let alloc_start = Instant::now();
         let (mut datas, gpu) = match device {

@@ -190,9 +190,6 @@ settings! {
         "reads in flight per I/O thread";
     staging_bytes: u64 = defaults::STAGING_BYTES, "256 MiB", env "WEIGHTLIFT_STAGING_BYTES", parse bytes,
         values &[], "upper bound on staging (pinned) memory, whatever the checkpoint size";
-    staging_pages: StagingPages = StagingPages::Huge, "huge", env "WEIGHTLIFT_STAGING_PAGES",
-        parse named::<StagingPages>, values &["huge", "base"],
-        "page size of staging memory: huge (2 MiB transparent huge pages where the kernel grants them: a first load sets up faster; may compact memory on a fragmented host) or base (4 KiB)";
     threads: u32 = defaults::threads(), "CPU count, at most 16", env "WEIGHTLIFT_THREADS", parse count::<u32>,
         values &[], "I/O threads (lanes), each with its own ring, staging slots and CUDA stream, kept between loads";
     direct: DirectMode = DirectMode::Auto, "auto", env "WEIGHTLIFT_DIRECT", parse named::<DirectMode>,
@@ -204,8 +201,11 @@ settings! {
     backend: Backend = Backend::Auto, "auto", env "WEIGHTLIFT_BACKEND", parse named::<Backend>,
         values &["auto", "uring", "pread", "gds", "nvme-sim"],
         "data path: auto (io_uring, else pread, through the pinned pipeline; cuFile for GPU loads where it runs peer-to-peer), uring, pread, gds (cuFile for GPU loads), nvme-sim (GPU-initiated NVMe against the software controller, GPU loads)";
+    staging_pages: StagingPages = StagingPages::Huge, "huge", env "WEIGHTLIFT_STAGING_PAGES",
+        parse named::<StagingPages>, values &["huge", "base"],
+        "page size of staging memory: huge (2 MiB transparent huge pages where the kernel grants them: a first load sets up faster; may compact memory on a fragmented host) or base (4 KiB)";
     prefetch_bytes: u64 = 2 << 30, "2 GiB", env "WEIGHTLIFT_PREFETCH_BYTES", parse bytes, values &[],
-        "streaming loads (safe_open): bytes read ahead of the tensors taken so far";
+        "streaming loads (safe_open): bytes read ahead of the tensors taken so far (packed loads: two decode batches ahead, or this if smaller)";
     pack_batch_bytes: u64 = 256 << 20, "256 MiB", env "WEIGHTLIFT_PACK_BATCH_BYTES", parse bytes, values &[],
         "packed loads: stored bytes decoded per batch (larger batches keep the GPU decoder busier)";
     host_cache_bytes: u64 = 1 << 30, "1 GiB", env "WEIGHTLIFT_HOST_CACHE_BYTES", parse bytes, values &[],

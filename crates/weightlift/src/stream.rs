@@ -248,10 +248,11 @@ impl Engine {
         device: Device,
         faults: Option<Arc<FaultPlan>>,
     ) -> Result<Stream> {
-        self.stream_on_lanes(index, which, device, faults, None)
+        self.stream_on_lanes(index, which, device, faults, None, None)
     }
 
-    /// [`Engine::stream_with`] read by at most `max_lanes` lanes (None: as many as the engine gives a load).
+    /// [`Engine::stream_with`] read by at most `max_lanes` lanes (None: as many as the engine gives a load) and at
+    /// most `prefetch` bytes ahead (None: the engine's `prefetch_bytes`).
     pub(crate) fn stream_on_lanes(
         &self,
         index: &TensorIndex,
@@ -259,7 +260,9 @@ impl Engine {
         device: Device,
         faults: Option<Arc<FaultPlan>>,
         max_lanes: Option<usize>,
+        prefetch: Option<u64>,
     ) -> Result<Stream> {
+        let prefetch = prefetch.unwrap_or(self.settings().prefetch_bytes.value).max(1);
         let entries: Vec<TensorEntry> = which
             .iter()
             .map(|&i| {
@@ -290,10 +293,10 @@ impl Engine {
                 ahead: 0,
                 taken: vec![false; which.len()],
                 failed: None,
-                stats: StreamStats { prefetch_bytes: self.settings().prefetch_bytes.value, ..StreamStats::default() },
+                stats: StreamStats { prefetch_bytes: prefetch, ..StreamStats::default() },
             }),
             changed: Condvar::new(),
-            prefetch: self.settings().prefetch_bytes.value.max(1),
+            prefetch,
             closed: AtomicBool::new(false),
             host,
         });
