@@ -6,7 +6,8 @@ waiting for the GPU decoder, hashing) — to find what a packed load and a check
 
 Usage: python bench/pack_settings.py OUTDIR [--size 4GiB] [--runs 5] [--dir DIR] [--variant "NAME=VALUE ..."]...
 The default variants: the defaults, larger and smaller decode batches, fewer lanes, 2 MiB chunks. Writes
-OUTDIR/pack-settings.json and prints one line per variant.
+OUTDIR/pack-settings.json and prints one line per variant; where the ``pack_open`` example sits beside
+``WEIGHTLIFT_BIN``, also the steps of opening the pack (``pack_open`` in the JSON).
 """
 
 from __future__ import annotations
@@ -169,6 +170,14 @@ def main() -> int:
                   f"decode wait {1e3 * (m.get('pack.decode_secs') or 0):.1f}; verify +{100 * entry['verify_cost_median_of_pairs']:.1f} %", flush=True)
             for n, ph in entry["phases_medians"].items():
                 print(f"    {n} load_file's steps, ms: " + ", ".join(f"{k[:-2]} {1e3 * v:.1f}" for k, v in ph.items() if v is not None), flush=True)
+        # The steps of opening the pack, timed by examples/pack_open where it sits beside the weightlift binary.
+        opener = Path(os.environ.get("WEIGHTLIFT_BIN", "weightlift")).parent / "pack_open"
+        if opener.is_file():
+            run = subprocess.run([str(opener), str(packed), "30"], capture_output=True, text=True, timeout=120)
+            result["pack_open"] = json.loads(run.stdout) if run.returncode == 0 else {"error": run.stderr[-2000:]}
+            print("opening the pack, ms (min / median of 30): " + ", ".join(
+                f"{k} {v['min_ms']:.2f} / {v['median_ms']:.2f}" for k, v in result["pack_open"].items() if k != "error"),
+                flush=True)
         with open(args.outdir / "pack-settings.json", "w") as f:
             json.dump(result, f, indent=1)
     finally:
