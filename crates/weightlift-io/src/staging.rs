@@ -71,11 +71,15 @@ impl Staging {
             MmapMut::map_anon(bytes.checked_add(slack).ok_or_else(|| oom(std::io::ErrorKind::OutOfMemory.into()))?)
                 .map_err(oom)?;
         let offset = if huge { map.as_ptr().align_offset(HUGE_PAGE) } else { 0 };
-        // Measured on the H100 host (bench/results/2026-11-24-h100-j, driver_probe.py): faulting in and zeroing
-        // 4 KiB pages is most of a lane's staging set-up; with huge pages 16 lanes of 8 MiB set up in 29 ms
-        // instead of 57. Under the THP defrag policy "madvise" (the common default) a huge-page fault may compact
-        // memory on a fragmented host: `staging_pages=base` avoids it. Where THP is off the advice is refused or
-        // ignored, and the region gets base pages.
+        // Measured on the H100 host: faulting in and zeroing 4 KiB pages is most of a lane's staging set-up; with
+        // huge pages 16 lanes of 8 MiB set up in 29 ms instead of 57 (bench/results/2026-11-24-h100-j,
+        // driver_probe.py), a lane of the engine in 2.5 ms instead of 4.1, and the first load of a fresh engine
+        // took 1.15-1.25x the second instead of 1.23-1.48x (six interleaved pairs of processes on two machines,
+        // 2026-11-24-h100-za and -zb). Warm loads of the same processes were 0-3% slower with huge pages in five
+        // of the six pairs, within the hosts' run-to-run spread: a process's first load (often its only one) is
+        // what the default favours. Under the THP defrag policy "madvise" (the common default) a huge-page fault
+        // may compact memory on a fragmented host: `staging_pages=base` avoids it. Where THP is off the advice is
+        // refused or ignored, and the region gets base pages.
         let huge = huge && map.advise_range(Advice::HugePage, offset, bytes).is_ok();
         // Fault everything in now, in one call where the kernel has MADV_POPULATE_WRITE (5.14+), page by page
         // otherwise: page faults during a load would stall the reads.
