@@ -1,0 +1,126 @@
+#!/usr/bin/env python3
+"""Why the first weightlift load of a fresh Python process is slower than its second: does the process's first use
+of that much device memory account for it?
+
+Each run is a fresh process: torch makes the CUDA context, then the variant touches device memory (or not), then two
+``weightlift.load_file`` calls of the same warm file onto the device are timed (each synchronised, its tensors freed
+before the next). Variants:
+
+- ``none``: nothing before the first load;
+- ``torch``: ``torch.empty`` of the file's size, freed, ``torch.cuda.empty_cache()`` (cudaMalloc / cudaFree);
+- ``pool``: ``cuMemAllocAsync`` of the file's size from the device's default pool (the pool weightlift allocates
+  from), freed and synchronised, so that the pool gives the memory back to the system before the load;
+  ``pool:SIZE`` (``pool:2MiB``) the same with SIZE bytes.
+
+Usage: first_load_alloc.py FILE OUT.json [--runs 3] [--device cuda:0] [--variants none,torch,pool,pool:2MiB]
+Prints one line per process and writes every run's times and the first load's report (``times``) as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+VARIANTS = ("none", "torch", "pool")
+UNITS = {"KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}
+
+
+def size_of(text: str) -> int:
+    for unit, mult in UNITS.items():
+        if text.endswith(unit):
+            return int(text[: -len(unit)]) * mult
+    return int(text)
+
+
+def touch(variant: str, nbytes: int, device: str) -> float:
+    import torch
+
+    t = time.perf_counter()
+    if variant == "torch":
+        x = torch.empty(nbytes, dtype=torch.uint8, device=device)
+        del x
+        torch.cuda.empty_cache()
+    elif variant.startswith("pool"):
+        if ":" in variant:
+            nbytes = size_of(variant.split(":", 1)[1])
+        cuda = ctypes.CDLL("libcuda.so.1")
+        ordinal = torch.device(device).index or 0
+        ptr = ctypes.c_uint64()
+        for call, args in (("cuMemAllocAsync", (ctypes.byref(ptr), ctypes.c_size_t(nbytes), None)),
+                           ("cuMemFreeAsync", (ptr, None)), ("cuStreamSynchronize", (None,))):
+            rc = getattr(cuda, call)(*args)
+            if rc != 0:
+                raise RuntimeError(f"{call} failed with CUDA error {rc} (device {ordinal})")
+    torch.cuda.synchronize(device)
+    return time.perf_counter() - t
+
+
+def child(path: str, variant: str, device: str) -> dict:
+    import torch
+    import weightlift
+
+    t = time.perf_counter()
+    torch.zeros(1, device=device)
+    context_s = time.perf_counter() - t
+    touch_s = touch(variant, os.path.getsize(path), device)
+    out: dict = {"variant": variant, "cuda_context_s": context_s, "touch_s": touch_s}
+    for name in ("first", "second"):
+        torch.cuda.synchronize(device)
+        t = time.perf_counter()
+        tensors = weightlift.load_file(path, device)
+        torch.cuda.synchronize(device)
+        out[f"{name}_s"] = time.perf_counter() - t
+        out[f"{name}_times"] = (weightlift.last_report() or {}).get("times")
+        del tensors
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("file")
+    ap.add_argument("out")
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--device", default="cuda:0")
+    ap.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated: none, torch, pool, pool:SIZE")
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        print(json.dumps(child(args.file, args.child, args.device)))
+        return 0
+    with open(args.file, "rb") as f:  # into the page cache
+        while f.read(64 << 20):
+            pass
+    rows: list = []
+    variants = args.variants.split(",")
+    for _ in range(args.runs):
+        for v in variants:
+            run = subprocess.run([sys.executable, __file__, args.file, args.out, "--device", args.device, "--child", v],
+                                 capture_output=True, text=True, timeout=300)
+            if run.returncode != 0:
+                print(f"{v}: failed: {run.stderr[-800:]}", flush=True)
+                rows.append({"variant": v, "error": run.stderr[-2000:]})
+                continue
+            r = json.loads(run.stdout.strip().splitlines()[-1])
+            r["ratio"] = r["first_s"] / r["second_s"]
+            rows.append(r)
+            alloc = (r["first_times"] or {}).get("alloc")
+            print(f"{v:11s} touch {r['touch_s'] * 1e3:7.1f} ms  first {r['first_s'] * 1e3:6.1f} ms  second "
+                  f"{r['second_s'] * 1e3:6.1f} ms  ratio {r['ratio']:.3f}  first load's allocation "
+                  f"{(alloc or 0) * 1e3:.1f} ms", flush=True)
+    medians = {v: statistics.median(r["ratio"] for r in rows if r.get("variant") == v and "ratio" in r)
+               for v in variants if any(r.get("variant") == v and "ratio" in r for r in rows)}
+    print("median first/second:", {k: round(x, 3) for k, x in medians.items()}, flush=True)
+    with open(args.out, "w") as f:
+        json.dump({"file": args.file, "bytes": os.path.getsize(args.file), "device": args.device, "runs": rows,
+                   "median_ratio": medians}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
