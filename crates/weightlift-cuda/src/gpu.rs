@@ -19,9 +19,6 @@ pub struct GpuInfo {
     /// PCIe link as the kernel reports it (`/sys/bus/pci/devices/*/current_link_{speed,width}`), when readable.
     pub pcie_link: Option<String>,
     pub driver_version: i32,
-    /// Seconds this engine spent opening the device: retaining its primary context and making the stream-ordered
-    /// memory pool ready (see [`Gpu::open`]).
-    pub open_secs: f64,
 }
 
 /// An open device. Cloning shares it.
@@ -40,33 +37,9 @@ pub(crate) struct GpuInner {
     events: Mutex<Vec<CudaEvent>>,
 }
 
-/// Allocates and frees 2 MiB from the device's default pool, waiting for both. The first use of the pool in a
-/// process costs the driver about 8 ms on an H100, and while it runs the driver takes host→device copies queued by
-/// other threads slowly: left to a load, it made a fresh Python process's first load of 4 GiB 1.23-1.43x its
-/// second; after this, 1.09-1.17x (bench/results/2026-11-24-h100-zd, bench/first_load_alloc.py). A failure here
-/// is left to the allocations that follow, which report their own errors.
-fn prepare_pool(ctx: &Arc<CudaContext>, ordinal: u32) {
-    let prepared = (|| -> Result<(), cudarc::driver::DriverError> {
-        let stream = ctx.new_stream()?;
-        let mut ptr: sys::CUdeviceptr = 0;
-        // SAFETY: the out-pointer is valid and the stream belongs to this (current) context; the allocation is
-        // freed on the same stream and waited for before the stream goes.
-        unsafe {
-            sys::cuMemAllocAsync(&mut ptr, 2 << 20, stream.cu_stream()).result()?;
-            sys::cuMemFreeAsync(ptr, stream.cu_stream()).result()?;
-        }
-        stream.synchronize()
-    })();
-    if let Err(e) = prepared {
-        tracing::debug!(device = ordinal, "the stream-ordered pool could not be prepared: {e}");
-    }
-}
-
 impl Gpu {
-    /// Opens device `ordinal`: retains its primary context, makes it current on this thread, and makes the device's
-    /// default stream-ordered memory pool ready (see [`prepare_pool`]).
+    /// Opens device `ordinal`: retains its primary context and makes it current on this thread.
     pub fn open(ordinal: u32) -> Result<Gpu, CudaError> {
-        let started = std::time::Instant::now();
         let drv = driver::driver().map_err(CudaError::Unavailable)?;
         if ordinal >= drv.devices {
             return Err(CudaError::NoSuchDevice { ordinal, count: drv.devices });
@@ -83,7 +56,6 @@ impl Gpu {
             ctx.compute_capability().map_err(CudaError::driver(ordinal, "cuDeviceGetAttribute"))?;
         let pci_bus_id = pci_bus_id(ctx.cu_device()).unwrap_or_default();
         let pcie_link = pcie_link(&pci_bus_id);
-        prepare_pool(&ctx, ordinal);
         let info = GpuInfo {
             ordinal,
             name,
@@ -92,7 +64,6 @@ impl Gpu {
             compute_capability,
             pcie_link,
             driver_version: drv.version,
-            open_secs: started.elapsed().as_secs_f64(),
         };
         Ok(Gpu {
             inner: Arc::new(GpuInner {

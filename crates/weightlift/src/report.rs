@@ -147,7 +147,7 @@ impl Report {
             "gpu": self.gpu.as_ref().map(|g| json!({
                 "name": g.name, "ordinal": g.ordinal, "total_bytes": g.total_bytes, "pci_bus_id": g.pci_bus_id,
                 "pcie_link": g.pcie_link, "compute_capability": [g.compute_capability.0, g.compute_capability.1],
-                "driver_version": g.driver_version, "open_secs": g.open_secs,
+                "driver_version": g.driver_version,
             })),
             "copy_span_secs": self.copy_span_secs,
             "ceiling_gbps": self.ceiling_gbps,

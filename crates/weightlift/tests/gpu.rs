@@ -77,9 +77,7 @@ fn every_format_loads_onto_the_gpu_byte_exact() {
                 .load(&index, Device::Cuda(0), &LoadOpts::default())
                 .unwrap_or_else(|e| panic!("{name} {}: {e}", f.display()));
             check_against_file_and_generator(&index, &loaded, true);
-            // Opening the device (context, and the pool made ready) was timed.
-            let open = loaded.report.gpu.as_ref().map(|g| g.open_secs);
-            assert!(open.is_some_and(|s| s > 0.0 && s < 60.0), "{name}: gpu.open_secs {open:?}");
+            assert!(loaded.report.gpu.is_some());
         }
         eprintln!("{name}: {} files byte-exact on cuda:0", files.len());
     }
