@@ -65,6 +65,7 @@ def child(path: str, variant: str, device: str) -> dict:
     import torch
     import weightlift
 
+    torch.cuda.set_device(device)  # the driver calls of `touch` act on the current device
     t = time.perf_counter()
     torch.zeros(1, device=device)
     context_s = time.perf_counter() - t

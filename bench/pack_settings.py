@@ -171,7 +171,8 @@ def main() -> int:
             for n, ph in entry["phases_medians"].items():
                 print(f"    {n} load_file's steps, ms: " + ", ".join(f"{k[:-2]} {1e3 * v:.1f}" for k, v in ph.items() if v is not None), flush=True)
         # The steps of opening the pack, timed by examples/pack_open where it sits beside the weightlift binary.
-        opener = Path(os.environ.get("WEIGHTLIFT_BIN", "weightlift")).parent / "pack_open"
+        wl = os.environ.get("WEIGHTLIFT_BIN", "weightlift")
+        opener = Path(shutil.which(wl) or wl).parent / "pack_open"
         if opener.is_file():
             run = subprocess.run([str(opener), str(packed), "30"], capture_output=True, text=True, timeout=120)
             result["pack_open"] = json.loads(run.stdout) if run.returncode == 0 else {"error": run.stderr[-2000:]}

@@ -71,6 +71,8 @@ impl Staging {
             MmapMut::map_anon(bytes.checked_add(slack).ok_or_else(|| oom(std::io::ErrorKind::OutOfMemory.into()))?)
                 .map_err(oom)?;
         let offset = if huge { map.as_ptr().align_offset(HUGE_PAGE) } else { 0 };
+        // The mapping is page-aligned, so the first huge-page boundary lies less than `slack` into it.
+        assert!(offset + bytes <= map.len(), "staging offset {offset} past the slack of {slack} bytes");
         // Measured on the H100 host: faulting in and zeroing 4 KiB pages is most of a lane's staging set-up; with
         // huge pages 16 lanes of 8 MiB set up in 29 ms instead of 57 (bench/results/2026-11-24-h100-j,
         // driver_probe.py), a lane of the engine in 2.5 ms instead of 4.1, and the first load of a fresh engine
@@ -81,6 +83,10 @@ impl Staging {
         // may compact memory on a fragmented host: `staging_pages=base` avoids it. Where THP is off the advice is
         // refused or ignored, and the region gets base pages.
         let huge = huge && map.advise_range(Advice::HugePage, offset, bytes).is_ok();
+        if pages == StagingPages::Base {
+            // Where THP is "always" the kernel would give huge pages unasked: base means base. Advice only.
+            let _ = map.advise_range(Advice::NoHugePage, offset, bytes);
+        }
         // Fault everything in now, in one call where the kernel has MADV_POPULATE_WRITE (5.14+), page by page
         // otherwise: page faults during a load would stall the reads.
         if map.advise_range(Advice::PopulateWrite, offset, bytes).is_err() {

@@ -251,7 +251,7 @@ impl Lane {
                     // Counted into the job's totals when this lane joins it. Not through `joined_of`: a lane that
                     // never joins must not hold the job as joined (leaving it would call its sink, which the job's
                     // caller may have dropped by then: the job can complete while this lane waited to set up).
-                    self.setup_pending.0 += t.elapsed() - waited;
+                    self.setup_pending.0 += t.elapsed().saturating_sub(waited);
                     self.setup_pending.1 += waited;
                     if let Err(e) = restaged {
                         job.fail(e);

@@ -9,6 +9,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut args = std::env::args().skip(1);
     let path = std::path::PathBuf::from(args.next().ok_or("usage: pack_open PACK [ROUNDS]")?);
     let rounds: usize = args.next().map_or(Ok(30), |s| s.parse())?;
+    if rounds == 0 {
+        return Err("ROUNDS must be at least 1".into());
+    }
+    // Checked (and the index validated) once before anything is sized from the file.
+    weightlift::Pack::open(&path)?;
     let mut steps: Vec<(&str, Vec<f64>)> =
         ["read_preamble", "read_header", "read_tables", "hash", "parse_header", "format_read", "pack_open"]
             .iter()

@@ -308,7 +308,11 @@ impl Engine {
                 (Device::Cpu, None)
             };
             stats.read_lanes = lanes.unwrap_or(self.io().lanes()).min(self.io().lanes());
-            let batch_bytes = self.settings().pack_batch_bytes.value;
+            // Counted in the batches as cut (one chunk larger than `pack_batch_bytes` makes a larger batch) and in
+            // the device blocks they land in (small batches share blocks of up to `BLOCK_MAX`): the window must
+            // hold two of either for the reads to run beside the decoding.
+            let largest = batches.iter().map(|b| b.end - b.start).max().unwrap_or(0);
+            let batch_bytes = self.settings().pack_batch_bytes.value.max(largest).max(crate::placement::BLOCK_MAX);
             let ahead = self.settings().prefetch_bytes.value.min(batch_bytes.saturating_mul(READ_AHEAD_BATCHES));
             Some(self.stream_on_lanes(&bindex, &positions, stream_device, faults, lanes, Some(ahead))?)
         };

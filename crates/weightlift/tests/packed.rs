@@ -94,6 +94,22 @@ fn packed_loads_give_the_original_bytes_for_every_codec() {
     }
 }
 
+/// Batches of one chunk and a read-ahead of one byte (every batch larger than the window, small batches sharing
+/// device-sized blocks): the load still makes progress and gives every byte.
+#[test]
+fn tiny_batches_and_read_ahead_still_load_every_byte() {
+    let dir = tempfile::tempdir().unwrap();
+    let original = checkpoint(dir.path());
+    let packed = pack(&original, Codec::Zstd);
+    for (batch, ahead) in [(1u64, 1u64), (4096, 1), (1, 1 << 30)] {
+        let e = Engine::new(Settings::default().pack_batch_bytes(batch).prefetch_bytes(ahead)).unwrap();
+        let loaded = e.load_pack(&packed, None, Device::Cpu, Decoder::Auto, &LoadOpts::default()).unwrap();
+        check_against(&original, &loaded);
+        let stats = loaded.report.pack.as_ref().unwrap();
+        assert!(stats.batches > 1, "batch {batch}, read-ahead {ahead}: {} batches", stats.batches);
+    }
+}
+
 #[test]
 fn a_subset_loads_in_the_order_asked_and_pinned_host_memory_works_where_cuda_does() {
     let dir = tempfile::tempdir().unwrap();
