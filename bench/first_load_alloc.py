@@ -47,16 +47,14 @@ def touch(variant: str, nbytes: int, device: str) -> float:
         del x
         torch.cuda.empty_cache()
     elif variant.startswith("pool"):
+        from driver_probe import ck  # the driver through ctypes, each call checked
+
         if ":" in variant:
             nbytes = size_of(variant.split(":", 1)[1])
-        cuda = ctypes.CDLL("libcuda.so.1")
-        ordinal = torch.device(device).index or 0
         ptr = ctypes.c_uint64()
-        for call, args in (("cuMemAllocAsync", (ctypes.byref(ptr), ctypes.c_size_t(nbytes), None)),
-                           ("cuMemFreeAsync", (ptr, None)), ("cuStreamSynchronize", (None,))):
-            rc = getattr(cuda, call)(*args)
-            if rc != 0:
-                raise RuntimeError(f"{call} failed with CUDA error {rc} (device {ordinal})")
+        ck("cuMemAllocAsync", ctypes.byref(ptr), ctypes.c_size_t(nbytes), None)
+        ck("cuMemFreeAsync", ptr, None)
+        ck("cuStreamSynchronize", None)
     torch.cuda.synchronize(device)
     return time.perf_counter() - t
 

@@ -115,9 +115,13 @@ impl Staging {
 
     /// The whole region (for registration with the kernel).
     pub fn region(&mut self) -> (*mut u8, usize) {
-        let bytes = self.slot_bytes * self.slots;
-        // SAFETY: `offset + bytes` lies inside the mapping (`new` mapped at least that much).
-        (unsafe { self.map.as_mut_ptr().add(self.offset) }, bytes)
+        let used = self.used();
+        (self.map[used].as_mut_ptr(), self.slot_bytes * self.slots)
+    }
+
+    /// The part of the mapping the slots take (`new` checked that it lies inside).
+    fn used(&self) -> std::ops::Range<usize> {
+        self.offset..self.offset + self.slot_bytes * self.slots
     }
 
     /// Slot `i`'s address and length.
@@ -150,8 +154,8 @@ impl Staging {
 
     /// Every slot, as exclusive slices.
     pub fn slots_mut(&mut self) -> Vec<&mut [u8]> {
-        let bytes = self.slot_bytes * self.slots;
-        self.map[self.offset..self.offset + bytes].chunks_mut(self.slot_bytes).collect()
+        let used = self.used();
+        self.map[used].chunks_mut(self.slot_bytes).collect()
     }
 }
 
