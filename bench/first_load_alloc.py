@@ -10,7 +10,9 @@ before the next). Variants:
 - ``torch``: ``torch.empty`` of the file's size, freed, ``torch.cuda.empty_cache()`` (cudaMalloc / cudaFree);
 - ``pool``: ``cuMemAllocAsync`` of the file's size from the device's default pool (the pool weightlift allocates
   from), freed and synchronised, so that the pool gives the memory back to the system before the load;
-  ``pool:SIZE`` (``pool:2MiB``) the same with SIZE bytes.
+  ``pool:SIZE`` (``pool:2MiB``) the same with SIZE bytes;
+- ``env:NAME=VALUE``: nothing touched, the child process run with that environment variable set (a weightlift
+  setting, say ``env:WEIGHTLIFT_POOL_RESERVE=0``).
 
 Usage: first_load_alloc.py FILE OUT.json [--runs 3] [--device cuda:0] [--variants none,torch,pool,pool:2MiB]
 Prints one line per process and writes every run's times and the first load's report (``times``) as JSON.
@@ -46,6 +48,8 @@ def touch(variant: str, nbytes: int, device: str) -> float:
         x = torch.empty(nbytes, dtype=torch.uint8, device=device)
         del x
         torch.cuda.empty_cache()
+    elif variant.startswith("env:"):
+        pass  # the variable was set in this process's environment
     elif variant.startswith("pool"):
         from driver_probe import ck  # the driver through ctypes, each call checked
 
@@ -86,7 +90,8 @@ def main() -> int:
     ap.add_argument("out")
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--device", default="cuda:0")
-    ap.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated: none, torch, pool, pool:SIZE")
+    ap.add_argument("--variants", default=",".join(VARIANTS),
+                    help="comma-separated: none, torch, pool, pool:SIZE, env:NAME=VALUE")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
@@ -99,8 +104,12 @@ def main() -> int:
     variants = args.variants.split(",")
     for _ in range(args.runs):
         for v in variants:
+            env = dict(os.environ)
+            if v.startswith("env:"):
+                name, _, value = v[4:].partition("=")
+                env[name] = value
             run = subprocess.run([sys.executable, __file__, args.file, args.out, "--device", args.device, "--child", v],
-                                 capture_output=True, text=True, timeout=300)
+                                 capture_output=True, text=True, timeout=300, env=env)
             if run.returncode != 0:
                 print(f"{v}: failed: {run.stderr[-800:]}", flush=True)
                 rows.append({"variant": v, "error": run.stderr[-2000:]})
@@ -109,7 +118,7 @@ def main() -> int:
             r["ratio"] = r["first_s"] / r["second_s"]
             rows.append(r)
             alloc = (r["first_times"] or {}).get("alloc")
-            print(f"{v:11s} touch {r['touch_s'] * 1e3:7.1f} ms  first {r['first_s'] * 1e3:6.1f} ms  second "
+            print(f"{v:11.30s} touch {r['touch_s'] * 1e3:7.1f} ms  first {r['first_s'] * 1e3:6.1f} ms  second "
                   f"{r['second_s'] * 1e3:6.1f} ms  ratio {r['ratio']:.3f}  first load's allocation "
                   f"{(alloc or 0) * 1e3:.1f} ms", flush=True)
     medians = {v: statistics.median(r["ratio"] for r in rows if r.get("variant") == v and "ratio" in r)
