@@ -18,7 +18,6 @@ mod sink;
 pub mod unpack;
 
 pub use ceiling::{chunked_h2d_gbps, pinned_h2d_gbps};
-pub use cudarc::driver::CudaStream;
 pub use cudarc::driver::sys::{CUdeviceptr, CUstream};
 pub use driver::DriverInfo;
 pub use error::CudaError;

@@ -51,22 +51,6 @@ impl DeviceBuffer {
         Ok(DeviceBuffer { gpu: gpu.clone(), ptr, len, free_stream: LEGACY_STREAM })
     }
 
-    /// Grows the device's pool by `len` bytes in one allocation, freed at once on `stream`, so that allocations
-    /// made next on the same stream come from it (stream-ordered reuse) instead of each growing the pool. A fresh
-    /// pool grows slowly piece by piece (4 GiB: 21.7 ms in 64 MiB pieces, 6.1 ms in 1 GiB pieces, 0.5 ms for one
-    /// `cuMemAlloc`, `bench/results/2026-11-24-h100-i`), and other threads' copies slow down while it grows.
-    /// Best effort: returns whether the allocation succeeded (the allocations that follow report their own errors).
-    pub fn reserve(gpu: &Gpu, len: usize, stream: &CudaStream) -> bool {
-        match DeviceBuffer::alloc(gpu, len, stream) {
-            Ok(mut b) => {
-                // SAFETY: the caller's stream belongs to `gpu`'s context and outlives this call, where `b` drops.
-                unsafe { b.set_free_stream(stream.cu_stream()) };
-                true
-            }
-            Err(_) => false,
-        }
-    }
-
     pub fn device_ptr(&self) -> sys::CUdeviceptr {
         self.ptr
     }

@@ -585,7 +585,6 @@ pub(crate) fn allocate_published(
     let stream = gpu.stream(lanes)?;
     let mut batch: Vec<(u32, u64, u64)> = Vec::new();
     let (mut batch_bytes, mut limit) = (0u64, 1u64);
-    reserve_pool(gpu, lens, &stream);
     let publish = |batch: &mut Vec<(u32, u64, u64)>| -> Result<()> {
         let event = stream.record_event(None).map_err(|error| weightlift_cuda::CudaError::Driver {
             device: gpu.ordinal(),
@@ -613,15 +612,6 @@ pub(crate) fn allocate_published(
         publish(&mut batch)?;
     }
     Ok(())
-}
-
-/// Grows the device's pool by the load's whole size at once before its blocks are allocated (see
-/// [`DeviceBuffer::reserve`]); `WEIGHTLIFT_POOL_RESERVE=0` turns this off (measurements only).
-fn reserve_pool(gpu: &Gpu, lens: &[u64], stream: &weightlift_cuda::CudaStream) {
-    if std::env::var("WEIGHTLIFT_POOL_RESERVE").is_ok_and(|v| v == "0") || lens.len() < 2 {
-        return;
-    }
-    DeviceBuffer::reserve(gpu, lens.iter().sum::<u64>() as usize, stream);
 }
 
 impl Engine {
