@@ -9,7 +9,7 @@
    read the page cache itself: a read-only mapping of the file registered with cuMemHostRegister(READ_ONLY), then
    copied from? At what rate do registration and the copies run?
 
-Usage: driver_probe.py OUT.json [--dir DIR] [--gib N] [--staging-only]. Prints one line per figure and writes them all as JSON.
+Usage: driver_probe.py OUT.json [--dir DIR] [--gib N] [--staging-only [--case NAME ...]]. Prints one line per figure and writes them all as JSON.
 """
 
 import argparse
@@ -147,15 +147,24 @@ def alloc_vs_copies(ctx, gib, out):
         print(k, v, flush=True)
 
 
-def staging_setup(ctx, lanes, each, populate=True, hugepage=False, alloc_gib=0):
+def staging_setup(ctx, lanes, each, populate=True, hugepage=False, alloc_gib=0, serial=False):
     """`lanes` threads at once each map `each` bytes of anonymous memory, fault it in and pin it (what a lane does
-    for its staging slots on a first load); optionally while another thread allocates `alloc_gib` of device memory
-    in 64 MiB pieces. Returns the wall time, the slowest thread's split, and the allocation's time."""
+    for its staging slots on a first load), or one thread after another (`serial`); optionally while another thread
+    allocates `alloc_gib` of device memory in 64 MiB pieces. Returns the wall time, the slowest thread's split, and
+    the allocation's time."""
     res = {"threads": [], "alloc_secs": None}
     maps = []
     lock = threading.Lock()
+    one_at_a_time = threading.Lock()
 
     def lane():
+        if serial:
+            with one_at_a_time:
+                set_up()
+        else:
+            set_up()
+
+    def set_up():
         ctx.bind()
         t0 = time.perf_counter()
         addr = libc.mmap(None, each, 3, 0x22, -1, 0)  # PROT_READ|WRITE, MAP_PRIVATE|ANONYMOUS
@@ -197,7 +206,7 @@ def staging_setup(ctx, lanes, each, populate=True, hugepage=False, alloc_gib=0):
     return res
 
 
-def staging_cases(ctx, out):
+def staging_cases(ctx, out, only=()):
     libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
     cases = {}
     for label, kw in (
@@ -209,7 +218,15 @@ def staging_cases(ctx, out):
         ("alloc_4GiB_alone", dict(lanes=0, each=MIB, alloc_gib=4)),
         ("16x8MiB_with_alloc_4GiB", dict(lanes=16, each=8 * MIB, alloc_gib=4)),
         ("1x128MiB_with_alloc_4GiB", dict(lanes=1, each=128 * MIB, alloc_gib=4)),
+        # what a first load does now (one lane after another, huge pages) against one region for all lanes
+        ("16x8MiB_hugepage_serial", dict(lanes=16, each=8 * MIB, hugepage=True, serial=True)),
+        ("1x128MiB_hugepage", dict(lanes=1, each=128 * MIB, hugepage=True)),
+        ("16x8MiB_hugepage_serial_with_alloc_4GiB", dict(lanes=16, each=8 * MIB, hugepage=True, serial=True,
+                                                          alloc_gib=4)),
+        ("1x128MiB_hugepage_with_alloc_4GiB", dict(lanes=1, each=128 * MIB, hugepage=True, alloc_gib=4)),
     ):
+        if only and label not in only:
+            continue
         try:
             if kw["lanes"] == 0:
                 s = ctx.stream()
@@ -349,13 +366,14 @@ def main():
     ap.add_argument("--dir", default=".")
     ap.add_argument("--gib", type=int, default=4)
     ap.add_argument("--staging-only", action="store_true", help="only the staging set-up cases")
+    ap.add_argument("--case", action="append", default=[], help="only this staging case (repeatable)")
     a = ap.parse_args()
     out = {"gib": a.gib}
     t = time.perf_counter()
     ctx = Ctx()
     out["context_secs"] = time.perf_counter() - t
     try:
-        staging_cases(ctx, out)
+        staging_cases(ctx, out, a.case)
     except Exception as e:
         out["staging_error"] = repr(e)
     if a.staging_only:
