@@ -88,7 +88,9 @@ pub struct IoReport {
     /// Bytes read through the O_DIRECT and buffered descriptors (alignment and coalesced gaps included).
     pub direct_bytes: u64,
     pub buffered_bytes: u64,
-    /// Bytes of the input files in the page cache before the load (where probed).
+    /// Bytes of the input files in the page cache before the load (where probed). For a file over
+    /// [`crate::residency::SAMPLED_ABOVE`] whose sampled places were all cached (or all not), an estimate from those
+    /// places: all of it (or none).
     pub resident_bytes: Option<u64>,
     pub ops: u64,
     /// Ops a streaming load's gate skipped (their destinations were read another way).
@@ -173,7 +175,8 @@ impl IoEngine {
         let total: u64 = req.files.iter().map(|f| f.len).sum();
         let (cache, cache_why) = resolve_cache(params.cache, total);
         report.cache = cache;
-        report.direct_reason = direct_reason(mode, cache, &cache_why, req.files, report.resident_bytes);
+        let sampled = residency.iter().flatten().any(Residency::is_sampled);
+        report.direct_reason = direct_reason(mode, cache, &cache_why, req.files, report.resident_bytes, sampled);
 
         let chunk = params.chunk_bytes;
         let max_block = req.files.iter().filter(|f| f.supports_direct()).map(|f| f.block).max().unwrap_or(0);
@@ -434,6 +437,7 @@ fn direct_reason(
     cache_why: &str,
     files: &[Arc<OpenFile>],
     resident: Option<u64>,
+    sampled: bool,
 ) -> String {
     let refused: Vec<String> =
         files.iter().filter_map(|f| f.direct_refused.as_ref().map(|r| format!("{}: {r}", f.path.display()))).collect();
@@ -446,9 +450,19 @@ fn direct_reason(
                 CachePolicy::Keep => "buffered in large requests, so the page cache keeps them",
                 _ => "read with O_DIRECT, leaving the page cache as it was",
             };
+            let how = if sampled {
+                format!(
+                    " (judged for files over {} MiB from {} places of {} KiB each)",
+                    crate::residency::SAMPLED_ABOVE >> 20,
+                    crate::residency::SAMPLES,
+                    crate::residency::SAMPLE_BYTES >> 10
+                )
+            } else {
+                String::new()
+            };
             match resident {
                 Some(r) => format!(
-                    "auto: {r} of {total} bytes were in the page cache and are read buffered; the rest is {cold} ({cache_why})"
+                    "auto: {r} of {total} bytes were in the page cache{how} and are read buffered; the rest is {cold} ({cache_why})"
                 ),
                 None => format!("auto: cold ranges {cold} ({cache_why})"),
             }
