@@ -74,11 +74,10 @@ struct Joined {
 /// and pins its slots, registers them with its ring) they slowed each other and the device allocation running
 /// beside them: on the H100 machine a first load of 4.13 GB with 16 lanes took 1.51× the second (allocation 59 ms),
 /// one at a time 1.29× (allocation 7 ms), the warm rate unchanged (bench/results/2026-11-24-h100-k). The first lane
-/// ready starts reading while the others set up.
+/// ready starts reading while the others set up. On huge pages, at once against one at a time was measured again
+/// (bench/results/2026-11-24-h100-zi): a fresh Python process's first load gained (median 1.243× the second against
+/// 1.307), a fresh engine's in `weightlift bench` lost (1.21–1.24× against 1.09–1.10); one at a time stays.
 static SETTING_UP: std::sync::Mutex<()> = std::sync::Mutex::new(());
-/// `WEIGHTLIFT_STAGING_SETUP=parallel`: lanes set up at once (measurement only).
-static PARALLEL_SETUP: std::sync::LazyLock<bool> =
-    std::sync::LazyLock::new(|| std::env::var("WEIGHTLIFT_STAGING_SETUP").is_ok_and(|v| v == "parallel"));
 
 pub(crate) struct Lane {
     pub id: usize,
@@ -247,8 +246,7 @@ impl Lane {
                 Work::Restage(job) => {
                     let t = Instant::now();
                     let (waited, restaged) = {
-                        let _one_at_a_time =
-                            (!*PARALLEL_SETUP).then(|| SETTING_UP.lock().unwrap_or_else(|p| p.into_inner()));
+                        let _one_at_a_time = SETTING_UP.lock().unwrap_or_else(|p| p.into_inner());
                         let waited = t.elapsed();
                         (waited, self.restage(&job))
                     };
