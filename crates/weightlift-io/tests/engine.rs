@@ -425,3 +425,113 @@ fn a_stream_capped_at_two_lanes_uses_two() {
         }
     }
 }
+
+/// Pins nothing; records what it was asked to pin, and how many of its guards are alive.
+#[derive(Debug, Default)]
+struct RecordingPinner {
+    pinned: Mutex<Vec<(usize, usize)>>,
+    live: std::sync::Arc<AtomicU64>,
+}
+
+#[derive(Debug)]
+struct RecordingGuard(std::sync::Arc<AtomicU64>);
+
+impl weightlift_io::PinGuard for RecordingGuard {}
+
+impl Drop for RecordingGuard {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+impl weightlift_io::Pinner for RecordingPinner {
+    unsafe fn pin(&self, ptr: *mut u8, len: usize) -> Result<Box<dyn weightlift_io::PinGuard>, SinkError> {
+        self.pinned.lock().unwrap().push((ptr as usize, len));
+        self.live.fetch_add(1, Ordering::SeqCst);
+        Ok(Box::new(RecordingGuard(self.live.clone())))
+    }
+}
+
+/// Copies every delivered piece out of staging (as a device sink does), recording which staging memory it read.
+struct CopyingSink {
+    dests: Vec<Mutex<Vec<u8>>>,
+    sources: Mutex<Vec<(usize, usize)>>,
+}
+
+impl Sink for CopyingSink {
+    fn deliver(&self, _lane: usize, pieces: &[Piece], data: &[u8]) -> Result<Option<Box<dyn Pending>>, SinkError> {
+        self.sources.lock().unwrap().push((data.as_ptr() as usize, data.len()));
+        for p in pieces {
+            let src = data.get(p.at as usize..(p.at + p.len) as usize).ok_or("piece past the read")?;
+            let mut d = self.dests[p.dest as usize].lock().unwrap();
+            d[p.dest_offset as usize..(p.dest_offset + p.len) as usize].copy_from_slice(src);
+        }
+        Ok(None)
+    }
+}
+
+/// A fresh engine's first pinned load sets up its lanes' staging as one region pinned once (one mapping, one
+/// fault-in pass, one registration with the driver), and every read goes through it; later loads reuse it; once
+/// the staging is released the region goes (its pin with it) and the next load makes a new one. Every byte is
+/// checked against the file each time.
+#[test]
+fn a_fresh_engines_lanes_share_one_pinned_staging_region() {
+    let dir = tempfile::tempdir().unwrap();
+    let len = (32usize << 20) + 4567;
+    let path = write(dir.path(), "shared-staging.bin", len, 11);
+    let expected = pattern(len, 11);
+    let params = IoParams {
+        threads: 4,
+        chunk_bytes: 1 << 20,
+        direct: DirectMode::Never,
+        engine: ReadEngine::Pread,
+        ..IoParams::default()
+    };
+    for engine_kind in [ReadEngine::Pread, ReadEngine::Uring] {
+        if engine_kind == ReadEngine::Uring && weightlift_io::uring_available().is_err() {
+            continue;
+        }
+        let engine = engine(&IoParams { engine: engine_kind, ..params });
+        let pinner = std::sync::Arc::new(RecordingPinner::default());
+        let files = open_all(std::slice::from_ref(&path), false).unwrap();
+        let extents = extents_for(&[len as u64], 3);
+        let dest_lens: Vec<u64> = extents.iter().map(|e| e.len).collect();
+        let load = || {
+            let sink = CopyingSink {
+                dests: dest_lens.iter().map(|&l| Mutex::new(vec![0u8; l as usize])).collect(),
+                sources: Mutex::new(Vec::new()),
+            };
+            let req = LoadRequest { files: &files, extents: &extents, dest_lens: &dest_lens };
+            let opts = LoadOptions { pinner: Some(pinner.clone()), ..LoadOptions::default() };
+            let report = engine.load(&req, &opts, &sink).unwrap();
+            for (e, d) in extents.iter().zip(&sink.dests) {
+                let want = &expected[e.offset as usize..(e.offset + e.len) as usize];
+                assert!(&d.lock().unwrap()[..] == want, "{engine_kind:?}: extent {e:?} differs");
+            }
+            (report, sink.sources.into_inner().unwrap())
+        };
+        let (report, sources) = load();
+        let pins = pinner.pinned.lock().unwrap().clone();
+        let lane_bytes = (report.slots_per_lane as u64 * report.slot_bytes) as usize;
+        assert_eq!(pins.len(), 1, "{engine_kind:?}: one pin for the lanes' staging, got {pins:?}");
+        let (start, bytes) = pins[0];
+        assert_eq!(bytes, lane_bytes * 4, "{engine_kind:?}: the region holds four lanes' staging");
+        assert!(
+            sources.iter().all(|&(p, n)| p >= start && p + n <= start + bytes),
+            "{engine_kind:?}: a read went through staging outside the pinned region"
+        );
+        // The next load reuses the lanes' staging: nothing more is pinned.
+        load();
+        assert_eq!(pinner.pinned.lock().unwrap().len(), 1, "{engine_kind:?}");
+        engine.release_staging();
+        let t = std::time::Instant::now();
+        while pinner.live.load(Ordering::SeqCst) != 0 && t.elapsed() < std::time::Duration::from_secs(10) {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        assert_eq!(pinner.live.load(Ordering::SeqCst), 0, "{engine_kind:?}: the region outlived its lanes' staging");
+        load();
+        assert_eq!(pinner.pinned.lock().unwrap().len(), 2, "{engine_kind:?}: a new region after the release");
+        drop(engine);
+        assert_eq!(pinner.live.load(Ordering::SeqCst), 0, "{engine_kind:?}: the engine's drop left a pin");
+    }
+}
