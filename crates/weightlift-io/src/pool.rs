@@ -1,13 +1,12 @@
 //! The engine's persistent lanes and the queue of jobs they serve.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 
 use crate::error::IoError;
 use crate::job::{Job, Priority};
 use crate::params::{IoParams, ReadEngine, StagingPages};
-use crate::staging::{Pinner, Region, Staging};
 use crate::worker::{Lane, Submitter};
 
 /// Pread lanes issue one read at a time, so they are more numerous than io_uring lanes, up to this many.
@@ -40,60 +39,9 @@ pub(crate) struct PoolShared {
     release_epoch: AtomicU64,
     staging_per_lane: u64,
     staging_pages: StagingPages,
-    arena: Mutex<Option<Arena>>,
-}
-
-/// The staging region that a fresh engine's lanes share (see [`PoolShared::shared_staging`]), while a lane still
-/// uses part of it.
-struct Arena {
-    region: Weak<Region>,
-    slot_bytes: usize,
-    slots: usize,
-    /// Which lanes took their part.
-    taken: Vec<bool>,
 }
 
 impl PoolShared {
-    /// Staging for lane `id` that has none yet, for a job whose staging is pinned: its part of one region made,
-    /// faulted in and pinned at once for the job's first lanes by the first of them to come (a fresh engine's
-    /// first device load), or `None` where the lane makes its own (a single-lane job, a lane past the job's first
-    /// lanes, a shared region of another shape still in use, or this lane's part of it already taken).
-    pub fn shared_staging(
-        &self,
-        id: usize,
-        job: &Job,
-        slot_bytes: usize,
-        slots: usize,
-        pinner: &dyn Pinner,
-    ) -> Option<Result<Staging, IoError>> {
-        let lanes = job.max_lanes.min(job.plan.ops.len());
-        // Measurement only: WEIGHTLIFT_SHARED_STAGING=0 gives every lane its own region, as before.
-        if lanes < 2 || id >= lanes || std::env::var("WEIGHTLIFT_SHARED_STAGING").is_ok_and(|v| v == "0") {
-            return None;
-        }
-        let mut arena = self.arena.lock().unwrap_or_else(|p| p.into_inner());
-        let live = arena.as_ref().and_then(|a| a.region.upgrade().map(|r| (a, r)));
-        let region = match live {
-            Some((a, r)) if a.slot_bytes == slot_bytes && a.slots == slots && a.taken.get(id) == Some(&false) => r,
-            Some(_) => return None,
-            None => {
-                let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(lanes);
-                let r = match Staging::shared(slot_bytes, slots, lanes, threads, pinner, self.staging_pages) {
-                    Ok(r) => r,
-                    Err(e) => return Some(Err(e)),
-                };
-                *arena = Some(Arena { region: Arc::downgrade(&r), slot_bytes, slots, taken: vec![false; lanes] });
-                r
-            }
-        };
-        if let Some(a) = arena.as_mut() {
-            a.taken[id] = true;
-        }
-        // SAFETY: part `id` of this region is taken once (marked above, under the lock), with the shape the region
-        // was made with.
-        Some(unsafe { Staging::part(region, id, slot_bytes, slots) })
-    }
-
     fn lock(&self) -> MutexGuard<'_, Queue> {
         self.queue.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -233,7 +181,6 @@ impl IoEngine {
             release_epoch: AtomicU64::new(0),
             staging_per_lane: (params.staging_bytes / lanes as u64).max(4096),
             staging_pages: params.staging_pages,
-            arena: Mutex::new(None),
         });
         let mut t = Threads { shared: shared.clone(), handles: Vec::with_capacity(lanes) };
         for id in 0..lanes {

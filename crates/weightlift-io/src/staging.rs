@@ -3,7 +3,6 @@
 //! device DMA (memory from `cuMemHostAlloc` may be refused as a fixed buffer).
 
 use std::fmt;
-use std::sync::Arc;
 
 use memmap2::{Advice, MmapMut};
 
@@ -27,39 +26,42 @@ pub trait Pinner: Send + Sync + fmt::Debug {
     unsafe fn pin(&self, ptr: *mut u8, len: usize) -> Result<Box<dyn PinGuard>, SinkError>;
 }
 
-/// Mapped memory that one staging, or the stagings of several lanes, live in.
-pub struct Region {
+/// A staging region of `slots` slots of `slot_bytes` each.
+pub struct Staging {
     // Declared before `map` so that the memory is unpinned before it is unmapped.
     pin: Option<Box<dyn PinGuard>>,
-    /// Owns the memory `base` points into (only dropped, never read through).
-    #[allow(dead_code)]
     map: MmapMut,
-    /// Start of the used range (a huge-page boundary when huge pages were asked for) and its length.
-    base: *mut u8,
-    bytes: usize,
+    /// Where the region starts in `map` (a huge-page boundary when huge pages were asked for).
+    offset: usize,
+    slot_bytes: usize,
+    slots: usize,
     huge: bool,
 }
 
-// SAFETY: `base` points into `map`, which the region owns and never moves (an anonymous mapping); the stagings
-// cut from a shared region use disjoint ranges of it, each from one lane at a time.
-unsafe impl Send for Region {}
-// SAFETY: as above; shared access reads the address and length only.
-unsafe impl Sync for Region {}
-
-impl fmt::Debug for Region {
+impl fmt::Debug for Staging {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Region")
-            .field("bytes", &self.bytes)
+        f.debug_struct("Staging")
+            .field("slot_bytes", &self.slot_bytes)
+            .field("slots", &self.slots)
             .field("pinned", &self.pin.is_some())
             .field("huge_pages", &self.huge)
             .finish()
     }
 }
 
-impl Region {
-    /// Maps and faults in `bytes` bytes (2 MiB transparent huge pages when `pages` asks for them and the kernel
-    /// grants them), faulting in with up to `threads` threads at once.
-    fn new(bytes: usize, pages: StagingPages, threads: usize) -> Result<Region, IoError> {
+impl Staging {
+    /// Maps and touches `slots × slot_bytes` bytes (2 MiB transparent huge pages when `pages` asks for them and
+    /// the kernel grants them), then pins them with `pinner` if one is given.
+    pub fn new(
+        slot_bytes: usize,
+        slots: usize,
+        pinner: Option<&dyn Pinner>,
+        pages: StagingPages,
+    ) -> Result<Staging, IoError> {
+        let bytes = slot_bytes.checked_mul(slots).filter(|&b| b > 0);
+        let Some(bytes) = bytes else {
+            return Err(IoError::Destinations(format!("staging of {slots} slots of {slot_bytes} bytes")));
+        };
         let huge = pages == StagingPages::Huge && bytes >= HUGE_PAGE;
         // A huge page needs a 2 MiB-aligned range: map one huge page more and start at the first boundary. The
         // slack around the region is never touched, so it takes address space only.
@@ -85,125 +87,25 @@ impl Region {
             // Where THP is "always" the kernel would give huge pages unasked: base means base. Advice only.
             let _ = map.advise_range(Advice::NoHugePage, offset, bytes);
         }
-        // Fault everything in now, in one call per thread where the kernel has MADV_POPULATE_WRITE (5.14+), page
-        // by page otherwise: page faults during a load would stall the reads. Threads fault in disjoint parts of
-        // one mapping (a fault takes the address space's lock shared; mapping takes it exclusively, which is why
-        // lanes mapping and faulting in each their own region at once slowed each other).
-        let part = bytes.div_ceil(threads.max(1)).next_multiple_of(HUGE_PAGE);
-        let populated = std::thread::scope(|scope| {
-            let map = &map;
-            let parts: Vec<_> = (offset..offset + bytes)
-                .step_by(part)
-                .skip(1)
-                .map(|start| {
-                    let len = part.min(offset + bytes - start);
-                    scope.spawn(move || map.advise_range(Advice::PopulateWrite, start, len).is_ok())
-                })
-                .collect();
-            let first = map.advise_range(Advice::PopulateWrite, offset, part.min(bytes)).is_ok();
-            parts.into_iter().fold(first, |all, h| h.join().unwrap_or(false) && all)
-        });
-        if !populated {
+        // Fault everything in now, in one call where the kernel has MADV_POPULATE_WRITE (5.14+), page by page
+        // otherwise: page faults during a load would stall the reads.
+        if map.advise_range(Advice::PopulateWrite, offset, bytes).is_err() {
             for page in map[offset..offset + bytes].chunks_mut(4096) {
                 page[0] = 0;
             }
         }
-        // SAFETY: `offset + bytes <= map.len()` (asserted above).
-        let base = unsafe { map.as_mut_ptr().add(offset) };
-        Ok(Region { pin: None, map, base, bytes, huge })
-    }
-}
-
-/// A staging region of `slots` slots of `slot_bytes` each: a region of its own, or a lane's part of a region
-/// several lanes share (see [`Staging::shared`]).
-pub struct Staging {
-    // Declared before `region` so that a pin of this staging alone goes before the memory.
-    pin: Option<Box<dyn PinGuard>>,
-    region: Arc<Region>,
-    /// Where this staging starts in the region's used range.
-    start: usize,
-    slot_bytes: usize,
-    slots: usize,
-}
-
-impl fmt::Debug for Staging {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Staging")
-            .field("slot_bytes", &self.slot_bytes)
-            .field("slots", &self.slots)
-            .field("pinned", &self.is_pinned())
-            .field("huge_pages", &self.region.huge)
-            .field("shared", &(Arc::strong_count(&self.region) > 1 || self.start > 0))
-            .finish()
-    }
-}
-
-fn staging_bytes(slot_bytes: usize, slots: usize) -> Result<usize, IoError> {
-    slot_bytes
-        .checked_mul(slots)
-        .filter(|&b| b > 0)
-        .ok_or_else(|| IoError::Destinations(format!("staging of {slots} slots of {slot_bytes} bytes")))
-}
-
-impl Staging {
-    /// Maps and touches `slots × slot_bytes` bytes (2 MiB transparent huge pages when `pages` asks for them and
-    /// the kernel grants them), then pins them with `pinner` if one is given.
-    pub fn new(
-        slot_bytes: usize,
-        slots: usize,
-        pinner: Option<&dyn Pinner>,
-        pages: StagingPages,
-    ) -> Result<Staging, IoError> {
-        let bytes = staging_bytes(slot_bytes, slots)?;
-        let region = Arc::new(Region::new(bytes, pages, 1)?);
-        let mut s = Staging { pin: None, region, start: 0, slot_bytes, slots };
+        let mut s = Staging { pin: None, map, offset, slot_bytes, slots, huge };
         if let Some(p) = pinner {
             s.pin(p)?;
         }
         Ok(s)
     }
 
-    /// One region for `lanes` stagings of `slots × slot_bytes` bytes, faulted in by up to `threads` threads at
-    /// once and pinned with `pinner` as a whole; [`Staging::part`] cuts each lane's staging out of it. A fresh
-    /// engine's lanes set up this way in one mapping, one pass of faulting in and one registration with the
-    /// driver, instead of one of each per lane while the first lanes' copies already run.
-    pub fn shared(
-        slot_bytes: usize,
-        slots: usize,
-        lanes: usize,
-        threads: usize,
-        pinner: &dyn Pinner,
-        pages: StagingPages,
-    ) -> Result<Arc<Region>, IoError> {
-        let bytes = staging_bytes(slot_bytes, slots)?
-            .checked_mul(lanes)
-            .filter(|&b| b > 0)
-            .ok_or_else(|| IoError::Destinations(format!("staging for {lanes} lanes")))?;
-        let mut region = Region::new(bytes, pages, threads)?;
-        // SAFETY: the mapping lives in the region, and the guard is dropped before it (field order).
-        let guard = unsafe { pinner.pin(region.base, bytes) }
-            .map_err(|cause| IoError::Staging { bytes: bytes as u64, cause })?;
-        region.pin = Some(guard);
-        Ok(Arc::new(region))
-    }
-
-    /// Lane `i`'s staging in a region from [`Staging::shared`] of `slots × slot_bytes` bytes per lane.
-    ///
-    /// # Safety
-    /// Each `i` must be taken at most once from a region, and `slots`, `slot_bytes` must be those it was made
-    /// with: stagings of one region must not overlap.
-    pub unsafe fn part(region: Arc<Region>, i: usize, slot_bytes: usize, slots: usize) -> Result<Staging, IoError> {
-        let lane = staging_bytes(slot_bytes, slots)?;
-        let start = i.checked_mul(lane).filter(|&s| s + lane <= region.bytes);
-        let start = start.ok_or_else(|| IoError::Destinations(format!("no staging {i} of {lane} bytes here")))?;
-        Ok(Staging { pin: None, region, start, slot_bytes, slots })
-    }
-
-    /// Pins the staging for device DMA, unless it (or the region it is part of) is pinned already.
+    /// Pins the region for device DMA, unless it is pinned already.
     pub fn pin(&mut self, pinner: &dyn Pinner) -> Result<(), IoError> {
-        if !self.is_pinned() {
+        if self.pin.is_none() {
             let (ptr, bytes) = self.region();
-            // SAFETY: the region lives as long as this staging, and the guard is dropped before it (field order).
+            // SAFETY: the mapping lives in `Staging` and the guard is dropped before it (field order).
             let guard =
                 unsafe { pinner.pin(ptr, bytes) }.map_err(|cause| IoError::Staging { bytes: bytes as u64, cause })?;
             self.pin = Some(guard);
@@ -211,17 +113,22 @@ impl Staging {
         Ok(())
     }
 
-    /// This staging's memory (for registration with the kernel).
+    /// The whole region (for registration with the kernel).
     pub fn region(&mut self) -> (*mut u8, usize) {
-        // SAFETY: `start + slots × slot_bytes` lies inside the region's used range (checked where it was made).
-        (unsafe { self.region.base.add(self.start) }, self.slot_bytes * self.slots)
+        let used = self.used();
+        (self.map[used].as_mut_ptr(), self.slot_bytes * self.slots)
+    }
+
+    /// The part of the mapping the slots take (`new` checked that it lies inside).
+    fn used(&self) -> std::ops::Range<usize> {
+        self.offset..self.offset + self.slot_bytes * self.slots
     }
 
     /// Slot `i`'s address and length.
     pub fn slot_ptr(&mut self, i: usize) -> (*mut u8, usize) {
         debug_assert!(i < self.slots);
-        // SAFETY: `i < slots`, so the slot lies inside this staging's range of the region.
-        (unsafe { self.region.base.add(self.start + i * self.slot_bytes) }, self.slot_bytes)
+        // SAFETY: `i < slots`, so the slot lies inside the region of `slots × slot_bytes` bytes at `offset`.
+        (unsafe { self.map.as_mut_ptr().add(self.offset + i * self.slot_bytes) }, self.slot_bytes)
     }
 
     pub fn slot_bytes(&self) -> usize {
@@ -237,21 +144,18 @@ impl Staging {
     }
 
     pub fn is_pinned(&self) -> bool {
-        self.pin.is_some() || self.region.pin.is_some()
+        self.pin.is_some()
     }
 
     /// Whether the region was given to the kernel for huge pages (it decides, page by page, whether they are).
     pub fn asked_huge_pages(&self) -> bool {
-        self.region.huge
+        self.huge
     }
 
     /// Every slot, as exclusive slices.
     pub fn slots_mut(&mut self) -> Vec<&mut [u8]> {
-        let (ptr, len) = self.region();
-        // SAFETY: this staging's range is its own (`part`'s contract for shared regions), lives as long as `self`,
-        // and `&mut self` keeps it from being handed out twice.
-        let all = unsafe { std::slice::from_raw_parts_mut(ptr, len) };
-        all.chunks_mut(self.slot_bytes).collect()
+        let used = self.used();
+        self.map[used].chunks_mut(self.slot_bytes).collect()
     }
 }
 
@@ -357,42 +261,6 @@ mod tests {
                     eprintln!("{slot_bytes}×{slots}: AnonHugePages {:?} kB", anon_huge_kib(base as usize));
                 }
             }
-        }
-    }
-
-    #[derive(Debug)]
-    struct NoGuard;
-    impl PinGuard for NoGuard {}
-    #[derive(Debug)]
-    struct NoPin;
-    impl Pinner for NoPin {
-        unsafe fn pin(&self, _ptr: *mut u8, _len: usize) -> Result<Box<dyn PinGuard>, SinkError> {
-            Ok(Box::new(NoGuard))
-        }
-    }
-
-    #[test]
-    fn parts_of_a_shared_region_are_disjoint_pinned_and_bounded() {
-        for pages in [StagingPages::Huge, StagingPages::Base] {
-            let (slot_bytes, slots, lanes) = (1 << 20, 2, 3);
-            let region = Staging::shared(slot_bytes, slots, lanes, 2, &NoPin, pages).unwrap();
-            // SAFETY: each part taken once, with the region's shape.
-            let mut parts: Vec<Staging> =
-                (0..lanes).map(|i| unsafe { Staging::part(region.clone(), i, slot_bytes, slots) }.unwrap()).collect();
-            for (i, s) in parts.iter_mut().enumerate() {
-                assert!(s.is_pinned());
-                let (p, n) = s.region();
-                assert_eq!(n, slot_bytes * slots);
-                assert_eq!(p as usize - region.base as usize, i * n);
-                for slot in s.slots_mut() {
-                    slot.fill(i as u8 + 1);
-                }
-            }
-            for (i, s) in parts.iter_mut().enumerate() {
-                assert!(s.slots_mut().iter().all(|slot| slot.iter().all(|&b| b == i as u8 + 1)));
-            }
-            // SAFETY: refused before anything is cut out.
-            assert!(unsafe { Staging::part(region.clone(), lanes, slot_bytes, slots) }.is_err());
         }
     }
 

@@ -309,7 +309,6 @@ impl Lane {
                 return Ok(());
             }
         }
-        let fresh = self.staging.is_none();
         let (old_bytes, old_slots) = self.staging.as_ref().map_or((0, 0), |s| (s.slot_bytes() as u64, s.slots()));
         let cap = self.pool.staging_per_lane().max(job.slot_bytes);
         // Larger slots (and more of them) are kept only while the lane's share still holds as many as the job
@@ -324,14 +323,8 @@ impl Lane {
         unsafe { self.io.register(None) };
         self.staging = None;
         self.slots.clear();
-        let shared = match (fresh, job.pinner.as_deref()) {
-            (true, Some(p)) => self.pool.shared_staging(self.id, job, slot_bytes as usize, slots, p),
-            _ => None,
-        };
-        self.staging = Some(match shared {
-            Some(s) => s?,
-            None => Staging::new(slot_bytes as usize, slots, job.pinner.as_deref(), self.pool.staging_pages())?,
-        });
+        self.staging =
+            Some(Staging::new(slot_bytes as usize, slots, job.pinner.as_deref(), self.pool.staging_pages())?);
         self.register_staging();
         self.slots = (0..slots).map(|_| Slot::Free).collect();
         Ok(())
