@@ -12,7 +12,10 @@ before the next). Variants:
   from), freed and synchronised, so that the pool gives the memory back to the system before the load;
   ``pool:SIZE`` (``pool:2MiB``) the same with SIZE bytes;
 - ``env:NAME=VALUE``: nothing touched, the child process run with that environment variable set (a weightlift
-  setting, say ``env:WEIGHTLIFT_POOL_RESERVE=0``).
+  setting, say ``env:WEIGHTLIFT_STAGING_PAGES=base``);
+- ``warmup``: ``weightlift.load_file`` of another, small file first (8 tensors, 64 MiB; ``warmup:SIZE``), so that
+  the engine, its lanes and their staging exist before the timed loads;
+- several joined by ``+`` (``warmup+pool:4GiB``), in that order.
 
 Usage: first_load_alloc.py FILE OUT.json [--runs 3] [--device cuda:0] [--variants none,torch,pool,pool:2MiB]
 Prints one line per process and writes every run's times and the first load's report (``times``) as JSON.
@@ -44,7 +47,28 @@ def touch(variant: str, nbytes: int, device: str) -> float:
     import torch
 
     t = time.perf_counter()
-    if variant == "torch":
+    for part in variant.split("+"):
+        touch_one(part, nbytes, device)
+    torch.cuda.synchronize(device)
+    return time.perf_counter() - t
+
+
+def touch_one(variant: str, nbytes: int, device: str) -> None:
+    import torch
+
+    if variant.startswith("warmup"):
+        import tempfile
+
+        import weightlift
+        from safetensors.torch import save_file
+
+        size = size_of(variant.split(":", 1)[1]) if ":" in variant else 64 << 20
+        with tempfile.TemporaryDirectory() as d:
+            f = os.path.join(d, "warmup.safetensors")
+            save_file({f"t{i}": torch.randint(0, 255, (size // 8,), dtype=torch.uint8) for i in range(8)}, f)
+            got = weightlift.load_file(f, device)
+            del got
+    elif variant == "torch":
         x = torch.empty(nbytes, dtype=torch.uint8, device=device)
         del x
         torch.cuda.empty_cache()
@@ -59,8 +83,6 @@ def touch(variant: str, nbytes: int, device: str) -> float:
         ck("cuMemAllocAsync", ctypes.byref(ptr), ctypes.c_size_t(nbytes), None)
         ck("cuMemFreeAsync", ptr, None)
         ck("cuStreamSynchronize", None)
-    torch.cuda.synchronize(device)
-    return time.perf_counter() - t
 
 
 def child(path: str, variant: str, device: str) -> dict:
@@ -91,7 +113,7 @@ def main() -> int:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--device", default="cuda:0")
     ap.add_argument("--variants", default=",".join(VARIANTS),
-                    help="comma-separated: none, torch, pool, pool:SIZE, env:NAME=VALUE")
+                    help="comma-separated: none, torch, pool, pool:SIZE, env:NAME=VALUE, warmup, warmup:SIZE, A+B")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
