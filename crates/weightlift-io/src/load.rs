@@ -88,9 +88,8 @@ pub struct IoReport {
     /// Bytes read through the O_DIRECT and buffered descriptors (alignment and coalesced gaps included).
     pub direct_bytes: u64,
     pub buffered_bytes: u64,
-    /// Bytes of the input files in the page cache before the load (where probed). For a file over
-    /// [`crate::residency::SAMPLED_ABOVE`] whose sampled places were all cached (or all not), an estimate from those
-    /// places: all of it (or none).
+    /// Bytes of the input files in the page cache before the load (where probed). Where a load of most of a large
+    /// span of a file was judged from samples, an estimate from them: the whole span, or none of it.
     pub resident_bytes: Option<u64>,
     pub ops: u64,
     /// Ops a streaming load's gate skipped (their destinations were read another way).
@@ -164,10 +163,23 @@ impl IoEngine {
         let params = self.params();
         let mut report = IoReport::new(self);
         let mode = params.direct;
+        // Each file's span of requested bytes, and how many of them: a load of most of a large span is probed by
+        // samples (see `residency`).
+        let mut spans = vec![(u64::MAX, 0u64, 0u64); req.files.len()];
+        for e in req.extents {
+            if let Some((lo, hi, n)) = spans.get_mut(e.file as usize) {
+                *lo = (*lo).min(e.offset);
+                *hi = (*hi).max(e.offset.saturating_add(e.len));
+                *n = n.saturating_add(e.len);
+            }
+        }
         let residency: Vec<Option<Residency>> = req
             .files
             .iter()
-            .map(|f| if mode == DirectMode::Auto { Residency::probe(&f.buffered, f.len) } else { None })
+            .zip(&spans)
+            .map(|(f, &(lo, hi, n))| {
+                (mode == DirectMode::Auto).then(|| Residency::probe_for(&f.buffered, f.len, lo, hi, n)).flatten()
+            })
             .collect();
         if mode == DirectMode::Auto {
             report.resident_bytes = Some(residency.iter().flatten().map(Residency::resident_bytes).sum());
@@ -452,10 +464,10 @@ fn direct_reason(
             };
             let how = if sampled {
                 format!(
-                    " (judged for files over {} MiB from {} places of {} KiB each)",
-                    crate::residency::SAMPLED_ABOVE >> 20,
+                    " (judged from {} places of {} MiB each, as for every load of over {} MiB of a file)",
                     crate::residency::SAMPLES,
-                    crate::residency::SAMPLE_BYTES >> 10
+                    crate::residency::SAMPLE_BYTES >> 20,
+                    crate::residency::SAMPLED_ABOVE >> 20
                 )
             } else {
                 String::new()

@@ -3,13 +3,15 @@
 //! `cachestat(2)` (Linux 6.5+) counts a range's cached pages by walking its folios: cheap for a file the page
 //! cache holds in large folios (one written, or read sequentially), but a file cached as 4 KiB folios — after a
 //! cold load's parallel buffered reads, say — costs about 2 ms per cached GiB (7–11 ms for 4 GiB on the H100
-//! machine, `bench/results/2026-11-24-h100-zi`), paid before every load. A file over [`SAMPLED_ABOVE`] is therefore
-//! first probed at [`SAMPLES`] places of [`SAMPLE_BYTES`] spread over it: all of them wholly cached or all of them
-//! empty — the usual cases, a warm or a cold checkpoint — settles it; otherwise, and for smaller files, one
-//! `cachestat` over the whole file; a file partly cached then gets a per-page bitmap from `mincore(2)` on a
-//! mapping of the file that is never read. Without `cachestat`, `mincore` alone. A sampled answer can miss a
-//! partly evicted stretch between the samples: the pages there are then read as cached pages are (buffered, in
-//! requests of the cached size), which costs speed, never bytes.
+//! machine, `bench/results/2026-11-24-h100-zi`), paid before every load. A load that reads most of a span over
+//! [`SAMPLED_ABOVE`] ([`Residency::probe_for`]) therefore first probes [`SAMPLES`] places of [`SAMPLE_BYTES`]
+//! spread over that span: all of them wholly cached or all of them (nearly) empty — the usual cases, a warm or a
+//! cold checkpoint — settles it. Otherwise, for smaller loads, for loads of a few ranges of a large file, and for
+//! [`Residency::probe`], one `cachestat` over the whole file; a file partly cached then gets a per-page bitmap from
+//! `mincore(2)` on a mapping of the file that is never read. Without `cachestat`, `mincore` alone. A sampled
+//! answer can miss a partly evicted stretch between the samples (or a few cached pages in a cold file): the pages
+//! there are then read as the rest is, which costs speed, never bytes.
+
 use std::fs::File;
 use std::os::fd::AsRawFd;
 
@@ -23,10 +25,13 @@ pub const SAMPLE_BYTES: u64 = 1 << 20;
 /// Where a file's pages are.
 #[derive(Clone, Debug)]
 pub enum Residency {
-    /// Every page is cached (`sampled`: every one of the places probed was).
-    All { len: u64, sampled: bool },
-    /// No page is cached (`sampled`: none of the places probed had any).
-    None { sampled: bool },
+    /// Every page is cached.
+    All { len: u64 },
+    /// No page is cached.
+    None,
+    /// Every place probed in a span of `bytes` bytes was wholly cached (`cached`), or none had a cached page;
+    /// taken to hold for every range the load asks about.
+    Sampled { cached: bool, bytes: u64 },
     /// Per-page bitmap.
     Pages { page: u64, len: u64, resident: Vec<bool> },
 }
@@ -79,51 +84,68 @@ fn cachestat_pages(file: &File, off: u64, len: u64) -> Option<u64> {
     (rc == 0).then_some(out.nr_cache)
 }
 
+/// Where [`Residency::probe_for`] probes a span `lo..hi` of over [`SAMPLED_ABOVE`] bytes: the middle of each of
+/// [`SAMPLES`] equal parts, on a page boundary. Not the span's ends: opening a cold checkpoint reads its header,
+/// and read-ahead caches the data just after it.
+pub fn sample_offsets(lo: u64, hi: u64, page: u64) -> impl Iterator<Item = u64> {
+    let part = (hi - lo) / SAMPLES;
+    (0..SAMPLES).map(move |i| (lo + i * part + part / 2 - SAMPLE_BYTES / 2) / page * page)
+}
+
 impl Residency {
-    /// Probes `file` (`len` bytes). Returns `None` when neither probe is possible.
+    /// Probes `file` (`len` bytes) exactly. Returns `None` when neither probe is possible.
     pub fn probe(file: &File, len: u64) -> Option<Residency> {
+        Self::probe_for(file, len, 0, 0, 0)
+    }
+
+    /// Probes `file` (`len` bytes) for a load that reads `requested` bytes between `lo` and `hi`: by samples
+    /// where that span is over [`SAMPLED_ABOVE`] and the load reads at least nine tenths of it, exactly otherwise
+    /// (see the module's documentation). Returns `None` when neither probe is possible.
+    pub fn probe_for(file: &File, len: u64, lo: u64, hi: u64, requested: u64) -> Option<Residency> {
         if len == 0 {
-            return Some(Residency::None { sampled: false });
+            return Some(Residency::None);
         }
         // tmpfs pages live in memory (or swap), and O_DIRECT there is a memory copy too: count them as cached.
         if rustix::fs::fstatfs(file).is_ok_and(|st| is_tmpfs(st.f_type)) {
-            return Some(Residency::All { len, sampled: false });
+            return Some(Residency::All { len });
         }
         let page = rustix::param::page_size() as u64;
-        if len > SAMPLED_ABOVE {
-            if let Some(r) = Self::sampled(file, len, page) {
+        let hi = hi.min(len);
+        let span = hi.saturating_sub(lo);
+        if span > SAMPLED_ABOVE && requested.saturating_mul(10) >= span.saturating_mul(9) {
+            if let Some(r) = Self::sampled(file, lo, hi, page) {
                 return Some(r);
             }
         }
         let pages = len.div_ceil(page);
         match cachestat_pages(file, 0, 0) {
-            Some(0) => return Some(Residency::None { sampled: false }),
-            Some(n) if n >= pages => return Some(Residency::All { len, sampled: false }),
+            Some(0) => return Some(Residency::None),
+            Some(n) if n >= pages => return Some(Residency::All { len }),
             _ => {}
         }
         Self::mincore(file, len, page)
     }
 
-    /// `All` or `None` if every place probed says so; `None` (no answer) if they differ or `cachestat` is missing.
-    fn sampled(file: &File, len: u64, page: u64) -> Option<Residency> {
+    /// [`Residency::Sampled`] if every place probed in `lo..hi` (over [`SAMPLED_ABOVE`] bytes) says the same; no
+    /// answer if they differ or `cachestat` is missing.
+    fn sampled(file: &File, lo: u64, hi: u64, page: u64) -> Option<Residency> {
         let (mut full, mut empty) = (true, true);
-        let last_start = (len - SAMPLE_BYTES) / page * page;
-        for i in 0..SAMPLES {
-            let off = (last_start * i / (SAMPLES - 1)) / page * page;
-            let want = SAMPLE_BYTES.min(len - off).div_ceil(page);
+        for off in sample_offsets(lo, hi, page) {
+            let want = SAMPLE_BYTES.div_ceil(page);
             let n = cachestat_pages(file, off, SAMPLE_BYTES)?;
             full &= n >= want;
-            empty &= n == 0;
+            // A quarter of a place cached still counts as empty (a few stray pages of a cold file).
+            empty &= n <= want / 4;
             if !full && !empty {
                 return None;
             }
         }
-        if full { Some(Residency::All { len, sampled: true }) } else { Some(Residency::None { sampled: true }) }
+        Some(Residency::Sampled { cached: full, bytes: hi - lo })
     }
 
     /// Whether the answer came from probing a few places of the file rather than all of it.
     pub fn is_sampled(&self) -> bool {
-        matches!(self, Residency::All { sampled: true, .. } | Residency::None { sampled: true })
+        matches!(self, Residency::Sampled { .. })
     }
 
     fn mincore(file: &File, len: u64, page: u64) -> Option<Residency> {
@@ -145,7 +167,8 @@ impl Residency {
     pub fn fraction(&self, offset: u64, len: u64) -> f64 {
         match self {
             Residency::All { .. } => 1.0,
-            Residency::None { .. } => 0.0,
+            Residency::None => 0.0,
+            Residency::Sampled { cached, .. } => f64::from(u8::from(*cached)),
             Residency::Pages { page, resident, .. } => {
                 if len == 0 {
                     return 1.0;
@@ -164,8 +187,15 @@ impl Residency {
     /// Resident bytes of the whole file.
     pub fn resident_bytes(&self) -> u64 {
         match self {
-            Residency::All { len, .. } => *len,
-            Residency::None { .. } => 0,
+            Residency::All { len } => *len,
+            Residency::None => 0,
+            Residency::Sampled { cached, bytes } => {
+                if *cached {
+                    *bytes
+                } else {
+                    0
+                }
+            }
             Residency::Pages { page, len, resident } => {
                 let pages = resident.iter().filter(|&&r| r).count() as u64;
                 let tail_short = if resident.last() == Some(&true) { resident.len() as u64 * page - len } else { 0 };
@@ -195,58 +225,84 @@ mod tests {
         assert_eq!(pages.resident_bytes(), 1 << 20);
     }
 
+    /// Dropped ranges start on a 2 MiB boundary, so that no large folio straddles their start.
+    const HOLE_ALIGN: u64 = 2 << 20;
+
     fn drop_from_cache(f: &File, offset: u64, len: u64) {
         // SAFETY: plain advice on a valid descriptor.
         let rc = unsafe { libc::posix_fadvise(f.as_raw_fd(), offset as i64, len as i64, libc::POSIX_FADV_DONTNEED) };
         assert_eq!(rc, 0);
     }
 
-    /// A file over the sampling threshold: wholly cached, wholly dropped, and cached but for one stretch the
-    /// samples hit (then the whole-file answer, exact), each checked against `mincore`'s per-page count.
+    /// A load of most of a file over the sampling threshold: wholly cached, cached but for a stretch a sample hits
+    /// (then the exact probe), and dropped; a load of a few ranges of it is probed exactly. Checked against
+    /// `mincore`'s per-page answer.
     #[test]
-    fn large_files_are_sampled_and_partly_cached_ones_fall_back_to_the_exact_probe() {
+    fn large_loads_are_sampled_and_partly_cached_files_fall_back_to_the_exact_probe() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("big");
         let len = SAMPLED_ABOVE + (5 << 20) + 1234;
-        std::fs::write(&path, (0..len).map(|i| (i % 251) as u8).collect::<Vec<u8>>()).unwrap();
+        {
+            let mut w = std::io::BufWriter::new(File::create(&path).unwrap());
+            let chunk: Vec<u8> = (0..1u32 << 20).map(|i| (i % 251) as u8).collect();
+            let mut left = len as usize;
+            while left > 0 {
+                let n = left.min(chunk.len());
+                std::io::Write::write_all(&mut w, &chunk[..n]).unwrap();
+                left -= n;
+            }
+            w.into_inner().unwrap().sync_all().unwrap(); // dirty pages would not be dropped below
+        }
         let mut f = File::open(&path).unwrap();
-        f.sync_all().unwrap(); // dirty pages are not dropped
-        let page = rustix::param::page_size() as u64;
-        let mut sink = Vec::new();
-        f.read_to_end(&mut sink).unwrap();
-        let exact = |f: &File| Residency::mincore(f, len, page).unwrap().resident_bytes();
-        let Some(has_cachestat) = cachestat_pages(&f, 0, 0).map(|_| true) else {
-            // No cachestat: the probe is mincore's, exact.
-            assert_eq!(Residency::probe(&f, len).unwrap().resident_bytes(), exact(&f));
+        if rustix::fs::fstatfs(&f).is_ok_and(|st| is_tmpfs(st.f_type)) {
+            eprintln!("the temporary directory is on tmpfs, where every page counts as cached: nothing to sample");
             return;
-        };
-        assert!(has_cachestat);
+        }
+        let mut buf = vec![0u8; 1 << 20];
+        while f.read(&mut buf).unwrap() > 0 {}
+        let page = rustix::param::page_size() as u64;
+        let exact = |f: &File| Residency::mincore(f, len, page).unwrap().resident_bytes();
+        if cachestat_pages(&f, 0, 0).is_none() {
+            // No cachestat: the probe is mincore's, exact.
+            assert_eq!(Residency::probe_for(&f, len, 0, len, len).unwrap().resident_bytes(), exact(&f));
+            return;
+        }
         if exact(&f) != len {
             eprintln!("the page cache did not keep the whole file here (memory pressure?): nothing to check");
             return;
         }
-        let warm = Residency::probe(&f, len).unwrap();
-        assert!(matches!(warm, Residency::All { sampled: true, .. }), "{warm:?}");
-        assert_eq!(warm.resident_bytes(), len);
-        assert!(warm.is_sampled());
+        let warm = Residency::probe_for(&f, len, 100, len, len - 100).unwrap();
+        assert!(matches!(warm, Residency::Sampled { cached: true, bytes } if bytes == len - 100), "{warm:?}");
+        assert_eq!(warm.fraction(12345, 1 << 20), 1.0);
+        // A load of a third of the file, or a small file's load, is probed exactly.
+        assert!(!Residency::probe_for(&f, len, 0, len, len / 3).unwrap().is_sampled());
+        assert!(!Residency::probe(&f, len).unwrap().is_sampled());
 
-        // The first sample sits at offset 0: drop the first 4 MiB (whole folios, whatever their size) and the
-        // samples disagree.
-        drop_from_cache(&f, 0, 4 << 20);
+        // Drop 4 MiB around the first place probed (whole folios, whatever their size): the samples disagree.
+        let first = sample_offsets(0, len, page).next().unwrap();
+        let (hole, hole_len) = ((first - (1 << 20)) / HOLE_ALIGN * HOLE_ALIGN, 4 << 20);
+        drop_from_cache(&f, hole, hole_len);
         if exact(&f) == len {
             eprintln!("the kernel kept the dropped range cached: the partial case was not checked");
         } else {
-            let partial = Residency::probe(&f, len).unwrap();
+            let partial = Residency::probe_for(&f, len, 0, len, len).unwrap();
             assert!(!partial.is_sampled(), "{partial:?}");
-            assert_eq!(partial.resident_bytes(), exact(&f));
-            assert!(partial.fraction(0, 1 << 20) < 0.5 && partial.fraction(8 << 20, 1 << 20) > 0.99, "{partial:?}");
+            assert!(partial.resident_bytes() < len);
+            assert!(partial.fraction(first, SAMPLE_BYTES) < 0.5, "{partial:?}");
+            assert!(partial.fraction(hole + hole_len + (4 << 20), 1 << 20) > 0.99, "{partial:?}");
         }
 
         drop_from_cache(&f, 0, 0);
         if exact(&f) == 0 {
-            let cold = Residency::probe(&f, len).unwrap();
-            assert!(matches!(cold, Residency::None { sampled: true }), "{cold:?}");
-            assert_eq!(cold.resident_bytes(), 0);
+            let cold = Residency::probe_for(&f, len, 0, len, len).unwrap();
+            assert!(matches!(cold, Residency::Sampled { cached: false, .. }), "{cold:?}");
+            assert_eq!((cold.resident_bytes(), cold.fraction(0, len)), (0, 0.0));
+            // Reading a header at the start (and the read-ahead after it) leaves the file cold to the samples.
+            let mut header = vec![0u8; 80 << 10];
+            std::io::Seek::seek(&mut f, std::io::SeekFrom::Start(0)).unwrap();
+            f.read_exact(&mut header).unwrap();
+            let opened = Residency::probe_for(&f, len, 80 << 10, len, len - (80 << 10)).unwrap();
+            assert!(matches!(opened, Residency::Sampled { cached: false, .. }), "{opened:?}");
         }
     }
 }
