@@ -206,25 +206,32 @@ def staging_setup(ctx, lanes, each, populate=True, hugepage=False, alloc_gib=0, 
     return res
 
 
+# The staging set-up cases, each (label, staging_setup's keywords); lanes=0: the device allocation alone.
+STAGING_CASES = (
+    ("16x8MiB", dict(lanes=16, each=8 * MIB)),
+    ("16x8MiB_again", dict(lanes=16, each=8 * MIB)),
+    ("1x128MiB", dict(lanes=1, each=128 * MIB)),
+    ("16x8MiB_hugepage", dict(lanes=16, each=8 * MIB, hugepage=True)),
+    ("16x8MiB_no_populate", dict(lanes=16, each=8 * MIB, populate=False)),
+    ("alloc_4GiB_alone", dict(lanes=0, each=MIB, alloc_gib=4)),
+    ("16x8MiB_with_alloc_4GiB", dict(lanes=16, each=8 * MIB, alloc_gib=4)),
+    ("1x128MiB_with_alloc_4GiB", dict(lanes=1, each=128 * MIB, alloc_gib=4)),
+    # what a first load does now (one lane after another, huge pages) against one region for all lanes
+    ("16x8MiB_hugepage_serial", dict(lanes=16, each=8 * MIB, hugepage=True, serial=True)),
+    ("1x128MiB_hugepage", dict(lanes=1, each=128 * MIB, hugepage=True)),
+    ("16x8MiB_hugepage_serial_with_alloc_4GiB", dict(lanes=16, each=8 * MIB, hugepage=True, serial=True,
+                                                      alloc_gib=4)),
+    ("1x128MiB_hugepage_with_alloc_4GiB", dict(lanes=1, each=128 * MIB, hugepage=True, alloc_gib=4)),
+)
+
+
 def staging_cases(ctx, out, only=()):
     libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
     cases = {}
-    for label, kw in (
-        ("16x8MiB", dict(lanes=16, each=8 * MIB)),
-        ("16x8MiB_again", dict(lanes=16, each=8 * MIB)),
-        ("1x128MiB", dict(lanes=1, each=128 * MIB)),
-        ("16x8MiB_hugepage", dict(lanes=16, each=8 * MIB, hugepage=True)),
-        ("16x8MiB_no_populate", dict(lanes=16, each=8 * MIB, populate=False)),
-        ("alloc_4GiB_alone", dict(lanes=0, each=MIB, alloc_gib=4)),
-        ("16x8MiB_with_alloc_4GiB", dict(lanes=16, each=8 * MIB, alloc_gib=4)),
-        ("1x128MiB_with_alloc_4GiB", dict(lanes=1, each=128 * MIB, alloc_gib=4)),
-        # what a first load does now (one lane after another, huge pages) against one region for all lanes
-        ("16x8MiB_hugepage_serial", dict(lanes=16, each=8 * MIB, hugepage=True, serial=True)),
-        ("1x128MiB_hugepage", dict(lanes=1, each=128 * MIB, hugepage=True)),
-        ("16x8MiB_hugepage_serial_with_alloc_4GiB", dict(lanes=16, each=8 * MIB, hugepage=True, serial=True,
-                                                          alloc_gib=4)),
-        ("1x128MiB_hugepage_with_alloc_4GiB", dict(lanes=1, each=128 * MIB, hugepage=True, alloc_gib=4)),
-    ):
+    unknown = set(only) - {label for label, _ in STAGING_CASES}
+    if unknown:
+        raise SystemExit(f"unknown staging case(s): {sorted(unknown)}; known: {[label for label, _ in STAGING_CASES]}")
+    for label, kw in STAGING_CASES:
         if only and label not in only:
             continue
         try:

@@ -119,17 +119,23 @@ def main() -> int:
     if args.child:
         print(json.dumps(child(args.file, args.child, args.device)))
         return 0
+    variants = args.variants.split(",")
+    for v in variants:
+        for part in v.split("+"):
+            known = part in ("none", "torch", "pool", "warmup") or part.startswith(("pool:", "warmup:"))
+            if not (known or (part.startswith("env:") and "=" in part)):
+                ap.error(f"unknown variant {part!r} (none, torch, pool[:SIZE], warmup[:SIZE], env:NAME=VALUE)")
     with open(args.file, "rb") as f:  # into the page cache
         while f.read(64 << 20):
             pass
     rows: list = []
-    variants = args.variants.split(",")
     for _ in range(args.runs):
         for v in variants:
             env = dict(os.environ)
-            if v.startswith("env:"):
-                name, _, value = v[4:].partition("=")
-                env[name] = value
+            for part in v.split("+"):
+                if part.startswith("env:"):
+                    name, _, value = part[4:].partition("=")
+                    env[name] = value
             run = subprocess.run([sys.executable, __file__, args.file, args.out, "--device", args.device, "--child", v],
                                  capture_output=True, text=True, timeout=300, env=env)
             if run.returncode != 0:
