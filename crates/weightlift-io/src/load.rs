@@ -464,7 +464,7 @@ fn direct_reason(
             };
             let how = if sampled {
                 format!(
-                    " (judged from {} places of {} MiB each, as for every load of over {} MiB of a file)",
+                    " (judged from {} places of {} MiB each, as for a load of most of over {} MiB of a file)",
                     crate::residency::SAMPLES,
                     crate::residency::SAMPLE_BYTES >> 20,
                     crate::residency::SAMPLED_ABOVE >> 20

@@ -15,9 +15,10 @@
 use std::fs::File;
 use std::os::fd::AsRawFd;
 
-/// Files larger than this are probed at a few places first (see the module's documentation).
+/// A load of most of a span of a file larger than this probes a few places of it first (see the module's
+/// documentation).
 pub const SAMPLED_ABOVE: u64 = 256 << 20;
-/// Places probed in a large file.
+/// Places probed in such a span.
 pub const SAMPLES: u64 = 32;
 /// Bytes probed at each place.
 pub const SAMPLE_BYTES: u64 = 1 << 20;
@@ -29,7 +30,7 @@ pub enum Residency {
     All { len: u64 },
     /// No page is cached.
     None,
-    /// Every place probed in a span of `bytes` bytes was wholly cached (`cached`), or none had a cached page;
+    /// Every place probed in a span of `bytes` bytes was wholly cached (`cached`), or at most a quarter cached;
     /// taken to hold for every range the load asks about.
     Sampled { cached: bool, bytes: u64 },
     /// Per-page bitmap.
@@ -87,7 +88,7 @@ fn cachestat_pages(file: &File, off: u64, len: u64) -> Option<u64> {
 /// Where [`Residency::probe_for`] probes a span `lo..hi` of over [`SAMPLED_ABOVE`] bytes: the middle of each of
 /// [`SAMPLES`] equal parts, on a page boundary. Not the span's ends: opening a cold checkpoint reads its header,
 /// and read-ahead caches the data just after it.
-pub fn sample_offsets(lo: u64, hi: u64, page: u64) -> impl Iterator<Item = u64> {
+fn sample_offsets(lo: u64, hi: u64, page: u64) -> impl Iterator<Item = u64> {
     let part = (hi - lo) / SAMPLES;
     (0..SAMPLES).map(move |i| (lo + i * part + part / 2 - SAMPLE_BYTES / 2) / page * page)
 }
@@ -130,8 +131,8 @@ impl Residency {
     /// answer if they differ or `cachestat` is missing.
     fn sampled(file: &File, lo: u64, hi: u64, page: u64) -> Option<Residency> {
         let (mut full, mut empty) = (true, true);
+        let want = SAMPLE_BYTES.div_ceil(page);
         for off in sample_offsets(lo, hi, page) {
-            let want = SAMPLE_BYTES.div_ceil(page);
             let n = cachestat_pages(file, off, SAMPLE_BYTES)?;
             full &= n >= want;
             // A quarter of a place cached still counts as empty (a few stray pages of a cold file).
@@ -189,13 +190,8 @@ impl Residency {
         match self {
             Residency::All { len } => *len,
             Residency::None => 0,
-            Residency::Sampled { cached, bytes } => {
-                if *cached {
-                    *bytes
-                } else {
-                    0
-                }
-            }
+            Residency::Sampled { cached: true, bytes } => *bytes,
+            Residency::Sampled { cached: false, .. } => 0,
             Residency::Pages { page, len, resident } => {
                 let pages = resident.iter().filter(|&&r| r).count() as u64;
                 let tail_short = if resident.last() == Some(&true) { resident.len() as u64 * page - len } else { 0 };
