@@ -15,6 +15,8 @@ before the next). Variants:
   setting, say ``env:WEIGHTLIFT_STAGING_PAGES=base``);
 - ``warmup``: ``weightlift.load_file`` of another, small file first (8 tensors, 64 MiB; ``warmup:SIZE``), so that
   the engine, its lanes and their staging exist before the timed loads;
+- ``prepare``: ``weightlift.prepare(device)`` (the engine's lanes' staging, streams and a first use of the pool
+  set up before the load; its report is kept as ``prepared``);
 - several joined by ``+`` (``warmup+pool:4GiB``), in that order.
 
 Usage: first_load_alloc.py FILE OUT.json [--runs 3] [--device cuda:0] [--variants none,torch,pool,pool:2MiB]
@@ -43,6 +45,9 @@ def size_of(text: str) -> int:
     return int(text)
 
 
+PREPARED: list = []
+
+
 def touch(variant: str, nbytes: int, device: str) -> float:
     import torch
 
@@ -56,7 +61,11 @@ def touch(variant: str, nbytes: int, device: str) -> float:
 def touch_one(variant: str, nbytes: int, device: str) -> None:
     import torch
 
-    if variant.startswith("warmup"):
+    if variant == "prepare":
+        import weightlift
+
+        PREPARED.append(weightlift.prepare(device))
+    elif variant.startswith("warmup"):
         import tempfile
 
         import weightlift
@@ -95,6 +104,8 @@ def child(path: str, variant: str, device: str) -> dict:
     context_s = time.perf_counter() - t
     touch_s = touch(variant, os.path.getsize(path), device)
     out: dict = {"variant": variant, "cuda_context_s": context_s, "touch_s": touch_s}
+    if PREPARED:
+        out["prepared"] = PREPARED
     for name in ("first", "second"):
         torch.cuda.synchronize(device)
         t = time.perf_counter()
@@ -113,7 +124,7 @@ def main() -> int:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--device", default="cuda:0")
     ap.add_argument("--variants", default=",".join(VARIANTS),
-                    help="comma-separated: none, torch, pool, pool:SIZE, env:NAME=VALUE, warmup, warmup:SIZE, A+B")
+                    help="comma-separated: none, torch, pool, pool:SIZE, env:NAME=VALUE, warmup, warmup:SIZE, prepare, A+B")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
@@ -122,9 +133,9 @@ def main() -> int:
     variants = args.variants.split(",")
     for v in variants:
         for part in v.split("+"):
-            known = part in ("none", "torch", "pool", "warmup") or part.startswith(("pool:", "warmup:"))
+            known = part in ("none", "torch", "pool", "warmup", "prepare") or part.startswith(("pool:", "warmup:"))
             if not (known or (part.startswith("env:") and "=" in part)):
-                ap.error(f"unknown variant {part!r} (none, torch, pool[:SIZE], warmup[:SIZE], env:NAME=VALUE)")
+                ap.error(f"unknown variant {part!r} (none, torch, pool[:SIZE], warmup[:SIZE], prepare, env:NAME=VALUE)")
     with open(args.file, "rb") as f:  # into the page cache
         while f.read(64 << 20):
             pass

@@ -111,6 +111,36 @@ def test_release_memory_between_loads(files, device, monkeypatch):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_prepare_sets_up_what_the_first_load_would(files, device):
+    """prepare() on a fresh engine sets up every lane's staging (pinned for a GPU; for a GPU also a stream per lane
+    and one for allocation); asked again it finds everything set up; a load after it sets up no staging, and every
+    byte equals safetensors'."""
+    engine = weightlift._core.new_engine()
+    first = engine.prepare(device)
+    staging = first["staging"]
+    assert staging["lanes"] > 0 and staging["lanes_set_up"] == staging["lanes"], first
+    assert staging["pinned"] == device.startswith("cuda"), first
+    assert staging["bytes"] == staging["lanes"] * staging["slots_per_lane"] * staging["slot_bytes"] > 0, first
+    if device.startswith("cuda"):
+        assert first["streams"] == staging["lanes"] + 1 and first["pool_secs"] is not None, first
+    again = engine.prepare(device)
+    assert again["staging"]["lanes_set_up"] == 0, again
+    weightlift.prepare(device)
+    ref = st.load_file(str(files["llama"]), device=device)
+    assert_same(weightlift.load_file(files["llama"], device=device), ref, device)
+    times = weightlift.last_report()["times"]
+    assert times["staging_setup_thread_secs"] == 0 and times["staging_wait_thread_secs"] == 0, times
+
+
+def test_prepare_refuses_what_it_cannot_set_up():
+    with pytest.raises(weightlift.InvalidArgumentError):
+        weightlift.prepare("tpu:0")
+    if not GPU:
+        with pytest.raises(weightlift.CudaError):
+            weightlift.prepare("cuda:0")
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_sharded_checkpoint(files, device):
     got = weightlift.load_file(files["index"], device=device)
     ref = {}

@@ -41,7 +41,7 @@ pub use lane::LaneStats;
 pub use load::{IoReport, LoadOptions, LoadRequest, Running, StreamOptions};
 pub use params::{CachePolicy, DirectMode, IoParams, ReadEngine, StagingPages, parse_bytes};
 pub use plan::{Extent, Piece, ReadOp};
-pub use pool::{IoEngine, ReadEngineUsed};
+pub use pool::{IoEngine, ReadEngineUsed, StagingPrepared};
 pub use sink::{BorrowedHostSink, HostSink, InPlace, Observed, Observer, Pending, Sink, SinkError};
 pub use staging::{PinGuard, Pinner, Staging, StagingPool};
 pub use uring::available as uring_available;

@@ -22,7 +22,7 @@ use crate::staging::Pinner;
 /// small ones.
 const DIRECT_CHUNK_FACTOR: u64 = 4;
 /// Slots per read in flight for an asynchronous sink: one being read, one being copied.
-const ASYNC_SLOTS_PER_READ: usize = 2;
+pub(crate) const ASYNC_SLOTS_PER_READ: usize = 2;
 /// Reads whose pages are at least this resident are read as cached under `DirectMode::Auto`.
 const RESIDENT_ENOUGH: f64 = 0.5;
 

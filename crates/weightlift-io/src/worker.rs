@@ -18,7 +18,7 @@ use crate::job::{Job, LaneTotals};
 use crate::lane::{Next, Reading, in_place_targets, iovecs};
 use crate::pool::{PoolShared, Work};
 use crate::sink::Pending;
-use crate::staging::Staging;
+use crate::staging::{Pinner, Staging};
 
 /// A read handed to the kernel interface. The memory it names stays valid and untouched until its completion.
 pub(crate) enum Submission {
@@ -96,6 +96,8 @@ pub(crate) struct Lane {
     joined: Vec<Joined>,
     /// The engine's staging-release request this lane last honoured.
     released_epoch: u64,
+    /// The engine's staging set-up request this lane last answered.
+    asked_epoch: u64,
 }
 
 // SAFETY: the raw pointers in slots and iovecs point into this lane's staging or into destinations that the job's
@@ -117,6 +119,7 @@ impl Lane {
             inflight: 0,
             joined: Vec::new(),
             released_epoch: 0,
+            asked_epoch: 0,
         }
     }
 
@@ -150,6 +153,7 @@ impl Lane {
             }
             self.leave_finished();
             self.release_if_asked();
+            self.set_up_if_asked();
             if took {
                 continue;
             }
@@ -248,7 +252,7 @@ impl Lane {
                     let (waited, restaged) = {
                         let _one_at_a_time = SETTING_UP.lock().unwrap_or_else(|p| p.into_inner());
                         let waited = t.elapsed();
-                        (waited, self.restage(&job))
+                        (waited, self.restage(job.slot_bytes, job.slots_per_lane, job.pinner.as_deref()))
                     };
                     // Counted into the job's totals when this lane joins it. Not through `joined_of`: a lane that
                     // never joins must not hold the job as joined (leaving it would call its sink, which the job's
@@ -292,11 +296,12 @@ impl Lane {
         }
     }
 
-    /// (Re)allocates this idle lane's staging to serve `job`, keeping larger slots and more of them if it had them.
-    fn restage(&mut self, job: &Arc<Job>) -> Result<(), IoError> {
+    /// (Re)allocates this idle lane's staging to hold `slots_per_lane` slots of `slot_bytes` (pinned with `pinner`
+    /// if given), keeping larger slots and more of them if it had them.
+    fn restage(&mut self, slot_bytes: u64, slots_per_lane: usize, pinner: Option<&dyn Pinner>) -> Result<(), IoError> {
         if let Some(s) = self.staging.as_mut() {
-            if s.slot_bytes() as u64 >= job.slot_bytes && s.slots() >= job.slots_per_lane {
-                if let (Some(p), false) = (job.pinner.as_deref(), s.is_pinned()) {
+            if s.slot_bytes() as u64 >= slot_bytes && s.slots() >= slots_per_lane {
+                if let (Some(p), false) = (pinner, s.is_pinned()) {
                     // Staging made for a host load is pinned for the device only now, and io_uring holds its pages
                     // as fixed buffers: pin with the buffers unregistered, then register them again, the order that
                     // staging made for a device load has (pinned, then registered).
@@ -310,21 +315,20 @@ impl Lane {
             }
         }
         let (old_bytes, old_slots) = self.staging.as_ref().map_or((0, 0), |s| (s.slot_bytes() as u64, s.slots()));
-        let cap = self.pool.staging_per_lane().max(job.slot_bytes);
+        let cap = self.pool.staging_per_lane().max(slot_bytes);
         // Larger slots (and more of them) are kept only while the lane's share still holds as many as the job
         // asks for. Keeping them regardless left a lane that one cold load had given one large slot unable ever to
         // serve a warm load that asks for two smaller ones: it restaged forever (the hang after cold GPU loads of
         // bench/results/2026-11-24-h100/hang-after-cold-loads; test tests/restage.rs).
-        let keep = old_bytes.next_multiple_of(4096) * job.slots_per_lane as u64 <= cap;
-        let slot_bytes = if keep { job.slot_bytes.max(old_bytes) } else { job.slot_bytes }.next_multiple_of(4096);
+        let keep = old_bytes.next_multiple_of(4096) * slots_per_lane as u64 <= cap;
+        let slot_bytes = if keep { slot_bytes.max(old_bytes) } else { slot_bytes }.next_multiple_of(4096);
         let old_slots = if keep { old_slots } else { 0 };
-        let slots = job.slots_per_lane.max(old_slots).min((cap / slot_bytes).max(1) as usize).max(1);
+        let slots = slots_per_lane.max(old_slots).min((cap / slot_bytes).max(1) as usize).max(1);
         // SAFETY: the lane is idle (no read in flight), and the old region stays mapped until after this call.
         unsafe { self.io.register(None) };
         self.staging = None;
         self.slots.clear();
-        self.staging =
-            Some(Staging::new(slot_bytes as usize, slots, job.pinner.as_deref(), self.pool.staging_pages())?);
+        self.staging = Some(Staging::new(slot_bytes as usize, slots, pinner, self.pool.staging_pages())?);
         self.register_staging();
         self.slots = (0..slots).map(|_| Slot::Free).collect();
         Ok(())
@@ -338,6 +342,31 @@ impl Lane {
         let (fixed, refusal) = unsafe { self.io.register(region) };
         self.fixed = fixed;
         self.fixed_refusal = refusal;
+    }
+
+    /// Sets up staging as the engine asked ([`crate::IoEngine::prepare_staging`]) once the lane is idle, and answers.
+    fn set_up_if_asked(&mut self) {
+        let Some(req) = self.pool.staging_request(self.asked_epoch) else { return };
+        if !self.is_idle() {
+            return;
+        }
+        self.asked_epoch = req.epoch;
+        if self.id >= req.lanes {
+            req.answer(None);
+            return;
+        }
+        let fits = self.staging.as_ref().is_some_and(|s| {
+            s.slot_bytes() as u64 >= req.slot_bytes && s.slots() >= req.slots && (req.pinner.is_none() || s.is_pinned())
+        });
+        if fits {
+            req.answer(Some((Default::default(), Default::default(), Ok(()))));
+            return;
+        }
+        let t = Instant::now();
+        let _one_at_a_time = SETTING_UP.lock().unwrap_or_else(|p| p.into_inner());
+        let waited = t.elapsed();
+        let result = self.restage(req.slot_bytes, req.slots, req.pinner.as_deref());
+        req.answer(Some((t.elapsed().saturating_sub(waited), waited, result)));
     }
 
     /// Drops the staging memory if the engine asked for it and the lane is idle.

@@ -425,3 +425,38 @@ fn a_stream_capped_at_two_lanes_uses_two() {
         }
     }
 }
+
+/// Staging set up by `prepare_staging` before a load is what the load uses: the load sets up nothing and waits for
+/// no lane, and every byte arrives; asked again, the lanes find their staging fitting and set up nothing; after
+/// `release_staging` they set it up again.
+#[test]
+fn staging_prepared_before_a_load_is_what_the_load_uses() {
+    let dir = tempfile::tempdir().unwrap();
+    let len = 40usize << 20;
+    let path = write(dir.path(), "prepared.bin", len, 11);
+    let expected = pattern(len, 11);
+    let params = IoParams { threads: 4, chunk_bytes: 1 << 20, direct: DirectMode::Never, ..IoParams::default() };
+    let io = engine(&params);
+    let p = io.prepare_staging(None).unwrap();
+    assert_eq!((p.lanes, p.lanes_set_up, p.slot_bytes, p.slots_per_lane, p.pinned), (4, 4, 1 << 20, 1, false));
+    assert!(p.setup_thread_secs > 0.0 && p.seconds > 0.0, "{p:?}");
+
+    let files = open_all(std::slice::from_ref(&path), false).unwrap();
+    let mut out = vec![0u8; len];
+    let extents = [Extent { file: 0, offset: 0, len: len as u64, dest: 0, dest_offset: 0 }];
+    // SAFETY: `out` outlives the load (waited below) and nothing else touches it meanwhile.
+    let inner = unsafe { HostSink::new(vec![(out.as_mut_ptr(), out.len())]) };
+    // Not in place: every read goes through a lane's staging.
+    let sink = std::sync::Arc::new(LaneSink { inner, lanes: Mutex::new(Vec::new()) });
+    let req = LoadRequest { files: &files, extents: &extents, dest_lens: &[len as u64] };
+    let report = io.load(&req, &LoadOptions::default(), &*sink).unwrap();
+    assert!(out == expected, "bytes differ");
+    assert!(sink.lanes.lock().unwrap().len() > 1, "one lane read everything");
+    assert_eq!((report.stats.setup, report.stats.setup_wait), Default::default(), "{report:?}");
+
+    let again = io.prepare_staging(None).unwrap();
+    assert_eq!((again.lanes, again.lanes_set_up), (4, 0), "{again:?}");
+    io.release_staging();
+    let after = io.prepare_staging(None).unwrap();
+    assert_eq!((after.lanes, after.lanes_set_up), (4, 4), "{after:?}");
+}

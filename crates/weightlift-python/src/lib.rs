@@ -126,6 +126,15 @@ impl NativeEngine {
         json_to_py(py, &v)
     }
 
+    /// Sets the engine up for loads onto `device` now (lanes' staging, and for a GPU its streams and pool), so
+    /// that the first load pays for none of it; returns what was done.
+    fn prepare(&self, py: Python<'_>, device: &str) -> PyResult<Py<PyAny>> {
+        let device = parse_device(device)?;
+        let engine = self.engine.clone();
+        let prepared = py.detach(move || engine.prepare(device)).map_err(to_py)?;
+        json_to_py(py, &prepared.to_json())
+    }
+
     /// Frees what the engine keeps between loads: staging memory, freed host buffers, GPU decoder scratch, the
     /// freed device memory the driver's pool keeps (`device_cache_bytes`), cached files. Tensors already loaded stay.
     fn release_memory(&self, py: Python<'_>) {

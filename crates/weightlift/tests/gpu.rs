@@ -107,6 +107,30 @@ fn raw_files_and_odd_sizes_on_the_gpu() {
     assert!(index.is_err());
 }
 
+/// `Engine::prepare(cuda:0)` sets up every lane's staging pinned, the lanes' streams and the pool; a load after it
+/// sets up no staging and waits for none, and every byte is the file's; asked again it sets up nothing.
+#[test]
+fn prepare_sets_up_what_the_first_load_would() {
+    if !gpu_or_skip("prepare_sets_up_what_the_first_load_would") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let path = generate(dir.path(), "llama.safetensors", Layout::Llama, Container::Safetensors, 96 << 20, None);
+    let engine = Engine::new(Settings::default()).unwrap();
+    let p = engine.prepare(Device::Cuda(0)).unwrap();
+    let staging = p.staging.clone().expect("the pipeline reads through the lanes");
+    assert!(staging.pinned && staging.lanes > 0 && staging.lanes_set_up == staging.lanes, "{p:?}");
+    assert_eq!(p.streams, engine.io().lanes() + 1, "{p:?}");
+    assert!(p.pool_secs.is_some(), "{p:?}");
+    let index = weightlift::format::open(std::slice::from_ref(&path), None).unwrap();
+    let loaded = engine.load(&index, Device::Cuda(0), &LoadOpts::default()).unwrap();
+    check_against_file_and_generator(&index, &loaded, true);
+    let io = &loaded.report.io;
+    assert_eq!((io.stats.setup, io.stats.setup_wait), Default::default(), "{:?}", io.stats);
+    let again = engine.prepare(Device::Cuda(0)).unwrap();
+    assert_eq!(again.staging.map(|s| s.lanes_set_up), Some(0));
+}
+
 #[test]
 fn pinned_host_destination() {
     if !gpu_or_skip("pinned_host_destination") {

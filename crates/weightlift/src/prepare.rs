@@ -1,0 +1,103 @@
+//! Setting the engine up for loads onto a device before the first of them: what a program's first load otherwise
+//! pays for while it runs.
+
+use std::time::Instant;
+
+use serde_json::{Value, json};
+use weightlift_cuda::{CudaPinner, DeviceBuffer};
+use weightlift_io::{IoError, Pinner, StagingPrepared};
+
+use crate::device::Device;
+use crate::engine::Engine;
+use crate::error::Result;
+use crate::path::PathKind;
+
+/// Bytes allocated from (and given back to) a device's stream-ordered pool by [`Engine::prepare`], so that the
+/// pool's first use in the process is not the first load's.
+const POOL_TOUCH_BYTES: usize = 2 << 20;
+
+/// What [`Engine::prepare`] did.
+#[derive(Clone, Debug)]
+pub struct Prepared {
+    pub device: Device,
+    /// The lanes' staging (pinned for a GPU), or `None` where the device's data path does not read through the
+    /// lanes (cuFile peer-to-peer, the NVMe simulator).
+    pub staging: Option<StagingPrepared>,
+    /// The GPU's data path and why it was chosen (GPUs only).
+    pub path: Option<String>,
+    /// CUDA streams made ready: one per lane and one for the destinations' allocation (GPUs only).
+    pub streams: usize,
+    /// Time to allocate and free a small block of the device's pool (GPUs only).
+    pub pool_secs: Option<f64>,
+    /// Wall time of the call.
+    pub seconds: f64,
+}
+
+impl Prepared {
+    pub fn to_json(&self) -> Value {
+        let staging = self.staging.as_ref().map(|s| {
+            json!({
+                "lanes": s.lanes, "lanes_set_up": s.lanes_set_up, "slot_bytes": s.slot_bytes,
+                "slots_per_lane": s.slots_per_lane, "bytes": s.slot_bytes * s.slots_per_lane as u64 * s.lanes as u64,
+                "pinned": s.pinned, "seconds": s.seconds, "setup_thread_secs": s.setup_thread_secs,
+                "wait_thread_secs": s.wait_thread_secs,
+            })
+        });
+        json!({
+            "device": self.device.to_string(), "staging": staging, "path": self.path, "streams": self.streams,
+            "pool_secs": self.pool_secs, "seconds": self.seconds,
+        })
+    }
+}
+
+impl Engine {
+    /// Sets the engine up for loads onto `device` now, so that the first load pays for none of it: the lanes'
+    /// staging (mapped, faulted in, pinned for a GPU and registered with each lane's ring), and for a GPU its
+    /// context, data path, the lanes' streams and a first use of its memory pool. A program's first load otherwise
+    /// does this while it runs: on the H100 machine a fresh process's first 4 GiB load took 1.16–1.45× its second
+    /// (bench/results/2026-11-24-h100-zj). Call it at start-up, on a thread of its own if there is other start-up
+    /// work to overlap it with (building the model, say). Cheap when the engine is set up already; waits for loads
+    /// in progress to leave the lanes. The staging stays until [`Engine::release_memory`] or the engine's end.
+    pub fn prepare(&self, device: Device) -> Result<Prepared> {
+        let t = Instant::now();
+        let mut out = Prepared { device, staging: None, path: None, streams: 0, pool_secs: None, seconds: 0.0 };
+        match device {
+            Device::Cpu | Device::PinnedCpu => out.staging = Some(self.io().prepare_staging(None)?),
+            Device::Cuda(n) => {
+                let gpu = self.gpu(n)?;
+                let path = self.gpu_path(n)?;
+                out.path = Some(path.reason.clone());
+                let lanes = self.io().lanes();
+                // On a thread of its own: binding the device's context here would change the caller's current
+                // device (a PyTorch program's, say).
+                std::thread::scope(|s| {
+                    s.spawn(|| -> Result<()> {
+                        gpu.bind()?;
+                        // `allocate_published` allocates on stream `lanes`, lane i copies on stream i.
+                        for i in 0..=lanes {
+                            gpu.stream(i)?;
+                        }
+                        out.streams = lanes + 1;
+                        let p = Instant::now();
+                        let stream = gpu.stream(lanes)?;
+                        let mut b = DeviceBuffer::alloc(&gpu, POOL_TOUCH_BYTES, &stream)?;
+                        // SAFETY: the stream is the device's own (kept by `gpu`, alive past the buffer's drop).
+                        unsafe { b.set_free_stream(stream.cu_stream()) };
+                        drop(b);
+                        stream.synchronize().map_err(weightlift_cuda::CudaError::driver(n, "cuStreamSynchronize"))?;
+                        out.pool_secs = Some(p.elapsed().as_secs_f64());
+                        Ok(())
+                    })
+                    .join()
+                    .unwrap_or_else(|_| Err(IoError::Panicked(format!("preparing cuda:{n} panicked")).into()))
+                })?;
+                if path.kind == PathKind::Pipeline {
+                    let pinner: std::sync::Arc<dyn Pinner> = std::sync::Arc::new(CudaPinner::new(&gpu));
+                    out.staging = Some(self.io().prepare_staging(Some(pinner))?);
+                }
+            }
+        }
+        out.seconds = t.elapsed().as_secs_f64();
+        Ok(out)
+    }
+}
