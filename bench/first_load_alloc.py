@@ -17,7 +17,11 @@ before the next). Variants:
   the engine, its lanes and their staging exist before the timed loads;
 - ``prepare``: ``weightlift.prepare(device)`` (the engine's lanes' staging, streams and a first use of the pool
   set up before the load; its report is kept as ``prepared``);
+- ``prepare-thread``: ``weightlift.prepare(device)`` on a thread started before torch makes the CUDA context (as a
+  program would start it at start-up), joined before the loads (the wait counts in ``touch_s``);
 - several joined by ``+`` (``warmup+pool:4GiB``), in that order.
+
+Each run also gives ``start_to_loaded_s``: the context, the variant and the first load together.
 
 Usage: first_load_alloc.py FILE OUT.json [--runs 3] [--device cuda:0] [--variants none,torch,pool,pool:2MiB]
 Prints one line per process and writes every run's times and the first load's report (``times``) as JSON.
@@ -46,6 +50,7 @@ def size_of(text: str) -> int:
 
 
 PREPARED: list = []
+BACKGROUND: list = []
 
 
 def touch(variant: str, nbytes: int, device: str) -> float:
@@ -61,7 +66,10 @@ def touch(variant: str, nbytes: int, device: str) -> float:
 def touch_one(variant: str, nbytes: int, device: str) -> None:
     import torch
 
-    if variant == "prepare":
+    if variant == "prepare-thread":
+        for t in BACKGROUND:
+            t.join()
+    elif variant == "prepare":
         import weightlift
 
         PREPARED.append(weightlift.prepare(device))
@@ -98,6 +106,12 @@ def child(path: str, variant: str, device: str) -> dict:
     import torch
     import weightlift
 
+    start = time.perf_counter()
+    if "prepare-thread" in variant.split("+"):
+        import threading
+
+        BACKGROUND.append(threading.Thread(target=lambda: PREPARED.append(weightlift.prepare(device))))
+        BACKGROUND[-1].start()
     torch.cuda.set_device(device)  # the driver calls of `touch` act on the current device
     t = time.perf_counter()
     torch.zeros(1, device=device)
@@ -114,6 +128,8 @@ def child(path: str, variant: str, device: str) -> dict:
         out[f"{name}_s"] = time.perf_counter() - t
         out[f"{name}_times"] = (weightlift.last_report() or {}).get("times")
         del tensors
+        if name == "first":
+            out["start_to_loaded_s"] = time.perf_counter() - start
     return out
 
 
@@ -124,7 +140,7 @@ def main() -> int:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--device", default="cuda:0")
     ap.add_argument("--variants", default=",".join(VARIANTS),
-                    help="comma-separated: none, torch, pool, pool:SIZE, env:NAME=VALUE, warmup, warmup:SIZE, prepare, A+B")
+                    help="comma-separated: none, torch, pool, pool:SIZE, env:NAME=VALUE, warmup, warmup:SIZE, prepare, prepare-thread, A+B")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
@@ -133,9 +149,10 @@ def main() -> int:
     variants = args.variants.split(",")
     for v in variants:
         for part in v.split("+"):
-            known = part in ("none", "torch", "pool", "warmup", "prepare") or part.startswith(("pool:", "warmup:"))
+            known = part in ("none", "torch", "pool", "warmup", "prepare", "prepare-thread") or part.startswith(
+                ("pool:", "warmup:"))
             if not (known or (part.startswith("env:") and "=" in part)):
-                ap.error(f"unknown variant {part!r} (none, torch, pool[:SIZE], warmup[:SIZE], prepare, env:NAME=VALUE)")
+                ap.error(f"unknown variant {part!r} (none, torch, pool[:SIZE], warmup[:SIZE], prepare, prepare-thread, env:NAME=VALUE)")
     with open(args.file, "rb") as f:  # into the page cache
         while f.read(64 << 20):
             pass
@@ -159,13 +176,17 @@ def main() -> int:
             alloc = (r["first_times"] or {}).get("alloc")
             print(f"{v:11.30s} touch {r['touch_s'] * 1e3:7.1f} ms  first {r['first_s'] * 1e3:6.1f} ms  second "
                   f"{r['second_s'] * 1e3:6.1f} ms  ratio {r['ratio']:.3f}  first load's allocation "
-                  f"{(alloc or 0) * 1e3:.1f} ms", flush=True)
+                  f"{(alloc or 0) * 1e3:.1f} ms  context+variant+first {r['start_to_loaded_s'] * 1e3:.1f} ms", flush=True)
     medians = {v: statistics.median(r["ratio"] for r in rows if r.get("variant") == v and "ratio" in r)
                for v in variants if any(r.get("variant") == v and "ratio" in r for r in rows)}
     print("median first/second:", {k: round(x, 3) for k, x in medians.items()}, flush=True)
+    to_loaded = {v: statistics.median(r["start_to_loaded_s"] for r in rows if r.get("variant") == v and "ratio" in r)
+                 for v in medians}
+    print("median context+variant+first (s):", {k: round(x, 4) for k, x in to_loaded.items()}, flush=True)
     with open(args.out, "w") as f:
         json.dump({"file": args.file, "bytes": os.path.getsize(args.file), "device": args.device, "runs": rows,
-                   "median_ratio": medians}, f, indent=1)
+                   "median_ratio": medians,
+                   "median_start_to_loaded_s": to_loaded}, f, indent=1)
     return 0
 
 
