@@ -132,6 +132,43 @@ def test_prepare_sets_up_what_the_first_load_would(files, device):
     assert times["staging_setup_thread_secs"] == 0 and times["staging_wait_thread_secs"] == 0, times
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_tensors_handed_over_in_their_dtype_and_shape(tmp_path, device):
+    """Tensors of the dtypes DLPack has reach torch through one capsule of their own dtype and shape (the others as
+    bytes viewed as their dtype): every dtype, a scalar and an empty tensor equal to safetensors'; a capsule whose
+    shape does not take the buffer's bytes is refused."""
+    g = torch.Generator().manual_seed(5)
+    tensors = {
+        "bool": torch.tensor([[True, False], [False, True]]),
+        "u8": torch.randint(0, 255, (3, 4), generator=g, dtype=torch.uint8),
+        "i8": torch.randint(-100, 100, (5,), generator=g, dtype=torch.int8),
+        "i16": torch.randint(-30000, 30000, (2, 3), generator=g, dtype=torch.int16),
+        "i32": torch.randint(-(2**31), 2**31 - 1, (7,), generator=g, dtype=torch.int32),
+        "i64": torch.randint(-(2**62), 2**62, (2, 2, 2), generator=g, dtype=torch.int64),
+        "f16": torch.randn(3, 3, generator=g).to(torch.float16),
+        "bf16": torch.randn(4, 1, 5, generator=g).to(torch.bfloat16),
+        "f32": torch.randn(6, generator=g),
+        "f64": torch.randn(2, 5, generator=g, dtype=torch.float64),
+        "u16": torch.randint(0, 60000, (4,), generator=g, dtype=torch.int32).to(torch.uint16),
+        "f8": torch.randn(9, generator=g).to(torch.float8_e4m3fn),
+        "scalar": torch.tensor(-1.5, dtype=torch.bfloat16),
+        "empty": torch.zeros(0, 4, dtype=torch.float16),
+    }
+    path = tmp_path / "dtypes.safetensors"
+    st.save_file(tensors, str(path))
+    assert_same(weightlift.load_file(path, device=device), st.load_file(str(path), device=device), device)
+    ckpt = weightlift.safetensors._checkpoint(path)
+    infos = {i.name: i for i in ckpt.tensors}
+    buffers = dict(zip([i.name for i in ckpt.tensors], ckpt.load(weightlift._core.shared_engine(), device, None, False)))
+    assert buffers["f32"].typed_capsule("F32", [6]) is not None
+    assert buffers["f8"].typed_capsule("F8_E4M3", [9]) is None and buffers["u16"].typed_capsule("U16", [4]) is None
+    with pytest.raises(weightlift.InvalidArgumentError, match="does not take"):
+        buffers["f32"].typed_capsule("F32", [7])
+    with pytest.raises(weightlift.InvalidArgumentError, match="does not take"):
+        buffers["i64"].typed_capsule("I64", [-1, 8])
+    assert infos["scalar"].shape == []
+
+
 def test_prepare_refuses_what_it_cannot_set_up():
     with pytest.raises(weightlift.InvalidArgumentError):
         weightlift.prepare("tpu:0")

@@ -114,16 +114,40 @@ def load_ranges(engine, paths: Sequence[str], ranges: Sequence[tuple[int, int, i
     return engine.load_ranges([os.fspath(p) for p in paths], list(ranges), device)
 
 
-def info_tensor(buffer, info: "_native.TensorInfo") -> "torch.Tensor":
+def info_tensor(buffer, info: "_native.TensorInfo", stream: "int | None" = None) -> "torch.Tensor":
     """A loaded tensor's buffer as the tensor its :class:`TensorInfo` describes (block-quantized types as uint8)."""
-    return as_tensor(buffer, "U8" if info.quantized else info.dtype, info.storage_shape)
+    return as_tensor(buffer, "U8" if info.quantized else info.dtype, info.storage_shape, stream)
 
 
-def as_tensor(buffer, dtype_name_: str, shape: Sequence[int]) -> "torch.Tensor":
-    """A loaded byte buffer as a tensor of `dtype_name_` and `shape`, sharing memory (DLPack, then a dtype view)."""
+def info_tensors(buffers: Sequence[Any], infos: Sequence["_native.TensorInfo"]) -> list["torch.Tensor"]:
+    """:func:`info_tensor` of each buffer of one load (all on one device), asking for the consumer stream once."""
+    stream = consumer_stream(buffers[0]) if buffers else None
+    return [info_tensor(b, i, stream) for b, i in zip(buffers, infos)]
+
+
+def consumer_stream(buffer) -> int:
+    """What ``torch.from_dlpack`` would pass as ``stream`` to ``buffer.__dlpack__``: the current stream of a CUDA
+    buffer's device (1 for the legacy default stream), 0 for host memory."""
+    kind, index = buffer.__dlpack_device__()
+    if kind != 2:  # kDLCUDA
+        return 0
+    s = torch_module().cuda.current_stream(index).cuda_stream
+    return 1 if s == 0 else s
+
+
+def as_tensor(buffer, dtype_name_: str, shape: Sequence[int], stream: "int | None" = None) -> "torch.Tensor":
+    """A loaded byte buffer as a tensor of `dtype_name_` and `shape`, sharing memory. Through one DLPack capsule of
+    the right dtype and shape where DLPack has the dtype (`stream`: the consumer stream, looked up when None), else
+    through a byte tensor viewed as the dtype."""
     t = torch_module()
-    raw = t.from_dlpack(buffer)
     shape = tuple(int(d) for d in shape)
+    if buffer.nbytes:
+        # `torch.from_dlpack` asks the buffer for its device and a capsule, and looks up the current stream, for
+        # every tensor; a capsule made here costs a fraction of that (bench/NOTES.md).
+        capsule = buffer.typed_capsule(dtype_name_, shape, consumer_stream(buffer) if stream is None else stream)
+        if capsule is not None:
+            return t.utils.dlpack.from_dlpack(capsule)
+    raw = t.from_dlpack(buffer)
     if dtype_name_ == "U8":
         return raw.reshape(shape)
     table = torch_dtypes()

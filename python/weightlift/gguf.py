@@ -40,8 +40,8 @@ def load_gguf(path: PathLike, device: Union[str, int, "torch.device"] = "cpu", *
     infos = ckpt.tensors
     buffers = ckpt.load(engine or _core.shared_engine(), dev)
     out = GGUFCheckpoint(metadata=ckpt.files[0]["metadata"] or {})
-    for info, buf in zip(infos, buffers):
+    for info, tensor in zip(infos, _core.info_tensors(buffers, infos)):
         out.types[info.name] = info.dtype
         out.shapes[info.name] = tuple(info.shape)
-        out.tensors[info.name] = _core.info_tensor(buf, info)
+        out.tensors[info.name] = tensor
     return out

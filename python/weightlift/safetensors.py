@@ -58,7 +58,7 @@ def _load_tensors(
     infos = ckpt.tensors if names is None else [ckpt.tensor(n) for n in names]
     engine = engine or _core.shared_engine()
     buffers = ckpt.load(engine, device, None if names is None else list(names), verify)
-    return {i.name: _core.info_tensor(buf, i) for i, buf in zip(infos, buffers)}
+    return {i.name: t for i, t in zip(infos, _core.info_tensors(buffers, infos))}
 
 
 class _Slice:

@@ -1,9 +1,10 @@
 //! Hand-over of loaded bytes to PyTorch (or any DLPack consumer) without a copy.
 //!
-//! Written against the DLPack C ABI directly rather than through dlpark: weightlift exports only one shape of tensor
-//! (a 1-D byte buffer that the Python side views as the real dtype and shape, which sidesteps consumers' uneven
-//! support for bf16/fp8 DLPack codes), and the deleter needs a device-specific step dlpark has no hook for: ordering
-//! the free of device memory after the consumer stream's work.
+//! Written against the DLPack C ABI directly rather than through dlpark: weightlift exports a buffer either as a 1-D
+//! byte tensor (`__dlpack__`; the Python side views it as the real dtype and shape, which sidesteps consumers'
+//! uneven support for fp8 and wide unsigned DLPack codes) or, for the dtypes every consumer reads, as a capsule of
+//! its dtype and shape (`typed_capsule`), and the deleter needs a device-specific step dlpark has no hook for:
+//! ordering the free of device memory after the consumer stream's work.
 
 use std::ffi::{CStr, c_void};
 use std::sync::Arc;
@@ -50,7 +51,31 @@ struct DLManagedTensor {
 const KDL_CPU: i32 = 1;
 const KDL_CUDA: i32 = 2;
 const KDL_CUDA_HOST: i32 = 3;
+const KDL_INT: u8 = 0;
 const KDL_UINT: u8 = 1;
+const KDL_FLOAT: u8 = 2;
+const KDL_BFLOAT: u8 = 4;
+const KDL_BOOL: u8 = 6;
+
+/// The DLPack type of a safetensors dtype name, for the types every DLPack consumer of note (PyTorch, NumPy, CuPy,
+/// JAX) reads: bool, 8-64-bit signed integers, uint8, f16, bf16, f32, f64. Others (unsigned wider than 8 bits,
+/// fp8, sub-byte floats, complex) are exported as bytes and viewed by the caller.
+fn dl_dtype(name: &str) -> Option<DLDataType> {
+    let (code, bits) = match name {
+        "BOOL" => (KDL_BOOL, 8),
+        "U8" => (KDL_UINT, 8),
+        "I8" => (KDL_INT, 8),
+        "I16" => (KDL_INT, 16),
+        "I32" => (KDL_INT, 32),
+        "I64" => (KDL_INT, 64),
+        "F16" => (KDL_FLOAT, 16),
+        "BF16" => (KDL_BFLOAT, 16),
+        "F32" => (KDL_FLOAT, 32),
+        "F64" => (KDL_FLOAT, 64),
+        _ => return None,
+    };
+    Some(DLDataType { code, bits, lanes: 1 })
+}
 
 /// What keeps a tensor's memory alive while a consumer holds it.
 #[derive(Clone, Debug)]
@@ -100,7 +125,7 @@ impl Holder {
 #[repr(C)]
 struct Ctx {
     managed: DLManagedTensor,
-    shape: [i64; 1],
+    shape: Vec<i64>,
     holder: Holder,
     consumer_stream: usize,
 }
@@ -141,15 +166,49 @@ unsafe extern "C" fn capsule_destructor(capsule: *mut ffi::PyObject) {
 
 /// A fresh `dltensor` capsule sharing `holder`'s memory as a 1-D `uint8` tensor.
 pub fn capsule(py: Python<'_>, holder: &Holder, consumer_stream: usize) -> PyResult<Py<PyAny>> {
-    let len = holder.len() as i64;
+    let bytes = DLDataType { code: KDL_UINT, bits: 8, lanes: 1 };
+    new_capsule(py, holder, consumer_stream, bytes, vec![holder.len() as i64])
+}
+
+/// A fresh `dltensor` capsule sharing `holder`'s memory as a C-contiguous tensor of dtype `dtype` (a safetensors
+/// name) and `shape`, or `None` when `dtype` is not one [`dl_dtype`] exports (the caller then views bytes). Fails
+/// unless the shape's bytes are the buffer's. Consumers take the capsule without a `__dlpack__` call per tensor
+/// (`torch._C._from_dlpack`), which costs a fraction of one; `consumer_stream` is what `__dlpack__` would get.
+pub fn typed_capsule(
+    py: Python<'_>,
+    holder: &Holder,
+    consumer_stream: usize,
+    dtype: &str,
+    shape: Vec<i64>,
+) -> PyResult<Option<Py<PyAny>>> {
+    let Some(dt) = dl_dtype(dtype) else { return Ok(None) };
+    let elems = shape.iter().try_fold(1u64, |n, &d| u64::try_from(d).ok().and_then(|d| n.checked_mul(d)));
+    let nbytes = elems.and_then(|n| n.checked_mul(u64::from(dt.bits / 8)));
+    if nbytes != Some(holder.len() as u64) {
+        return Err(crate::errors::invalid_argument(&format!(
+            "shape {shape:?} of {dtype} does not take the buffer's {} bytes",
+            holder.len()
+        )));
+    }
+    new_capsule(py, holder, consumer_stream, dt, shape).map(Some)
+}
+
+fn new_capsule(
+    py: Python<'_>,
+    holder: &Holder,
+    consumer_stream: usize,
+    dtype: DLDataType,
+    shape: Vec<i64>,
+) -> PyResult<Py<PyAny>> {
     let (device_type, device_id) = holder.dl_device();
+    let ndim = i32::try_from(shape.len()).map_err(|_| crate::errors::invalid_argument("too many dimensions"))?;
     let mut ctx = Box::new(Ctx {
         managed: DLManagedTensor {
             dl_tensor: DLTensor {
                 data: holder.data_ptr(),
                 device: DLDevice { device_type, device_id },
-                ndim: 1,
-                dtype: DLDataType { code: KDL_UINT, bits: 8, lanes: 1 },
+                ndim,
+                dtype,
                 shape: std::ptr::null_mut(),
                 strides: std::ptr::null_mut(),
                 byte_offset: 0,
@@ -157,7 +216,7 @@ pub fn capsule(py: Python<'_>, holder: &Holder, consumer_stream: usize) -> PyRes
             manager_ctx: std::ptr::null_mut(),
             deleter: Some(deleter),
         },
-        shape: [len],
+        shape,
         holder: holder.clone(),
         consumer_stream,
     });

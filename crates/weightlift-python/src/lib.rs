@@ -77,6 +77,21 @@ impl NativeBuffer {
         dlpack::capsule(py, &self.holder, stream.unwrap_or(0).max(0) as usize)
     }
 
+    /// A DLPack capsule of this buffer as a C-contiguous tensor of `dtype` (a safetensors name) and `shape`, for
+    /// `torch._C._from_dlpack` (no `__dlpack__` round trip per tensor); None for dtypes exported only as bytes
+    /// (unsigned wider than 8 bits, fp8, sub-byte, complex). `stream`: the consumer's current stream, as
+    /// `__dlpack__` gets it (it orders the eventual free).
+    #[pyo3(signature = (dtype, shape, stream=0))]
+    fn typed_capsule(
+        &self,
+        py: Python<'_>,
+        dtype: &str,
+        shape: Vec<i64>,
+        stream: isize,
+    ) -> PyResult<Option<Py<PyAny>>> {
+        dlpack::typed_capsule(py, &self.holder, stream.max(0) as usize, dtype, shape)
+    }
+
     fn __dlpack_device__(&self) -> (i32, i32) {
         self.holder.dl_device()
     }
