@@ -213,6 +213,18 @@ enum wl_status wl_engine_open(const char *settings,
 void wl_engine_close(struct wl_engine *engine);
 
 /**
+ * Sets the engine up for loads onto `device` (`WL_HOST` or a CUDA ordinal) now, so that the first load pays
+ * for none of it: the I/O lanes' staging (pinned for a GPU), and for a GPU its streams and a first use of its
+ * memory pool. A program's first load otherwise does this while it runs. Waits for loads in progress to leave
+ * the lanes; cheap when everything is set up already.
+ *
+ * # Safety
+ * `engine` must be live.
+ */
+enum wl_status wl_engine_prepare(const struct wl_engine *engine,
+                                 int32_t device);
+
+/**
  * Opens a checkpoint's index (headers only; no tensor data is read).
  *
  * # Safety

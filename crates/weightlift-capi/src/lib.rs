@@ -360,6 +360,23 @@ pub unsafe extern "C" fn wl_engine_close(engine: *mut wl_engine) {
     }
 }
 
+/// Sets the engine up for loads onto `device` (`WL_HOST` or a CUDA ordinal) now, so that the first load pays
+/// for none of it: the I/O lanes' staging (pinned for a GPU), and for a GPU its streams and a first use of its
+/// memory pool. A program's first load otherwise does this while it runs. Waits for loads in progress to leave
+/// the lanes; cheap when everything is set up already.
+///
+/// # Safety
+/// `engine` must be live.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn wl_engine_prepare(engine: *const wl_engine, device: i32) -> wl_status {
+    guard(|| {
+        // SAFETY: per the contract.
+        let e = unsafe { arg(engine, "engine") }?;
+        e.engine.prepare(device_of(device)?)?;
+        Ok(())
+    })
+}
+
 // ---------------------------------------------------------------------------------------------------------------
 // Checkpoints
 

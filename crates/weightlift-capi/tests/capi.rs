@@ -180,6 +180,17 @@ fn errors_are_statuses_with_messages() {
             wl_read_async(e.0, cfile.as_ptr(), 0, host(&mut buf), fake_stream, &mut op),
             wl_status::WL_ERR_INVALID_ARGUMENT
         );
+        // Preparing: a NULL engine and a device that is neither host nor a CUDA ordinal are refused; the host
+        // is always there to prepare for, twice over.
+        assert_eq!(wl_engine_prepare(ptr::null(), WL_HOST), wl_status::WL_ERR_INVALID_ARGUMENT);
+        assert_eq!(wl_engine_prepare(e.0, -5), wl_status::WL_ERR_INVALID_ARGUMENT);
+        assert!(last_error().contains("device -5"), "{}", last_error());
+        assert_eq!(wl_engine_prepare(e.0, WL_HOST), wl_status::WL_OK, "{}", last_error());
+        assert_eq!(wl_engine_prepare(e.0, WL_HOST), wl_status::WL_OK, "{}", last_error());
+        if let Err(why) = weightlift::cuda::available() {
+            assert_ne!(wl_engine_prepare(e.0, 0), wl_status::WL_OK, "prepared cuda:0 without CUDA ({why})");
+            assert!(!last_error().is_empty());
+        }
         // Status names.
         assert_eq!(CStr::from_ptr(wl_status_name(wl_status::WL_ERR_IO)).to_str().unwrap(), "WL_ERR_IO");
     }
@@ -324,6 +335,8 @@ fn stream_ordered_async_read_on_the_gpu() {
     }
     let dir = tempfile::tempdir().unwrap();
     let e = engine();
+    // SAFETY: a live engine.
+    assert_eq!(unsafe { wl_engine_prepare(e.0, 0) }, wl_status::WL_OK, "{}", last_error());
     let data: Vec<u8> = (0..(3u32 << 20) + 123).map(|i| (i.wrapping_mul(2_654_435_761) >> 9) as u8).collect();
     let file = dir.path().join("s.bin");
     std::fs::write(&file, &data).unwrap();
