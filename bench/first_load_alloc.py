@@ -51,6 +51,16 @@ def size_of(text: str) -> int:
 
 PREPARED: list = []
 BACKGROUND: list = []
+FAILED: list = []
+
+
+def prepare_in_background(device: str) -> None:
+    import weightlift
+
+    try:
+        PREPARED.append(weightlift.prepare(device))
+    except Exception as e:  # re-raised by the variant's join
+        FAILED.append(repr(e))
 
 
 def touch(variant: str, nbytes: int, device: str) -> float:
@@ -69,6 +79,8 @@ def touch_one(variant: str, nbytes: int, device: str) -> None:
     if variant == "prepare-thread":
         for t in BACKGROUND:
             t.join()
+        if len(PREPARED) != len(BACKGROUND):
+            raise RuntimeError(f"weightlift.prepare on its thread failed: {FAILED}")
     elif variant == "prepare":
         import weightlift
 
@@ -110,7 +122,7 @@ def child(path: str, variant: str, device: str) -> dict:
     if "prepare-thread" in variant.split("+"):
         import threading
 
-        BACKGROUND.append(threading.Thread(target=lambda: PREPARED.append(weightlift.prepare(device))))
+        BACKGROUND.append(threading.Thread(target=prepare_in_background, args=(device,)))
         BACKGROUND[-1].start()
     torch.cuda.set_device(device)  # the driver calls of `touch` act on the current device
     t = time.perf_counter()

@@ -4,7 +4,7 @@ and reshape (weightlift's way before dd798ed, still the way for fp8 and wide uns
 capsule of the tensor's own dtype and shape (``weightlift._core.info_tensors``, what ``load_file`` does now).
 
 A checkpoint is loaded once; its buffers are then handed over again and again, the two ways interleaved, and each
-result is checked against the other (dtype, shape, bytes). Checkpoints: FILE arguments, or a generated one of
+result is checked against the other (dtype, shape, address). Checkpoints: FILE arguments, or a generated one of
 ``--tensors`` small bf16 tensors when none is given.
 
 Usage: handover.py OUT.json [FILE ...] [--device cuda:0] [--rounds 7] [--tensors 2000]
@@ -30,7 +30,12 @@ def old_way(buffers, infos, torch):
         raw = torch.from_dlpack(b)
         shape = tuple(int(d) for d in i.storage_shape)
         name = "U8" if i.quantized else i.dtype
-        out.append(raw.reshape(shape) if name == "U8" or raw.numel() == 0 else raw.view(table[name]).reshape(shape))
+        if name == "U8":
+            out.append(raw.reshape(shape))
+        elif raw.numel() == 0:
+            out.append(torch.empty(shape, dtype=table[name], device=raw.device))
+        else:
+            out.append(raw.view(table[name]).reshape(shape))
     return out
 
 
@@ -47,7 +52,7 @@ def measure(path: str, device: str, rounds: int) -> dict:
             "typed_capsule": lambda: _core.info_tensors(buffers, infos)}
     a, b = ways["from_dlpack_then_view"](), ways["typed_capsule"]()
     for x, y, i in zip(a, b, infos):
-        if x.dtype != y.dtype or x.shape != y.shape or x.data_ptr() != y.data_ptr():
+        if x.dtype != y.dtype or x.shape != y.shape or (x.numel() and x.data_ptr() != y.data_ptr()):
             raise SystemExit(f"{i.name}: the two ways differ ({x.dtype} {tuple(x.shape)} against {y.dtype} {tuple(y.shape)})")
     del a, b
     times: dict = {k: [] for k in ways}

@@ -116,27 +116,28 @@ def test_prepare_sets_up_what_the_first_load_would(files, device):
     and one for allocation); asked again it finds everything set up; a load after it sets up no staging, and every
     byte equals safetensors'."""
     engine = weightlift._core.new_engine()
-    first = engine.prepare(device)
+    first = weightlift.prepare(device, engine=engine)
     staging = first["staging"]
+    if staging is None:
+        pytest.skip(f"{device}'s data path does not read through the lanes: {first['path']}")
     assert staging["lanes"] > 0 and staging["lanes_set_up"] == staging["lanes"], first
     assert staging["pinned"] == device.startswith("cuda"), first
     assert staging["bytes"] == staging["lanes"] * staging["slots_per_lane"] * staging["slot_bytes"] > 0, first
     if device.startswith("cuda"):
         assert first["streams"] == staging["lanes"] + 1 and first["pool_secs"] is not None, first
-    again = engine.prepare(device)
+    again = weightlift.prepare(device, engine=engine)
     assert again["staging"]["lanes_set_up"] == 0, again
-    weightlift.prepare(device)
     ref = st.load_file(str(files["llama"]), device=device)
-    assert_same(weightlift.load_file(files["llama"], device=device), ref, device)
+    assert_same(weightlift.load_file(files["llama"], device=device, engine=engine), ref, device)
     times = weightlift.last_report()["times"]
     assert times["staging_setup_thread_secs"] == 0 and times["staging_wait_thread_secs"] == 0, times
 
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_tensors_handed_over_in_their_dtype_and_shape(tmp_path, device):
-    """Tensors of the dtypes DLPack has reach torch through one capsule of their own dtype and shape (the others as
-    bytes viewed as their dtype): every dtype, a scalar and an empty tensor equal to safetensors'; a capsule whose
-    shape does not take the buffer's bytes is refused."""
+    """Tensors of the dtypes DLPack has reach torch through one capsule of their own dtype and shape (no byte tensor
+    behind them), the others as bytes viewed as their dtype: every dtype, a scalar and an empty tensor equal to
+    safetensors'; a capsule whose shape does not take the buffer's bytes is refused."""
     g = torch.Generator().manual_seed(5)
     tensors = {
         "bool": torch.tensor([[True, False], [False, True]]),
@@ -156,7 +157,11 @@ def test_tensors_handed_over_in_their_dtype_and_shape(tmp_path, device):
     }
     path = tmp_path / "dtypes.safetensors"
     st.save_file(tensors, str(path))
-    assert_same(weightlift.load_file(path, device=device), st.load_file(str(path), device=device), device)
+    got = weightlift.load_file(path, device=device)
+    assert_same(got, st.load_file(str(path), device=device), device)
+    for name, t in got.items():
+        typed = name not in ("u16", "f8")  # "empty" is made by torch.empty: no byte tensor behind it either
+        assert (t._base is None) == typed, f"{name}: handed over {'typed' if t._base is None else 'as bytes'}"
     ckpt = weightlift.safetensors._checkpoint(path)
     infos = {i.name: i for i in ckpt.tensors}
     buffers = dict(zip([i.name for i in ckpt.tensors], ckpt.load(weightlift._core.shared_engine(), device, None, False)))
@@ -166,7 +171,7 @@ def test_tensors_handed_over_in_their_dtype_and_shape(tmp_path, device):
         buffers["f32"].typed_capsule("F32", [7])
     with pytest.raises(weightlift.InvalidArgumentError, match="does not take"):
         buffers["i64"].typed_capsule("I64", [-1, 8])
-    assert infos["scalar"].shape == []
+    assert infos["scalar"].shape == [] and got["scalar"].shape == ()
 
 
 def test_prepare_refuses_what_it_cannot_set_up():

@@ -97,7 +97,8 @@ pub(crate) struct PoolShared {
     shutdown: AtomicBool,
     broken: Mutex<Option<String>>,
     release_epoch: AtomicU64,
-    staging_request: Mutex<Option<Arc<StagingRequest>>>,
+    /// The last staging set-up request's epoch, and the request while it is being answered.
+    staging_request: Mutex<(u64, Option<Arc<StagingRequest>>)>,
     staging_per_lane: u64,
     staging_pages: StagingPages,
 }
@@ -126,7 +127,7 @@ impl PoolShared {
     /// The staging set-up request newer than the one of epoch `answered`, if any.
     pub fn staging_request(&self, answered: u64) -> Option<Arc<StagingRequest>> {
         let r = self.staging_request.lock().unwrap_or_else(|p| p.into_inner());
-        r.as_ref().filter(|r| r.epoch != answered).cloned()
+        r.1.as_ref().filter(|r| r.epoch != answered).cloned()
     }
 
     /// Wakes idle lanes (new work, a gate opened, a release request).
@@ -248,7 +249,7 @@ impl IoEngine {
             shutdown: AtomicBool::new(false),
             broken: Mutex::new(None),
             release_epoch: AtomicU64::new(0),
-            staging_request: Mutex::new(None),
+            staging_request: Mutex::new((0, None)),
             staging_per_lane: (params.staging_bytes / lanes as u64).max(4096),
             staging_pages: params.staging_pages,
         });
@@ -260,9 +261,22 @@ impl IoEngine {
                 Box::new(crate::pread::Blocking::default())
             };
             let lane = Lane::new(id, io, shared.clone());
+            let mine = shared.clone();
             let h = std::thread::Builder::new()
                 .name(format!("weightlift-io-{id}"))
-                .spawn(move || lane.run())
+                .spawn(move || {
+                    // A lane that panics (a bug) marks the engine broken, so that later loads and set-up requests
+                    // fail with the reason instead of waiting for it. Jobs it had joined still wait for it.
+                    if let Err(p) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| lane.run())) {
+                        let why = p
+                            .downcast_ref::<&str>()
+                            .map(|s| (*s).to_string())
+                            .or_else(|| p.downcast_ref::<String>().cloned())
+                            .unwrap_or_else(|| "a panic".to_string());
+                        mine.mark_broken(&format!("lane {id} panicked: {why}"));
+                        mine.notify();
+                    }
+                })
                 .map_err(IoError::Thread)?;
             t.handles.push(h);
         }
@@ -313,12 +327,19 @@ impl IoEngine {
         self.shared().notify();
     }
 
-    /// Has the lanes set up the staging a load asks for (pinned with `pinner` for device loads, else for host
-    /// loads), so that the next load pays nothing for it: a program's first load otherwise sets up the lanes'
-    /// staging one lane at a time while it runs (mapping, faulting in, pinning: measured at 26-40 ms for 16 lanes
-    /// of 8 MiB on the H100 machine). Lanes busy with a load answer once it is done; this waits for every lane.
-    /// Staging that already fits is kept (the call is then nearly free).
-    pub fn prepare_staging(&self, pinner: Option<Arc<dyn Pinner>>) -> Result<StagingPrepared, IoError> {
+    /// Has the lanes set up the staging a load from the page cache asks for (pinned with `pinner` for device
+    /// loads, else for host loads), so that such a load pays nothing for it: a program's first load otherwise sets
+    /// up the lanes' staging one lane at a time while it runs (mapping, faulting in, pinning: measured at 26-40 ms
+    /// for 16 lanes of 8 MiB on the H100 machine). A load that reads from disk asks for larger slots (the reads of
+    /// uncached ranges are `DIRECT_CHUNK_FACTOR` chunks) and sets them up itself, a few milliseconds beside its
+    /// seconds of reading: no one shape fits both within a lane's share of `staging_bytes`. Lanes busy with a load
+    /// answer once it is done; this waits for every lane, or until `cancel` is set (then `IoError::Cancelled`; the
+    /// lanes still set up). Staging that already fits is kept (the call is then nearly free).
+    pub fn prepare_staging(
+        &self,
+        pinner: Option<Arc<dyn Pinner>>,
+        cancel: Option<&AtomicBool>,
+    ) -> Result<StagingPrepared, IoError> {
         let t = std::time::Instant::now();
         let _one = self.threads.preparing.lock().unwrap_or_else(|p| p.into_inner());
         let shared = self.shared();
@@ -335,8 +356,9 @@ impl IoEngine {
         let req = {
             let mut current = shared.staging_request.lock().unwrap_or_else(|p| p.into_inner());
             // Lanes start having answered epoch 0.
+            current.0 += 1;
             let req = Arc::new(StagingRequest {
-                epoch: current.as_ref().map_or(1, |r| r.epoch + 1),
+                epoch: current.0,
                 slot_bytes,
                 slots,
                 lanes,
@@ -344,21 +366,38 @@ impl IoEngine {
                 answers: Mutex::new(Answers::default()),
                 answered: Condvar::new(),
             });
-            *current = Some(req.clone());
+            current.1 = Some(req.clone());
             req
         };
+        // The request goes once answered or given up on (it holds the pinner, and with it the device).
+        let withdraw = || shared.staging_request.lock().unwrap_or_else(|p| p.into_inner()).1 = None;
         shared.notify();
         let all = self.lanes();
         let mut a = req.answers.lock().unwrap_or_else(|p| p.into_inner());
         while a.count < all {
-            if let Some(why) = shared.broken.lock().unwrap_or_else(|p| p.into_inner()).clone() {
+            let broken = shared.broken.lock().unwrap_or_else(|p| p.into_inner()).clone();
+            // A lane thread that ended while the engine lives died (a panic) and will never answer.
+            let dead = self.threads.handles.iter().position(JoinHandle::is_finished);
+            if let Some(why) = broken.or_else(|| dead.map(|i| format!("lane {i} stopped"))) {
+                drop(a);
+                withdraw();
                 return Err(IoError::Panicked(why));
+            }
+            if cancel.is_some_and(|c| c.load(Ordering::Relaxed)) {
+                drop(a);
+                withdraw();
+                return Err(IoError::Cancelled);
             }
             a = req.answered.wait_timeout(a, Duration::from_millis(50)).unwrap_or_else(|p| p.into_inner()).0;
         }
-        if let Some(e) = a.error.take() {
+        let error = a.error.take();
+        let answers = (a.set_up, a.setup, a.waited);
+        drop(a);
+        withdraw();
+        if let Some(e) = error {
             return Err(e);
         }
+        let a = Answers { set_up: answers.0, setup: answers.1, waited: answers.2, ..Answers::default() };
         Ok(StagingPrepared {
             lanes,
             lanes_set_up: a.set_up,

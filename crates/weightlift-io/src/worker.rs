@@ -350,6 +350,9 @@ impl Lane {
         if !self.is_idle() {
             return;
         }
+        // A release asked before this request (seen now that the request's lock was taken) goes first: the
+        // staging set up below is what the caller asked for last.
+        self.release_if_asked();
         self.asked_epoch = req.epoch;
         if self.id >= req.lanes {
             req.answer(None);

@@ -437,7 +437,7 @@ fn staging_prepared_before_a_load_is_what_the_load_uses() {
     let expected = pattern(len, 11);
     let params = IoParams { threads: 4, chunk_bytes: 1 << 20, direct: DirectMode::Never, ..IoParams::default() };
     let io = engine(&params);
-    let p = io.prepare_staging(None).unwrap();
+    let p = io.prepare_staging(None, None).unwrap();
     assert_eq!((p.lanes, p.lanes_set_up, p.slot_bytes, p.slots_per_lane, p.pinned), (4, 4, 1 << 20, 1, false));
     assert!(p.setup_thread_secs > 0.0 && p.seconds > 0.0, "{p:?}");
 
@@ -454,9 +454,54 @@ fn staging_prepared_before_a_load_is_what_the_load_uses() {
     assert!(sink.lanes.lock().unwrap().len() > 1, "one lane read everything");
     assert_eq!((report.stats.setup, report.stats.setup_wait), Default::default(), "{report:?}");
 
-    let again = io.prepare_staging(None).unwrap();
+    let again = io.prepare_staging(None, None).unwrap();
     assert_eq!((again.lanes, again.lanes_set_up), (4, 0), "{again:?}");
     io.release_staging();
-    let after = io.prepare_staging(None).unwrap();
+    let after = io.prepare_staging(None, None).unwrap();
     assert_eq!((after.lanes, after.lanes_set_up), (4, 4), "{after:?}");
+}
+
+/// Delivers through a host sink once `open` is set (holding its lane busy until then).
+struct HeldSink {
+    inner: HostSink,
+    open: AtomicBool,
+}
+
+impl Sink for HeldSink {
+    fn deliver(&self, lane: usize, pieces: &[Piece], data: &[u8]) -> Result<Option<Box<dyn Pending>>, SinkError> {
+        while !self.open.load(Ordering::Acquire) {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        self.inner.deliver(lane, pieces, data)
+    }
+}
+
+/// A set-up request waits for lanes busy with a load; asked to stop, it returns `Cancelled` at once (the load goes
+/// on, every byte arrives); asked again after the load, it completes.
+#[test]
+fn a_staging_request_waiting_for_busy_lanes_can_be_cancelled() {
+    let dir = tempfile::tempdir().unwrap();
+    let len = 8usize << 20;
+    let path = write(dir.path(), "held.bin", len, 12);
+    let params = IoParams { threads: 2, chunk_bytes: 1 << 20, direct: DirectMode::Never, ..IoParams::default() };
+    let io = engine(&params);
+    let files = open_all(std::slice::from_ref(&path), false).unwrap();
+    let mut out = vec![0u8; len];
+    let extents = [Extent { file: 0, offset: 0, len: len as u64, dest: 0, dest_offset: 0 }];
+    // SAFETY: `out` outlives the load (waited below) and nothing else touches it meanwhile.
+    let inner = unsafe { HostSink::new(vec![(out.as_mut_ptr(), out.len())]) };
+    let sink = std::sync::Arc::new(HeldSink { inner, open: AtomicBool::new(false) });
+    let req = LoadRequest { files: &files, extents: &extents, dest_lens: &[len as u64] };
+    let running = io.start(&req, weightlift_io::StreamOptions::default(), sink.clone()).unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(50)); // the lanes take their first reads and hold
+    let cancel = AtomicBool::new(true);
+    let t = std::time::Instant::now();
+    let refused = io.prepare_staging(None, Some(&cancel));
+    assert!(matches!(refused, Err(IoError::Cancelled)), "{refused:?}");
+    assert!(t.elapsed() < std::time::Duration::from_secs(2), "cancelling took {:?}", t.elapsed());
+    sink.open.store(true, Ordering::Release);
+    running.wait().unwrap();
+    assert!(out == pattern(len, 12), "bytes differ");
+    let p = io.prepare_staging(None, None).unwrap();
+    assert_eq!(p.lanes, 2, "{p:?}");
 }

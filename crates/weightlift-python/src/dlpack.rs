@@ -57,9 +57,9 @@ const KDL_FLOAT: u8 = 2;
 const KDL_BFLOAT: u8 = 4;
 const KDL_BOOL: u8 = 6;
 
-/// The DLPack type of a safetensors dtype name, for the types every DLPack consumer of note (PyTorch, NumPy, CuPy,
-/// JAX) reads: bool, 8-64-bit signed integers, uint8, f16, bf16, f32, f64. Others (unsigned wider than 8 bits,
-/// fp8, sub-byte floats, complex) are exported as bytes and viewed by the caller.
+/// The DLPack type of a safetensors dtype name, for the types PyTorch reads from DLPack on every version weightlift
+/// supports: bool, 8-64-bit signed integers, uint8, f16, bf16, f32, f64. Others (unsigned wider than 8 bits, fp8,
+/// sub-byte floats, complex) are exported as bytes and viewed by the caller.
 fn dl_dtype(name: &str) -> Option<DLDataType> {
     let (code, bits) = match name {
         "BOOL" => (KDL_BOOL, 8),

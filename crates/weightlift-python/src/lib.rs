@@ -146,7 +146,7 @@ impl NativeEngine {
     fn prepare(&self, py: Python<'_>, device: &str) -> PyResult<Py<PyAny>> {
         let device = parse_device(device)?;
         let engine = self.engine.clone();
-        let prepared = py.detach(move || engine.prepare(device)).map_err(to_py)?;
+        let prepared = interruptible(py, move |cancel| engine.prepare_with(device, Some(cancel)))?.map_err(to_py)?;
         json_to_py(py, &prepared.to_json())
     }
 

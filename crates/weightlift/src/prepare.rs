@@ -51,18 +51,27 @@ impl Prepared {
 }
 
 impl Engine {
-    /// Sets the engine up for loads onto `device` now, so that the first load pays for none of it: the lanes'
-    /// staging (mapped, faulted in, pinned for a GPU and registered with each lane's ring), and for a GPU its
-    /// context, data path, the lanes' streams and a first use of its memory pool. A program's first load otherwise
-    /// does this while it runs: on the H100 machine a fresh process's first 4 GiB load took 1.16–1.45× its second
-    /// (bench/results/2026-11-24-h100-zj). Call it at start-up, on a thread of its own if there is other start-up
-    /// work to overlap it with (building the model, say). Cheap when the engine is set up already; waits for loads
-    /// in progress to leave the lanes. The staging stays until [`Engine::release_memory`] or the engine's end.
+    /// Sets the engine up for loads onto `device` now, so that a first load from the page cache pays for none of
+    /// it: the lanes' staging (mapped, faulted in, pinned for a GPU and registered with each lane's ring), and for
+    /// a GPU its context, data path, the lanes' streams and a first use of its memory pool. A program's first load
+    /// otherwise does this while it runs: on the H100 machine a fresh process's first 4 GiB load took 1.16–1.45×
+    /// its second (bench/results/2026-11-24-h100-zj), 0.93–1.06× after `prepare` (-zn, -zo). It moves that work,
+    /// it does not make it cheaper (37–45 ms there): it saves time only run beside other start-up work, and it
+    /// needs the device's context, so on a thread started before the context exists it waits for it. A load that
+    /// reads from disk sets up its own larger slots (see `IoEngine::prepare_staging`). Cheap when the engine is set
+    /// up already; waits for loads in progress to leave the lanes. The staging stays until
+    /// [`Engine::release_memory`], the engine's end, or a load that needs other slots.
     pub fn prepare(&self, device: Device) -> Result<Prepared> {
+        self.prepare_with(device, None)
+    }
+
+    /// [`Engine::prepare`], giving up with `Error::Io(IoError::Cancelled)` once `cancel` is set (while it waits for
+    /// busy lanes).
+    pub fn prepare_with(&self, device: Device, cancel: Option<&std::sync::atomic::AtomicBool>) -> Result<Prepared> {
         let t = Instant::now();
         let mut out = Prepared { device, staging: None, path: None, streams: 0, pool_secs: None, seconds: 0.0 };
         match device {
-            Device::Cpu | Device::PinnedCpu => out.staging = Some(self.io().prepare_staging(None)?),
+            Device::Cpu | Device::PinnedCpu => out.staging = Some(self.io().prepare_staging(None, cancel)?),
             Device::Cuda(n) => {
                 let gpu = self.gpu(n)?;
                 let path = self.gpu_path(n)?;
@@ -93,7 +102,7 @@ impl Engine {
                 })?;
                 if path.kind == PathKind::Pipeline {
                     let pinner: std::sync::Arc<dyn Pinner> = std::sync::Arc::new(CudaPinner::new(&gpu));
-                    out.staging = Some(self.io().prepare_staging(Some(pinner))?);
+                    out.staging = Some(self.io().prepare_staging(Some(pinner), cancel)?);
                 }
             }
         }
