@@ -99,6 +99,8 @@ pub(crate) struct PoolShared {
     release_epoch: AtomicU64,
     /// The last staging set-up request's epoch, and the request while it is being answered.
     staging_request: Mutex<(u64, Option<Arc<StagingRequest>>)>,
+    /// The last request's epoch, read without the lock.
+    staging_epoch: AtomicU64,
     staging_per_lane: u64,
     staging_pages: StagingPages,
 }
@@ -124,10 +126,14 @@ impl PoolShared {
         self.release_epoch.load(Ordering::Relaxed)
     }
 
-    /// The staging set-up request newer than the one of epoch `answered`, if any.
-    pub fn staging_request(&self, answered: u64) -> Option<Arc<StagingRequest>> {
+    /// The staging set-up request newer than epoch `answered`, or `Err(epoch)`: no request is waiting for an
+    /// answer up to that epoch. Lanes ask between ops: without a newer epoch posted, no lock is taken.
+    pub fn staging_request(&self, answered: u64) -> Result<Arc<StagingRequest>, u64> {
+        if self.staging_epoch.load(Ordering::Acquire) == answered {
+            return Err(answered);
+        }
         let r = self.staging_request.lock().unwrap_or_else(|p| p.into_inner());
-        r.1.as_ref().filter(|r| r.epoch != answered).cloned()
+        r.1.as_ref().filter(|r| r.epoch != answered).cloned().ok_or(r.0)
     }
 
     /// Wakes idle lanes (new work, a gate opened, a release request).
@@ -250,6 +256,7 @@ impl IoEngine {
             broken: Mutex::new(None),
             release_epoch: AtomicU64::new(0),
             staging_request: Mutex::new((0, None)),
+            staging_epoch: AtomicU64::new(0),
             staging_per_lane: (params.staging_bytes / lanes as u64).max(4096),
             staging_pages: params.staging_pages,
         });
@@ -367,6 +374,7 @@ impl IoEngine {
                 answered: Condvar::new(),
             });
             current.1 = Some(req.clone());
+            shared.staging_epoch.store(current.0, Ordering::Release);
             req
         };
         // The request goes once answered or given up on (it holds the pinner, and with it the device).

@@ -346,7 +346,11 @@ impl Lane {
 
     /// Sets up staging as the engine asked ([`crate::IoEngine::prepare_staging`]) once the lane is idle, and answers.
     fn set_up_if_asked(&mut self) {
-        let Some(req) = self.pool.staging_request(self.asked_epoch) else { return };
+        let req = match self.pool.staging_request(self.asked_epoch) {
+            Ok(req) => req,
+            // Requests up to `last` were answered or withdrawn (their caller gave up).
+            Err(last) => return self.asked_epoch = last,
+        };
         if !self.is_idle() {
             return;
         }
