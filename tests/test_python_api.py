@@ -125,6 +125,10 @@ def test_prepare_sets_up_what_the_first_load_would(files, device):
     assert staging["bytes"] == staging["lanes"] * staging["slots_per_lane"] * staging["slot_bytes"] > 0, first
     if device.startswith("cuda"):
         assert first["streams"] == staging["lanes"] + 1 and first["pool_secs"] is not None, first
+        host = first["staging_host"]  # faulted in before the device was touched, then pinned in place
+        assert host["pinned"] is False and host["lanes"] == staging["lanes"], first
+    else:
+        assert first["staging_host"] is None, first
     again = weightlift.prepare(device, engine=engine)
     assert again["staging"]["lanes_set_up"] == 0, again
     ref = st.load_file(str(files["llama"]), device=device)

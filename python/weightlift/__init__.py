@@ -82,12 +82,14 @@ def prepare(device: Any, *, engine: "_native.NativeEngine | None" = None) -> dic
 
         threading.Thread(target=weightlift.prepare, args=("cuda:0",)).start()
 
-    It needs the device's CUDA context: on a thread started before the context exists it waits for it. Name the
+    Faulting the staging memory in (most of the set-up) needs no CUDA context and runs first; pinning it, the
+    streams and the pool use the device's context, and wait for it when another thread is creating it. Name the
     device (``"cuda:0"``) on another thread: ``"cuda"`` means that thread's current device. A load that reads from
     disk sets up its own larger staging (milliseconds beside its seconds of reading).
 
     ``device`` as for :func:`load_file`. Returns what was done: ``staging`` (lanes, lanes set up now, bytes,
     seconds; None where the device's data path does not read through the lanes, such as cuFile peer-to-peer),
+    for a GPU ``staging_host`` (the faulting in before the pinning),
     ``streams``, ``pool_secs``, ``seconds``. The memory stays until :func:`release_memory` (or a load that needs
     other staging). Ctrl-C interrupts the wait for lanes busy with loads. Raises :class:`CudaError` when a GPU is
     asked for and CUDA is unavailable."""

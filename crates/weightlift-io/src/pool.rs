@@ -334,16 +334,19 @@ impl IoEngine {
         self.shared().notify();
     }
 
-    /// Has the lanes set up the staging a load from the page cache asks for (pinned with `pinner` for device
-    /// loads, else for host loads), so that such a load pays nothing for it: a program's first load otherwise sets
-    /// up the lanes' staging one lane at a time while it runs (mapping, faulting in, pinning: measured at 26-40 ms
-    /// for 16 lanes of 8 MiB on the H100 machine). A load that reads from disk asks for larger slots (the reads of
+    /// Has the lanes set up the staging a load from the page cache asks for (`device_copies`: the slots of a load
+    /// onto a device, pinned with `pinner` if given; else those of a host load), so that such a load pays nothing
+    /// for it. Without `pinner` nothing here needs a device: the memory of device-shaped staging can be faulted in
+    /// before a CUDA context exists and pinned by a later call with the pinner (which then only pins). Without
+    /// this, a program's first load sets up the lanes' staging one lane at a time while it runs (mapping, faulting
+    /// in, pinning: measured at 26-40 ms for 16 lanes of 8 MiB on the H100 machine, most of it faulting in). A load that reads from disk asks for larger slots (the reads of
     /// uncached ranges are `DIRECT_CHUNK_FACTOR` chunks) and sets them up itself, a few milliseconds beside its
     /// seconds of reading: no one shape fits both within a lane's share of `staging_bytes`. Lanes busy with a load
     /// answer once it is done; this waits for every lane, or until `cancel` is set (then `IoError::Cancelled`; the
     /// lanes still set up). Staging that already fits is kept (the call is then nearly free).
     pub fn prepare_staging(
         &self,
+        device_copies: bool,
         pinner: Option<Arc<dyn Pinner>>,
         cancel: Option<&AtomicBool>,
     ) -> Result<StagingPrepared, IoError> {
@@ -356,7 +359,7 @@ impl IoEngine {
         // flight, twice that for device copies to overlap, within the lane's share.
         let slot_bytes = p.chunk_bytes.min(per_lane / 4096 * 4096).max(4096);
         let qd = if self.uring { p.queue_depth as usize } else { 1 };
-        let per_read = if pinner.is_some() { crate::load::ASYNC_SLOTS_PER_READ } else { 1 };
+        let per_read = if device_copies || pinner.is_some() { crate::load::ASYNC_SLOTS_PER_READ } else { 1 };
         let slots = (qd * per_read).min((per_lane / slot_bytes).max(1) as usize);
         let lanes = ((p.staging_bytes / (slot_bytes * slots as u64)) as usize).clamp(1, self.lanes());
         let pinned = pinner.is_some();

@@ -437,7 +437,7 @@ fn staging_prepared_before_a_load_is_what_the_load_uses() {
     let expected = pattern(len, 11);
     let params = IoParams { threads: 4, chunk_bytes: 1 << 20, direct: DirectMode::Never, ..IoParams::default() };
     let io = engine(&params);
-    let p = io.prepare_staging(None, None).unwrap();
+    let p = io.prepare_staging(false, None, None).unwrap();
     assert_eq!((p.lanes, p.lanes_set_up, p.slot_bytes, p.slots_per_lane, p.pinned), (4, 4, 1 << 20, 1, false));
     assert!(p.setup_thread_secs > 0.0 && p.seconds > 0.0, "{p:?}");
 
@@ -454,10 +454,10 @@ fn staging_prepared_before_a_load_is_what_the_load_uses() {
     assert!(sink.lanes.lock().unwrap().len() > 1, "one lane read everything");
     assert_eq!((report.stats.setup, report.stats.setup_wait), Default::default(), "{report:?}");
 
-    let again = io.prepare_staging(None, None).unwrap();
+    let again = io.prepare_staging(false, None, None).unwrap();
     assert_eq!((again.lanes, again.lanes_set_up), (4, 0), "{again:?}");
     io.release_staging();
-    let after = io.prepare_staging(None, None).unwrap();
+    let after = io.prepare_staging(false, None, None).unwrap();
     assert_eq!((after.lanes, after.lanes_set_up), (4, 4), "{after:?}");
 }
 
@@ -496,12 +496,43 @@ fn a_staging_request_waiting_for_busy_lanes_can_be_cancelled() {
     std::thread::sleep(std::time::Duration::from_millis(50)); // the lanes take their first reads and hold
     let cancel = AtomicBool::new(true);
     let t = std::time::Instant::now();
-    let refused = io.prepare_staging(None, Some(&cancel));
+    let refused = io.prepare_staging(false, None, Some(&cancel));
     assert!(matches!(refused, Err(IoError::Cancelled)), "{refused:?}");
     assert!(t.elapsed() < std::time::Duration::from_secs(2), "cancelling took {:?}", t.elapsed());
     sink.open.store(true, Ordering::Release);
     running.wait().unwrap();
     assert!(out == pattern(len, 12), "bytes differ");
-    let p = io.prepare_staging(None, None).unwrap();
+    let p = io.prepare_staging(false, None, None).unwrap();
     assert_eq!(p.lanes, 2, "{p:?}");
+}
+
+/// Pins nothing; counts the regions it was asked to pin.
+#[derive(Debug, Default)]
+struct CountingPinner(AtomicU64);
+
+#[derive(Debug)]
+struct NoPin;
+impl weightlift_io::PinGuard for NoPin {}
+
+impl weightlift_io::Pinner for CountingPinner {
+    unsafe fn pin(&self, _ptr: *mut u8, _len: usize) -> Result<Box<dyn weightlift_io::PinGuard>, SinkError> {
+        self.0.fetch_add(1, Ordering::Relaxed);
+        Ok(Box::new(NoPin))
+    }
+}
+
+/// Staging of a device load's shape faulted in without a pinner (no device needed) is then pinned where it is by a
+/// request with one: each lane pins its region once, and a third request finds everything set up.
+#[test]
+fn device_staging_faulted_in_first_is_pinned_in_place() {
+    let io = engine(&IoParams { threads: 3, chunk_bytes: 1 << 20, ..IoParams::default() });
+    let host = io.prepare_staging(true, None, None).unwrap();
+    assert_eq!((host.lanes, host.lanes_set_up, host.slots_per_lane, host.pinned), (3, 3, 2, false), "{host:?}");
+    let pinner = std::sync::Arc::new(CountingPinner::default());
+    let pinned = io.prepare_staging(true, Some(pinner.clone()), None).unwrap();
+    assert_eq!((pinned.lanes, pinned.lanes_set_up, pinned.slots_per_lane, pinned.pinned), (3, 3, 2, true));
+    assert_eq!(pinner.0.load(Ordering::Relaxed), 3, "one pin per lane's region");
+    let again = io.prepare_staging(true, Some(pinner.clone()), None).unwrap();
+    assert_eq!(again.lanes_set_up, 0, "{again:?}");
+    assert_eq!(pinner.0.load(Ordering::Relaxed), 3);
 }

@@ -23,6 +23,8 @@ pub struct Prepared {
     /// The lanes' staging (pinned for a GPU), or `None` where the device's data path does not read through the
     /// lanes (cuFile peer-to-peer, the NVMe simulator).
     pub staging: Option<StagingPrepared>,
+    /// For a GPU, the step before: the same staging faulted in without a device (`staging` then only pinned it).
+    pub staging_host: Option<StagingPrepared>,
     /// The GPU's data path and why it was chosen (GPUs only).
     pub path: Option<String>,
     /// CUDA streams made ready: one per lane and one for the destinations' allocation (GPUs only).
@@ -35,16 +37,17 @@ pub struct Prepared {
 
 impl Prepared {
     pub fn to_json(&self) -> Value {
-        let staging = self.staging.as_ref().map(|s| {
+        let staging = |s: &StagingPrepared| {
             json!({
                 "lanes": s.lanes, "lanes_set_up": s.lanes_set_up, "slot_bytes": s.slot_bytes,
                 "slots_per_lane": s.slots_per_lane, "bytes": s.slot_bytes * s.slots_per_lane as u64 * s.lanes as u64,
                 "pinned": s.pinned, "seconds": s.seconds, "setup_thread_secs": s.setup_thread_secs,
                 "wait_thread_secs": s.wait_thread_secs,
             })
-        });
+        };
         json!({
-            "device": self.device.to_string(), "staging": staging, "path": self.path, "streams": self.streams,
+            "device": self.device.to_string(), "staging": self.staging.as_ref().map(staging),
+            "staging_host": self.staging_host.as_ref().map(staging), "path": self.path, "streams": self.streams,
             "pool_secs": self.pool_secs, "seconds": self.seconds,
         })
     }
@@ -56,8 +59,10 @@ impl Engine {
     /// a GPU its context, data path, the lanes' streams and a first use of its memory pool. A program's first load
     /// otherwise does this while it runs: on the H100 machine a fresh process's first 4 GiB load took 1.16–1.45×
     /// its second (bench/results/2026-11-24-h100-zj), 0.93–1.06× after `prepare` (-zn, -zo). It moves that work,
-    /// it does not make it cheaper (37–45 ms there): it saves time only run beside other start-up work, and it
-    /// needs the device's context, so on a thread started before the context exists it waits for it. A load that
+    /// it does not make it cheaper (37–45 ms there): it saves time only run beside other start-up work. Faulting
+    /// the staging in (most of its set-up) needs no device and runs first, so a thread started before the device's
+    /// context exists does it while another thread creates the context; pinning it, the streams and the pool wait
+    /// for the context. A load that
     /// reads from disk sets up its own larger slots (see `IoEngine::prepare_staging`). Cheap when the engine is set
     /// up already; waits for loads in progress to leave the lanes. The staging stays until
     /// [`Engine::release_memory`], the engine's end, or a load that needs other slots.
@@ -69,13 +74,28 @@ impl Engine {
     /// busy lanes).
     pub fn prepare_with(&self, device: Device, cancel: Option<&std::sync::atomic::AtomicBool>) -> Result<Prepared> {
         let t = Instant::now();
-        let mut out = Prepared { device, staging: None, path: None, streams: 0, pool_secs: None, seconds: 0.0 };
+        let mut out = Prepared {
+            device,
+            staging: None,
+            staging_host: None,
+            path: None,
+            streams: 0,
+            pool_secs: None,
+            seconds: 0.0,
+        };
         match device {
-            Device::Cpu | Device::PinnedCpu => out.staging = Some(self.io().prepare_staging(None, cancel)?),
+            Device::Cpu | Device::PinnedCpu => out.staging = Some(self.io().prepare_staging(false, None, cancel)?),
             Device::Cuda(n) => {
-                let gpu = self.gpu(n)?;
+                // Deciding the path needs no context (cuFile is loaded only where nvidia-fs is present).
                 let path = self.gpu_path(n)?;
                 out.path = Some(path.reason.clone());
+                let pipeline = path.kind == PathKind::Pipeline;
+                if pipeline {
+                    // Faulting the staging in (most of its set-up) needs no device either: done before the context,
+                    // it runs beside another thread's creating it (a program starting `prepare` on a thread early).
+                    out.staging_host = Some(self.io().prepare_staging(true, None, cancel)?);
+                }
+                let gpu = self.gpu(n)?;
                 let lanes = self.io().lanes();
                 // On a thread of its own: binding the device's context here would change the caller's current
                 // device (a PyTorch program's, say).
@@ -100,9 +120,9 @@ impl Engine {
                     .join()
                     .unwrap_or_else(|_| Err(IoError::Panicked(format!("preparing cuda:{n} panicked")).into()))
                 })?;
-                if path.kind == PathKind::Pipeline {
+                if pipeline {
                     let pinner: std::sync::Arc<dyn Pinner> = std::sync::Arc::new(CudaPinner::new(&gpu));
-                    out.staging = Some(self.io().prepare_staging(Some(pinner), cancel)?);
+                    out.staging = Some(self.io().prepare_staging(true, Some(pinner), cancel)?);
                 }
             }
         }

@@ -122,6 +122,9 @@ fn prepare_sets_up_what_the_first_load_would() {
         return eprintln!("skipping prepare_sets_up_what_the_first_load_would: the path does not use the lanes: {p:?}");
     };
     assert!(staging.pinned && staging.lanes > 0 && staging.lanes_set_up == staging.lanes, "{p:?}");
+    // Faulted in first without the device, then pinned where it was.
+    let host = p.staging_host.clone().expect("a GPU's staging is faulted in before it is pinned");
+    assert!(!host.pinned && host.lanes == staging.lanes && host.slots_per_lane == staging.slots_per_lane, "{p:?}");
     assert_eq!(p.streams, engine.io().lanes() + 1, "{p:?}");
     assert!(p.pool_secs.is_some(), "{p:?}");
     let index = weightlift::format::open(std::slice::from_ref(&path), None).unwrap();
