@@ -76,8 +76,8 @@ def prepare(device: Any, *, engine: "_native.NativeEngine | None" = None) -> dic
     runs: on the H100 machine the first 4 GiB ``load_file`` of a fresh process took 1.27-1.46x its second, and
     0.93-1.06x after ``prepare``.
 
-    It moves that work (37-45 ms there), it does not make it cheaper: it saves time when run beside other start-up
-    work that comes after the CUDA context exists (building the model, reading a tokenizer), for instance on a
+    It moves that work (37-55 ms there), it does not make it cheaper: it saves time only when run beside other
+    start-up work (the CUDA context's creation, building the model, reading a tokenizer), for instance on a
     thread::
 
         threading.Thread(target=weightlift.prepare, args=("cuda:0",)).start()

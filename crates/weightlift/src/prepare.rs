@@ -59,7 +59,7 @@ impl Engine {
     /// a GPU its context, data path, the lanes' streams and a first use of its memory pool. A program's first load
     /// otherwise does this while it runs: on the H100 machine a fresh process's first 4 GiB load took 1.16–1.45×
     /// its second (bench/results/2026-11-24-h100-zj), 0.93–1.06× after `prepare` (-zn, -zo). It moves that work,
-    /// it does not make it cheaper (37–45 ms there): it saves time only run beside other start-up work. Faulting
+    /// it does not make it cheaper (37–55 ms there): it saves time only run beside other start-up work. Faulting
     /// the staging in (most of its set-up) needs no device and runs first, so a thread started before the device's
     /// context exists does it while another thread creates the context; pinning it, the streams and the pool wait
     /// for the context. A load that
