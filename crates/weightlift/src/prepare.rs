@@ -86,6 +86,11 @@ impl Engine {
         match device {
             Device::Cpu | Device::PinnedCpu => out.staging = Some(self.io().prepare_staging(false, None, cancel)?),
             Device::Cuda(n) => {
+                // Refused before any staging is made: a device that is not there is an error that leaves nothing.
+                let driver = weightlift_cuda::available().map_err(weightlift_cuda::CudaError::Unavailable)?;
+                if n >= driver.devices {
+                    return Err(weightlift_cuda::CudaError::NoSuchDevice { ordinal: n, count: driver.devices }.into());
+                }
                 // Deciding the path needs no context (cuFile is loaded only where nvidia-fs is present).
                 let path = self.gpu_path(n)?;
                 out.path = Some(path.reason.clone());

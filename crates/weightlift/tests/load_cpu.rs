@@ -130,3 +130,14 @@ fn cancel_under_concurrent_load_stops_only_that_load() {
     });
     check(&engine.load(&real_index, Device::Cpu, &LoadOpts::default()).unwrap());
 }
+
+/// Preparing for a device that is not there (none here, or no CUDA at all) is an error that sets nothing up: the
+/// lanes hold no staging afterwards (a host-shaped request then sets up every lane).
+#[test]
+fn prepare_for_a_missing_device_fails_and_sets_up_nothing() {
+    let engine = weightlift::Engine::new(weightlift::Settings::default()).unwrap();
+    let err = engine.prepare(weightlift::Device::Cuda(999)).unwrap_err();
+    assert!(matches!(err, weightlift::Error::Cuda(_)), "{err}");
+    let host = engine.io().prepare_staging(false, None, None).unwrap();
+    assert_eq!(host.lanes_set_up, host.lanes, "{host:?}");
+}
