@@ -22,7 +22,7 @@ use crate::staging::Pinner;
 /// small ones.
 const DIRECT_CHUNK_FACTOR: u64 = 4;
 /// Slots per read in flight for an asynchronous sink: one being read, one being copied.
-pub(crate) const ASYNC_SLOTS_PER_READ: usize = 2;
+const ASYNC_SLOTS_PER_READ: usize = 2;
 /// Reads whose pages are at least this resident are read as cached under `DirectMode::Auto`.
 const RESIDENT_ENOUGH: f64 = 0.5;
 
@@ -158,6 +158,19 @@ struct Prepared {
 }
 
 impl IoEngine {
+    /// For slots of `slot_bytes`: reads in flight per lane, slots per lane (as many as reads in flight, twice that
+    /// for an `asynchronous` sink's copies to overlap, as far as the lane's share of the staging bound allows: at
+    /// least one) and how many lanes the staging bound lets read.
+    pub(crate) fn staging_shape(&self, slot_bytes: u64, asynchronous: bool) -> (usize, usize, usize) {
+        let params = self.params();
+        let qd = if self.read_engine().0 == ReadEngineUsed::Uring { params.queue_depth as usize } else { 1 };
+        let per_lane = self.shared().staging_per_lane();
+        let slots =
+            (qd * if asynchronous { ASYNC_SLOTS_PER_READ } else { 1 }).min((per_lane / slot_bytes).max(1) as usize);
+        let lanes = ((params.staging_bytes / (slot_bytes * slots as u64).max(1)) as usize).clamp(1, self.lanes());
+        (qd, slots, lanes)
+    }
+
     fn prepare(&self, req: &LoadRequest<'_>, asynchronous: bool, gated: bool) -> Result<Prepared, IoError> {
         let t0 = Instant::now();
         let params = self.params();
@@ -219,14 +232,9 @@ impl IoEngine {
             PlanOptions { chunk, direct_chunk, coalesce_gap: (64 << 10).min(chunk), separate_destinations: gated };
         let plan = make_plan(req, &opts, &mut kind)?;
         report.requested_bytes = plan.requested_bytes;
-        let qd = if self.read_engine().0 == ReadEngineUsed::Uring { params.queue_depth as usize } else { 1 };
         let slot_bytes = plan.slot_bytes.max(4096);
-        // As many slots as reads in flight (twice that for copies to overlap), as far as the lane's share of the
-        // staging bound allows: at least one.
-        let slots_per_lane =
-            (qd * if asynchronous { ASYNC_SLOTS_PER_READ } else { 1 }).min((per_lane / slot_bytes).max(1) as usize);
+        let (qd, slots_per_lane, max_lanes) = self.staging_shape(slot_bytes, asynchronous);
         let lane_bytes = slot_bytes * slots_per_lane as u64;
-        let max_lanes = ((params.staging_bytes / lane_bytes.max(1)) as usize).clamp(1, self.lanes());
         report.queue_depth = qd;
         report.slots_per_lane = slots_per_lane;
         report.slot_bytes = slot_bytes;

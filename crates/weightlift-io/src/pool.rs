@@ -353,15 +353,9 @@ impl IoEngine {
         let t = std::time::Instant::now();
         let _one = self.threads.preparing.lock().unwrap_or_else(|p| p.into_inner());
         let shared = self.shared();
-        let p = &self.params;
-        let per_lane = shared.staging_per_lane();
-        // The shape of a warm load's staging (see `IoEngine::prepare`): chunk-sized slots, as many as reads in
-        // flight, twice that for device copies to overlap, within the lane's share.
-        let slot_bytes = p.chunk_bytes.min(per_lane / 4096 * 4096).max(4096);
-        let qd = if self.uring { p.queue_depth as usize } else { 1 };
-        let per_read = if device_copies || pinner.is_some() { crate::load::ASYNC_SLOTS_PER_READ } else { 1 };
-        let slots = (qd * per_read).min((per_lane / slot_bytes).max(1) as usize);
-        let lanes = ((p.staging_bytes / (slot_bytes * slots as u64)) as usize).clamp(1, self.lanes());
+        // The shape of a warm load's staging: chunk-sized slots (within the lane's share), as a load plans them.
+        let slot_bytes = self.params.chunk_bytes.min(shared.staging_per_lane() / 4096 * 4096).max(4096);
+        let (_, slots, lanes) = self.staging_shape(slot_bytes, device_copies || pinner.is_some());
         let pinned = pinner.is_some();
         let req = {
             let mut current = shared.staging_request.lock().unwrap_or_else(|p| p.into_inner());
@@ -401,14 +395,11 @@ impl IoEngine {
             }
             a = req.answered.wait_timeout(a, Duration::from_millis(50)).unwrap_or_else(|p| p.into_inner()).0;
         }
-        let error = a.error.take();
-        let answers = (a.set_up, a.setup, a.waited);
-        drop(a);
+        let a = std::mem::take(&mut *a);
         withdraw();
-        if let Some(e) = error {
+        if let Some(e) = a.error {
             return Err(e);
         }
-        let a = Answers { set_up: answers.0, setup: answers.1, waited: answers.2, ..Answers::default() };
         Ok(StagingPrepared {
             lanes,
             lanes_set_up: a.set_up,

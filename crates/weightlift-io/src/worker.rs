@@ -225,11 +225,14 @@ impl Lane {
 
     /// Whether this lane's staging can serve `job` as it is.
     pub fn staging_fits(&self, job: &Job) -> bool {
-        self.staging.as_ref().is_some_and(|s| {
-            s.slot_bytes() as u64 >= job.slot_bytes
-                && s.slots() >= job.slots_per_lane
-                && (job.pinner.is_none() || s.is_pinned())
-        })
+        self.staging_holds(job.slot_bytes, job.slots_per_lane, job.pinner.is_some())
+    }
+
+    /// Whether this lane's staging has `slots` slots of `slot_bytes` at least, pinned if `pinned` is asked.
+    fn staging_holds(&self, slot_bytes: u64, slots: usize, pinned: bool) -> bool {
+        self.staging
+            .as_ref()
+            .is_some_and(|s| s.slot_bytes() as u64 >= slot_bytes && s.slots() >= slots && (!pinned || s.is_pinned()))
     }
 
     pub fn is_idle(&self) -> bool {
@@ -362,10 +365,7 @@ impl Lane {
             req.answer(None);
             return;
         }
-        let fits = self.staging.as_ref().is_some_and(|s| {
-            s.slot_bytes() as u64 >= req.slot_bytes && s.slots() >= req.slots && (req.pinner.is_none() || s.is_pinned())
-        });
-        if fits {
+        if self.staging_holds(req.slot_bytes, req.slots, req.pinner.is_some()) {
             req.answer(Some((Default::default(), Default::default(), Ok(()))));
             return;
         }
