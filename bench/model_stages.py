@@ -80,7 +80,7 @@ def install(stages: Stages, model_classes: list) -> None:
     stages.wrap(pm, "_finalize_model_loading", "finalize (missing keys, buffers, ties)")
     stages.wrap(torch.nn.Module, "eval", "eval()")
     stages.wrap(torch.nn.Module, "to", "Module.to")
-    stages.wrap(wt, "load_file", "weightlift read")
+    stages.wrap(wt, "_load_aligned" if hasattr(wt, "_load_aligned") else "load_file", "weightlift read")
     stages.wrap(wt._Prefetch, "take", "wait for the read")
     stages.wrap(wt, "_aligned", "align copies")
 

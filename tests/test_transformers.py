@@ -129,15 +129,17 @@ class Spy:
     def __init__(self, monkeypatch):
         self.ptrs: set[int] = set()
         self.calls = 0
-        original = wt.load_file
+        for name in ("load_file", "_load_aligned"):  # packs' loads, checkpoints' loads
+            monkeypatch.setattr(wt, name, self._spy(getattr(wt, name)))
 
+    def _spy(self, original):
         def spy(*args, **kwargs):
             self.calls += 1
             out = original(*args, **kwargs)
             self.ptrs.update(t.data_ptr() for t in out.values())
             return out
 
-        monkeypatch.setattr(wt, "load_file", spy)
+        return spy
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -220,6 +222,59 @@ def test_tensors_in_hand_skip_the_loading_thread_pool(checkpoints, packed, tmp_p
     assert core_model_loading.is_env_variable_true is original
     transformers.GPT2LMHeadModel.from_pretrained(checkpoints[("gpt2", False)])
     assert pools == [1]
+
+
+@pytest.mark.parametrize("packed", [False, True], ids=["safetensors", "pack"])
+def test_meta_construction_skips_torch_init(checkpoints, packed, tmp_path, wl, monkeypatch):
+    """The model's constructors run torch's init functions on meta tensors, which fill nothing; inside weightlift's
+    loads they return at once (and transformers' own load still runs them), and afterwards every module holds
+    torch's functions again. Tensors that are not meta are still initialised meanwhile."""
+    import torch.nn.init as tinit
+    from torch.nn.modules import linear
+
+    calls = []
+    real = tinit.kaiming_uniform_
+
+    def counted(tensor, *args, **kwargs):
+        calls.append(tensor.is_meta)
+        return real(tensor, *args, **kwargs)
+
+    monkeypatch.setattr(tinit, "kaiming_uniform_", counted)
+    path = _packed_copy(checkpoints, "gpt2", tmp_path, wl) if packed else checkpoints[("llama", False)]
+    cls = transformers.AutoModelForCausalLM
+    wt.from_pretrained(cls, path, device="cpu")
+    with wt.patch():
+        cls.from_pretrained(path)
+    assert calls == []
+    assert tinit.kaiming_uniform_ is counted and linear.init.kaiming_uniform_ is counted
+    cls.from_pretrained(checkpoints[("llama", False)])  # transformers' own load: its constructors call it
+    assert calls and all(calls)
+
+    with wt._meta_init_skipped():
+        meta = torch.empty(4, 4, device="meta")
+        assert tinit.kaiming_uniform_(meta) is meta
+        real_tensor = torch.zeros(64, 64)
+        assert tinit.kaiming_uniform_(real_tensor) is real_tensor and real_tensor.abs().sum() > 0
+        assert tinit.normal_(tensor=torch.zeros(8)).abs().sum() > 0
+    assert tinit.kaiming_uniform_ is counted
+
+
+@pytest.mark.parametrize("name", ["bert", "llama"])
+@pytest.mark.parametrize("device", DEVICES)
+def test_tensors_land_where_torch_would_place_them(checkpoints, name, device):
+    """On a GPU every tensor read for transformers starts at a 256-byte multiple, straight from the load (nothing left
+    for the alignment copies), with the bytes safetensors reads."""
+    path = checkpoints[(name, False)] / "model.safetensors"
+    tensors = wt._load_aligned([str(path)], device)
+    reference = st_torch.load_file(str(path))
+    assert tensors.keys() == reference.keys()
+    for k, t in tensors.items():
+        assert t.dtype == reference[k].dtype and torch.equal(t.cpu(), reference[k]), k
+    if device != "cpu":
+        assert [k for k, t in tensors.items() if t.data_ptr() % 256] == []
+        assert all(a is b for a, b in zip(wt._aligned(tensors).values(), tensors.values()))
+    with pytest.raises(weightlift.InvalidArgumentError, match="align=100"):
+        weightlift.safetensors._load_tensors(weightlift.safetensors._checkpoint(str(path)), None, device, None, align=100)
 
 
 @pytest.mark.parametrize("device", DEVICES)

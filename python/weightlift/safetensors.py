@@ -52,12 +52,13 @@ def load_file(
 
 
 def _load_tensors(
-    ckpt: "_native.Checkpoint", names: "Sequence[str] | None", device: str, engine, verify: bool = False
+    ckpt: "_native.Checkpoint", names: "Sequence[str] | None", device: str, engine, verify: bool = False, align: int = 0
 ) -> dict[str, "torch.Tensor"]:
+    """``align``: on a device, every tensor starts at a multiple of it (0: small neighbours as the file lays them)."""
     _core.check_cuda(device)
     infos = ckpt.tensors if names is None else [ckpt.tensor(n) for n in names]
     engine = engine or _core.shared_engine()
-    buffers = ckpt.load(engine, device, None if names is None else list(names), verify)
+    buffers = ckpt.load(engine, device, None if names is None else list(names), verify, align)
     return {i.name: t for i, t in zip(infos, _core.info_tensors(buffers, infos))}
 
 

@@ -12,8 +12,9 @@ non-persistent buffers (rotary ``inv_freq``, ``position_ids``) computed by the m
 weights, ``generation_config``, ``eval()`` — except at one point: where transformers would open the safetensors
 files, weightlift reads every tensor of every shard in one plan onto the target device, and transformers gets those
 tensors as its ``state_dict``. Parameters keep weightlift's memory (no second copy); a ``dtype=`` that differs from
-the checkpoint's converts on the device. Tensors not aligned as torch aligns its own allocations (256 bytes on a
-GPU, 64 on the host: small tensors share a block at their file offsets) are copied to an aligned allocation first.
+the checkpoint's converts on the device. Tensors start where torch's allocator would start them (256-byte
+multiples on a GPU: weightlift's small tensors share a device block only where that holds); what is still not
+aligned (a pack's tensors; host tensors off 64 bytes) is copied to an aligned allocation first.
 
 That point is an internal function of transformers (``PreTrainedModel._load_pretrained_model``), so this module
 refuses transformers versions it has not been tested with (:data:`TESTED_TRANSFORMERS`) rather than risk loading
@@ -29,6 +30,7 @@ loads local folders).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib.util
 import functools
@@ -36,13 +38,14 @@ import inspect
 import json
 import os
 import re
+import sys
 import threading
 import warnings
 from typing import TYPE_CHECKING, Any, Optional, Union
 
 from . import _core
 from ._errors import InvalidArgumentError, WeightliftError, WeightliftFileNotFoundError
-from .safetensors import load_file
+from .safetensors import _checkpoint, _load_tensors, load_file
 
 if TYPE_CHECKING:
     import torch
@@ -135,6 +138,10 @@ def _install(modeling_utils: Any) -> None:
             _original["warmup"] = modeling_utils.caching_allocator_warmup
             cls._load_pretrained_model = staticmethod(_load_pretrained_model)
             cls.from_pretrained = _wrap_from_pretrained(_original["from_pretrained"].__func__)
+            init_context = cls.__dict__.get("get_init_context")
+            if isinstance(init_context, classmethod):  # the place to add _meta_init_skipped (optional)
+                _original["init_context"] = init_context
+                cls.get_init_context = _wrap_get_init_context(init_context.__func__)
             modeling_utils.caching_allocator_warmup = _caching_allocator_warmup
             loading = _core_model_loading()
             if loading is not None:
@@ -151,6 +158,8 @@ def _uninstall(modeling_utils: Any) -> None:
             modeling_utils.PreTrainedModel._load_pretrained_model = _original.pop("load")
             modeling_utils.PreTrainedModel.from_pretrained = _original.pop("from_pretrained")
             modeling_utils.caching_allocator_warmup = _original.pop("warmup")
+            if "init_context" in _original:
+                modeling_utils.PreTrainedModel.get_init_context = _original.pop("init_context")
             if "env" in _original:
                 _core_model_loading().is_env_variable_true = _original.pop("env")
 
@@ -175,6 +184,74 @@ def _is_env_variable_true(name: str) -> bool:
     if original is None:  # uninstalled by another thread while this call was on its way here
         from transformers.utils import is_env_variable_true as original
     return original(name)
+
+
+def _wrap_get_init_context(original: Any) -> classmethod:
+    @functools.wraps(original)
+    def get_init_context(cls: Any, *args: Any, **kwargs: Any) -> Any:
+        contexts = original(cls, *args, **kwargs)
+        ours = getattr(_local, "target", None) is not None or _patched > 0 or getattr(_local, "tensors_in_hand", False)
+        if ours and isinstance(contexts, list) and any(getattr(c, "type", None) == "meta" for c in contexts):
+            contexts = [*contexts, _meta_init_skipped()]
+        return contexts
+
+    return classmethod(get_init_context)
+
+
+_meta_depth = 0  # model constructions in flight with torch's init functions wrapped
+_meta_originals: dict[tuple[str, str], Any] = {}
+
+
+def _skips_meta(fn: Any) -> Any:
+    @functools.wraps(fn)
+    def init(tensor: Any, *args: Any, **kwargs: Any) -> Any:
+        if getattr(tensor, "is_meta", False):
+            return tensor
+        return fn(tensor, *args, **kwargs)
+
+    init._weightlift_original = fn  # type: ignore[attr-defined]
+    return init
+
+
+@contextlib.contextmanager
+def _meta_init_skipped() -> Any:
+    """transformers builds the model on the meta device and loads every weight afterwards, but the modules'
+    constructors still run torch's init functions (``nn.Linear.reset_parameters``: ``kaiming_uniform_``) on their
+    meta tensors, each through the meta device's function mode: about half of a MiniLM encoder's construction (7.1
+    against 3.4 ms on a 2-vCPU host). Here those functions return their meta tensor at once: a meta tensor has no
+    values to fill and draws no random numbers, so the model is the same. Other tensors, in every thread, go to
+    torch's function as before. The functions and modules are transformers' own lists (those its ``no_init_weights``
+    replaces)."""
+    global _meta_depth
+    try:
+        from transformers import initialization
+    except ImportError:  # pragma: no cover - every tested version has it
+        yield
+        return
+    names = getattr(initialization, "TORCH_INIT_FUNCTIONS", {})
+    modules = getattr(initialization, "TORCH_MODULES_TO_PATCH", ())
+    with _lock:
+        if _meta_depth == 0:
+            for module_name in modules:
+                module = sys.modules.get(module_name)
+                for name in names:
+                    fn = getattr(module, name, None) if module is not None else None
+                    if callable(fn) and not hasattr(fn, "_weightlift_original"):
+                        _meta_originals[(module_name, name)] = fn
+                        setattr(module, name, _skips_meta(fn))
+        _meta_depth += 1
+    try:
+        yield
+    finally:
+        with _lock:
+            _meta_depth -= 1
+            if _meta_depth == 0:
+                for (module_name, name), fn in _meta_originals.items():
+                    module = sys.modules[module_name]
+                    # Put back only what is still ours (a no_init_weights of another thread may hold it now).
+                    if getattr(getattr(module, name, None), "_weightlift_original", None) is fn:
+                        setattr(module, name, fn)
+                _meta_originals.clear()
 
 
 def _caching_allocator_warmup(*args: Any, **kwargs: Any) -> None:
@@ -265,7 +342,7 @@ class _Prefetch:
 
     def _run(self) -> None:
         try:
-            self._tensors = load_file(self.files, device=self.device)
+            self._tensors = _load_aligned(self.files, self.device)
         except BaseException as e:  # handed to the thread that takes the tensors
             self._error = e
 
@@ -367,10 +444,18 @@ def _read(files: list, device: str) -> dict:
     stack = getattr(_local, "prefetch", None)
     if stack and stack[-1].device == device and stack[-1].files == sorted(os.path.realpath(p) for p in paths):
         return stack[-1].take()
-    return load_file(paths, device=device)
+    return _load_aligned(paths, device)
+
+
+def _load_aligned(files: list, device: str) -> dict:
+    """``load_file(files, device)`` with every tensor at an address torch's allocator would give it (on a GPU: small
+    tensors share device blocks only at 256-byte multiples), so that :func:`_aligned` finds nothing to copy."""
+    dev = _core.normalize_device(device)
+    return _load_tensors(_checkpoint(files), None, dev, None, align=_ALIGN["cpu" if dev.startswith("cpu") else "cuda"])
 
 
 def _aligned(tensors: dict[str, "torch.Tensor"]) -> dict[str, "torch.Tensor"]:
+    # What is still misaligned (a pack's tensors; host tensors of a file laid out off 64 bytes) is copied.
     return {k: (t.clone() if t.data_ptr() % _ALIGN[t.device.type] else t) for k, t in tensors.items()}
 
 

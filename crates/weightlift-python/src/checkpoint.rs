@@ -257,7 +257,10 @@ impl Checkpoint {
     /// written by `weightlift checksum FILE`): each tensor is hashed as soon as it has landed, overlapped with the
     /// rest of the load (device tensors on their GPU, host tensors on a CPU thread). A mismatch raises
     /// `ChecksumError` naming tensor and chunk. A pack's own checksums are always checked.
-    #[pyo3(signature = (engine, device, names=None, verify=false))]
+    ///
+    /// `align` (bytes, a power of two up to 4096; 0: the default placement) starts every tensor of a device load at
+    /// a multiple of it, as torch's allocator places its own tensors (packed checkpoints ignore it).
+    #[pyo3(signature = (engine, device, names=None, verify=false, align=0))]
     fn load(
         &self,
         py: Python<'_>,
@@ -265,7 +268,12 @@ impl Checkpoint {
         device: &str,
         names: Option<Vec<String>>,
         verify: bool,
+        align: u64,
     ) -> PyResult<Vec<NativeBuffer>> {
+        if align != 0 && (!align.is_power_of_two() || align > 4096) {
+            let why = format!("align={align}: expected 0 or a power of two up to 4096");
+            return Err(to_py(weightlift::Error::InvalidArgument(why)));
+        }
         let device = parse_device(device)?;
         let which = self.positions(names)?;
         let checks = if verify && self.pack.is_none() { Some(self.checks(&which).map_err(to_py)?) } else { None };
@@ -276,6 +284,7 @@ impl Checkpoint {
                 faults: faults.as_deref(),
                 cancel: Some(cancel),
                 checks: checks.as_ref(),
+                tensor_align: (align != 0).then_some(align),
                 ..LoadOpts::default()
             };
             match &pack {

@@ -340,7 +340,7 @@ impl Engine {
         let gpu = self.gpu(n)?;
         gpu.bind()?;
         let path = self.gpu_path(n)?;
-        let placement = placement::pack(entries);
+        let placement = placement::pack_aligned(entries, opts.tensor_align);
         let block_extents: Vec<Extent> = placement
             .blocks
             .iter()

@@ -39,6 +39,12 @@ pub struct LoadOpts<'a> {
     /// Expected checksums: each tensor is hashed as soon as its bytes have landed, overlapped with the rest of the
     /// load, and a mismatch fails the load naming tensor and chunk (`Report::checks` says what was checked).
     pub checks: Option<&'a crate::checked::Checks>,
+    /// Device loads of safetensors and GGUF checkpoints: every tensor starts at a device address that is a multiple
+    /// of this (a power of two up to 4096), as torch's allocator places tensors (256 bytes on a GPU), where the
+    /// default places small neighbours as the file lays them out (their file offsets mod 256). Small tensors then
+    /// share a block only where their offsets from its first tensor are multiples of it, so a file whose tensor
+    /// sizes are not multiples of it costs more allocations and copies. Packed loads and host loads ignore it.
+    pub tensor_align: Option<u64>,
 }
 
 /// A read into device memory, as every path receives it: byte ranges of opened files, each landing in a

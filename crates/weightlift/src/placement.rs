@@ -36,6 +36,13 @@ fn element_align(dtype: DType) -> u64 {
 
 /// Places `entries` (any order) into blocks.
 pub fn pack(entries: &[&TensorEntry]) -> Placement {
+    pack_aligned(entries, None)
+}
+
+/// Places `entries` (any order) into blocks so that, with `align`, every tensor sits at a multiple of `align` from
+/// its block's start (blocks are allocated at least that aligned): a shared block starts at its first tensor, and a
+/// small tensor joins it only at an aligned offset. Without `align`, blocks mirror the file's alignment mod 256.
+pub fn pack_aligned(entries: &[&TensorEntry], align: Option<u64>) -> Placement {
     let mut order: Vec<usize> = (0..entries.len()).collect();
     order.sort_by_key(|&i| (entries[i].file, entries[i].offset, entries[i].nbytes));
     let mut out = Placement { blocks: Vec::new(), tensors: vec![(0, 0); entries.len()] };
@@ -53,13 +60,14 @@ pub fn pack(entries: &[&TensorEntry]) -> Placement {
             let blk = &mut out.blocks[b];
             let end = blk.start + blk.len;
             // Entries come in file order, so `t.offset >= blk.start`.
-            if blk.file == t.file && t.offset <= end + GAP_MAX && t.end() - blk.start <= BLOCK_MAX {
+            let fits = align.is_none_or(|a| (t.offset - blk.start) % a == 0);
+            if blk.file == t.file && t.offset <= end + GAP_MAX && t.end() - blk.start <= BLOCK_MAX && fits {
                 blk.len = blk.len.max(t.end() - blk.start);
                 out.tensors[i] = (b, t.offset - blk.start);
                 continue;
             }
         }
-        let start = t.offset / BLOCK_ALIGN * BLOCK_ALIGN;
+        let start = if align.is_some() { t.offset } else { t.offset / BLOCK_ALIGN * BLOCK_ALIGN };
         open = Some(out.blocks.len());
         out.tensors[i] = (out.blocks.len(), t.offset - start);
         out.blocks.push(Block { file: t.file, start, len: t.end() - start });
@@ -104,5 +112,39 @@ mod tests {
             assert_eq!(blk.start + off, entry.offset);
             assert!(off + entry.nbytes <= blk.len);
         }
+    }
+
+    #[test]
+    fn aligned_packing_starts_every_tensor_at_a_multiple() {
+        // An upstream layout: the data section starts 8-aligned, tensor sizes are multiples of 256 except one.
+        let base = 8 + 1000;
+        let e = [
+            t(0, base, 1536, DType::F32),
+            t(0, base + 1536, 1536, DType::F32),
+            t(0, base + 3072, 100, DType::U8),
+            t(0, base + 3172, 512, DType::F32),
+            t(0, base + 3684, 2 << 20, DType::F32),
+            t(0, base + 3684 + (2 << 20), 256, DType::F32),
+        ];
+        let refs: Vec<&TensorEntry> = e.iter().collect();
+        let p = pack_aligned(&refs, Some(256));
+        for (i, entry) in e.iter().enumerate() {
+            let (b, off) = p.tensors[i];
+            let blk = p.blocks[b];
+            assert_eq!(off % 256, 0, "tensor {i} at {off} in its block");
+            assert_eq!(blk.start + off, entry.offset);
+            assert!(off + entry.nbytes <= blk.len);
+        }
+        // The first three share a block that starts at the first; the one after the odd-sized tensor starts anew.
+        assert_eq!(p.tensors[0], (0, 0));
+        assert_eq!(p.tensors[1], (0, 1536));
+        assert_eq!(p.tensors[2], (0, 3072));
+        assert_eq!(p.blocks[0].start, base);
+        assert_eq!(p.tensors[3], (1, 0));
+        assert_eq!(p.blocks.len(), 4);
+        // Without alignment the same file takes two blocks, at the file's offsets mod 256.
+        let plain = pack(&refs);
+        assert_eq!(plain.blocks.len(), 3);
+        assert_eq!(plain.tensors[0].1 % 256, base % 256);
     }
 }
