@@ -277,6 +277,17 @@ def test_tensors_land_where_torch_would_place_them(checkpoints, name, device):
         weightlift.safetensors._load_tensors(weightlift.safetensors._checkpoint(str(path)), None, device, None, align=100)
 
 
+def test_model_moved_only_where_something_is_elsewhere(monkeypatch):
+    moves = []
+    model = torch.nn.Linear(4, 4)
+    monkeypatch.setattr(model, "to", lambda *a, **k: moves.append(a))
+    wt._to_device(model, "cpu")
+    assert moves == []
+    model.register_buffer("inv_freq", torch.empty(2, device="meta"), persistent=False)
+    wt._to_device(model, "cpu")
+    assert moves == [(torch.device("cpu"),)]
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_dtype_converts_like_transformers(checkpoints, device, monkeypatch):
     path = checkpoints[("llama", False)]
