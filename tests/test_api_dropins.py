@@ -66,6 +66,25 @@ def test_dstorage_signatures_match_the_document():
     assert DirectStorageLoader.__init__ is not None and inspect.signature(DirectStorageLoader).bind()  # no argument needed
 
 
+def test_dstorage_prepare_sets_up_the_first_load(tmp_path, make_loader):
+    """The loader's prepare() sets up its own engine's lanes for its device; its first load then sets none up."""
+    make, device = make_loader
+    data = random_file(tmp_path / "weights.bin", 4 * 300_000, seed=7)
+    loader = make()
+    done = loader.prepare()
+    if done["staging"] is None:
+        pytest.skip(f"{device}'s data path does not read through the lanes: {done['path']}")
+    assert done["staging"]["lanes_set_up"] == done["staging"]["lanes"] > 0, done
+    assert done["staging"]["pinned"] == (device != "cpu"), done
+    assert loader.prepare()["staging"]["lanes_set_up"] == 0
+    tensor = loader.load_tensor(str(tmp_path / "weights.bin"), num_elements=300_000)
+    assert host_bytes(tensor) == data.tobytes()
+    times = weightlift.last_report()["times"]
+    assert times["staging_setup_thread_secs"] == 0 and times["staging_wait_thread_secs"] == 0, times
+    with pytest.raises(weightlift.InvalidArgumentError):
+        loader.prepare("tpu:0")
+
+
 def test_dstorage_quick_start(tmp_path, make_loader):
     make, device = make_loader
     data = random_file(tmp_path / "weights.bin", 4 * 50_000, seed=1)

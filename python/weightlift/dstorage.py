@@ -28,6 +28,14 @@ class Loader:
         """Every setting's value and where it came from (default, environment, caller)."""
         return self._engine.settings()
 
+    def prepare(self, device: Union[str, int, "torch.device", None] = None) -> dict:
+        """:func:`weightlift.prepare` for this loader's engine: sets up now what its first load onto ``device`` (the
+        loader's device by default) would set up while it runs (the lanes' staging, for a GPU pinned, its streams
+        and a first use of its memory pool). Returns what was done."""
+        from . import prepare
+
+        return prepare(self.device if device is None else device, engine=self._engine)
+
     def load_tensors(
         self,
         items: Sequence[tuple[PathLike, int]],

@@ -15,6 +15,9 @@ the reads) straight into the tensor's memory. Differences, all additions that le
 - ``DirectStorageLoader(device=..., **settings)`` takes optional keywords: the device the loader's calls load onto
   when they do not name one (``"cuda"``, PyTorch's current GPU, as the original), and engine settings
   (:data:`weightlift.SETTINGS`). ``device="cpu"`` is accepted (the original requires ``"cuda"``).
+- ``prepare(device="cuda")`` sets up now what the loader's first load would set up while it runs (the lanes'
+  staging, pinned for a GPU, their streams, a first use of the device's memory pool): see
+  :func:`weightlift.prepare`.
 - Errors are weightlift's (:class:`weightlift.WeightliftError` subclasses that also derive from the builtin Python
   users expect): a missing file raises ``FileNotFoundError``, a file shorter than ``num_elements`` elements
   ``ValueError`` naming the file, a GPU load without a usable GPU ``RuntimeError`` (:class:`weightlift.CudaError`).
@@ -67,6 +70,11 @@ class DirectStorageLoader:
         """One tensor per ``(filepath, num_elements)`` of ``file_specs``, all files read through one plan."""
         specs = [(path, n) for path, n in file_specs]
         return self._loader.load_tensors(specs, dtype, self._loader.device)
+
+    def prepare(self, device: str = _CUDA) -> dict:
+        """A weightlift addition: sets up now, for loads onto ``device`` (the loader's device by default), what the
+        first one would set up while it runs; returns what was done (:func:`weightlift.prepare`)."""
+        return self._loader.prepare(self._device(device))
 
     def load_tensor_timed(self, filepath: PathLike, num_elements: int, dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, float]:
         """``load_tensor`` and its duration in seconds (the tensor's bytes are in place when the clock stops)."""
