@@ -15,6 +15,9 @@ pub enum Fault {
     Short { file: u32, offset: u64 },
     /// Before the first read reaching `offset`, the file is truncated to `offset` bytes.
     TruncateAt { file: u32, offset: u64 },
+    /// The lane that finishes the first read covering `offset` panics there (a bug's stand-in: what the engine
+    /// does with a lane that dies).
+    Panic { file: u32, offset: u64 },
     /// Every write covering `offset` fails with EIO.
     WriteEio { offset: u64 },
     /// Every write covering `offset` fails with ENOSPC (a full file system).
@@ -76,6 +79,11 @@ impl FaultPlan {
             match *fault {
                 Fault::Eio { file: f, offset: at } if f == file && covers(at) => {
                     return Err(io::Error::from_raw_os_error(libc::EIO));
+                }
+                Fault::Panic { file: f, offset: at }
+                    if f == file && covers(at) && !fired.swap(true, Ordering::SeqCst) =>
+                {
+                    panic!("injected panic at offset {at} of file {file}");
                 }
                 Fault::Short { file: f, offset: at } if f == file && covers(at) && at > offset => {
                     if let Ok(n) = result {

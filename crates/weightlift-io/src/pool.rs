@@ -272,14 +272,11 @@ impl IoEngine {
             let h = std::thread::Builder::new()
                 .name(format!("weightlift-io-{id}"))
                 .spawn(move || {
-                    // A lane that panics (a bug) marks the engine broken, so that later loads and set-up requests
-                    // fail with the reason instead of waiting for it. Jobs it had joined still wait for it.
+                    // A lane catches its own panics (`Lane::run`: its jobs fail once it has drained). One that
+                    // escapes that handler still marks the engine broken, so that later loads and set-up requests
+                    // fail with the reason; the jobs the lane had joined then keep waiting.
                     if let Err(p) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| lane.run())) {
-                        let why = p
-                            .downcast_ref::<&str>()
-                            .map(|s| (*s).to_string())
-                            .or_else(|| p.downcast_ref::<String>().cloned())
-                            .unwrap_or_else(|| "a panic".to_string());
+                        let why = crate::worker::panic_text(&*p);
                         mine.mark_broken(&format!("lane {id} panicked: {why}"));
                         mine.notify();
                     }

@@ -93,6 +93,10 @@ pub(crate) struct Lane {
     slots: Vec<Slot>,
     delivering: VecDeque<usize>,
     inflight: usize,
+    /// Reads handed to the kernel interface, and completions taken back from it: their difference is what may still
+    /// write into memory, whatever state the lane's own bookkeeping is left in by a panic.
+    pushed: u64,
+    reaped: u64,
     joined: Vec<Joined>,
     /// The engine's staging-release request this lane last honoured.
     released_epoch: u64,
@@ -117,14 +121,55 @@ impl Lane {
             slots: Vec::new(),
             delivering: VecDeque::new(),
             inflight: 0,
+            pushed: 0,
+            reaped: 0,
             joined: Vec::new(),
             released_epoch: 0,
             asked_epoch: 0,
         }
     }
 
-    /// Serves jobs until the engine shuts down.
+    /// Serves jobs until the engine shuts down. A panic (a bug) marks the engine broken, so that later loads and
+    /// set-up requests fail with its reason; the jobs the lane had joined fail too, once nothing the lane started can
+    /// still write into their memory: every read pushed to the kernel has completed, and every delivery (a device
+    /// copy) recorded in a slot has ended. Should that draining panic as well, those jobs keep waiting rather than
+    /// hand back memory that may still be written.
     pub fn run(mut self) {
+        let served = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.serve()));
+        let Err(p) = served else { return };
+        let why = format!("lane {} panicked: {}", self.id, panic_text(&*p));
+        self.pool.mark_broken(&why);
+        if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.drain())).is_ok() {
+            self.abandon(IoError::Panicked(why));
+        }
+        self.pool.notify();
+    }
+
+    /// After a panic: waits for every read still with the kernel, then for every delivery recorded in a slot.
+    fn drain(&mut self) {
+        let mut done = Vec::new();
+        while self.pushed > self.reaped {
+            done.clear();
+            if self.io.complete(&mut done).is_err() {
+                break; // the ring's teardown ends what it still holds, before the staging is unmapped
+            }
+            self.reaped += done.len() as u64;
+        }
+        self.wait_deliveries();
+    }
+
+    /// Waits for every delivery recorded in a slot (a device copy that may still read the staging or write the
+    /// job's destinations), and frees those slots.
+    fn wait_deliveries(&mut self) {
+        self.delivering.clear();
+        for slot in &mut self.slots {
+            if let Slot::Delivering { pending, .. } = std::mem::replace(slot, Slot::Free) {
+                let _ = pending.wait();
+            }
+        }
+    }
+
+    fn serve(&mut self) {
         let mut done = Vec::new();
         loop {
             let seen = self.pool.generation();
@@ -136,12 +181,15 @@ impl Lane {
             if self.inflight > 0 {
                 done.clear();
                 if let Err(e) = self.io.complete(&mut done) {
-                    // The ring cannot make progress: nothing of this lane can finish. Fail its jobs; the reads in
-                    // flight end when the ring is torn down, before the staging they write into is unmapped.
+                    // The ring cannot make progress: nothing of this lane can finish. Fail its jobs once its
+                    // deliveries have ended; the reads in flight end when the ring is torn down, before the staging
+                    // they write into is unmapped.
                     self.pool.mark_broken(&format!("lane {}: {e}", self.id));
+                    self.wait_deliveries();
                     self.abandon(e);
                     return;
                 }
+                self.reaped += done.len() as u64;
                 for (user_data, result) in done.drain(..) {
                     self.on_completion(user_data as usize, result);
                 }
@@ -445,6 +493,7 @@ impl Lane {
         // in-place destinations the sink vouches for (`InPlace`), whose iovecs live in the slot state until then.
         match unsafe { self.io.push(slot as u64, submission) } {
             Ok(()) => {
+                self.pushed += 1;
                 self.inflight += 1;
                 self.joined_of(&job).inflight += 1;
             }
@@ -562,6 +611,14 @@ impl Lane {
             }
         }
     }
+}
+
+/// The message of a panic's payload.
+pub(crate) fn panic_text(p: &(dyn std::any::Any + Send)) -> String {
+    p.downcast_ref::<&str>()
+        .map(|s| (*s).to_string())
+        .or_else(|| p.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic".to_string())
 }
 
 /// A delivery already waited for (stands in while its slot is being finished).

@@ -232,6 +232,31 @@ fn eio_is_an_error_naming_file_and_offset() {
 }
 
 #[test]
+fn a_lane_that_panics_fails_its_load_and_breaks_the_engine() {
+    for (name, config) in configs().into_iter().filter(|(_, c)| c.direct == DirectMode::Auto) {
+        let dir = tempfile::tempdir().unwrap();
+        let (paths, extents) = faulty_setup(dir.path());
+        let engine = engine(&config);
+        let (tx, rx) = std::sync::mpsc::channel();
+        let (e, p, x) = (engine.clone(), paths.clone(), extents.clone());
+        // On a thread of its own: a load left waiting for the dead lane fails the test instead of hanging it.
+        std::thread::spawn(move || {
+            let faults = FaultPlan::new(vec![Fault::Panic { file: 1, offset: 1_234_567 }]);
+            let _ = tx.send(load_with(&e, &p, &x, Some(&faults)).map(|_| ()));
+        });
+        let got = rx.recv_timeout(std::time::Duration::from_secs(60));
+        let err =
+            got.unwrap_or_else(|_| panic!("{name}: the load still waits for the lane that panicked")).unwrap_err();
+        let msg = err.to_string();
+        assert!(matches!(err, IoError::Panicked(_)), "{name}: {msg}");
+        assert!(msg.contains("injected panic at offset 1234567"), "{name}: {msg}");
+        // Later loads fail at once with the reason.
+        let later = load_with(&engine, &paths, &extents, None).unwrap_err().to_string();
+        assert!(later.contains("panicked") && later.contains("injected panic"), "{name}: {later}");
+    }
+}
+
+#[test]
 fn short_reads_are_completed_not_returned() {
     for (name, config) in configs() {
         let dir = tempfile::tempdir().unwrap();

@@ -218,6 +218,34 @@ fn an_io_error_mid_load_leaves_nothing_behind() {
 }
 
 #[test]
+fn a_lane_that_panics_mid_load_fails_it_and_leaves_nothing_behind() {
+    if !gpu_or_skip("a_lane_that_panics_mid_load_fails_it_and_leaves_nothing_behind") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let f = generate(dir.path(), "panic.safetensors", Layout::Llama, Container::Safetensors, 256 << 20, None);
+    let index = std::sync::Arc::new(weightlift::format::open(std::slice::from_ref(&f), None).unwrap());
+    let engine = std::sync::Arc::new(Engine::new(Settings::default()).unwrap());
+    drop(engine.load(&index, Device::Cuda(0), &LoadOpts::default()).unwrap());
+    let before = device_used();
+    // On a thread of its own: a load left waiting for the dead lane (its copies may be in flight) fails the test
+    // instead of hanging it.
+    let (tx, rx) = std::sync::mpsc::channel();
+    let (e, i) = (engine.clone(), index.clone());
+    std::thread::spawn(move || {
+        let faults = FaultPlan::new(vec![Fault::Panic { file: 0, offset: i.files[0].len / 2 }]);
+        let r = e.load(&i, Device::Cuda(0), &LoadOpts { faults: Some(&faults), ..LoadOpts::default() });
+        let _ = tx.send(r.map(drop).map_err(|e| e.to_string()));
+    });
+    let got = rx.recv_timeout(std::time::Duration::from_secs(120)).expect("the load still waits for the dead lane");
+    let err = got.unwrap_err();
+    assert!(err.contains("panicked") && err.contains("injected panic"), "{err}");
+    assert!(device_used() <= before + (16 << 20));
+    let later = engine.load(&index, Device::Cuda(0), &LoadOpts::default()).map(drop).unwrap_err().to_string();
+    assert!(later.contains("injected panic"), "{later}");
+}
+
+#[test]
 fn a_hundred_loads_do_not_grow_memory() {
     if !gpu_or_skip("a_hundred_loads_do_not_grow_memory") {
         return;
