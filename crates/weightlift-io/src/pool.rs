@@ -179,6 +179,19 @@ impl PoolShared {
         self.lock().jobs.retain(|j| !Arc::ptr_eq(j, job));
     }
 
+    /// Fails every queued job with `e` (a lane died: a job only it could serve would wait forever); jobs other
+    /// lanes have joined complete once those lanes leave them.
+    pub fn fail_queued(&self, e: &IoError) {
+        let jobs: Vec<Arc<Job>> = self.lock().jobs.clone();
+        for job in jobs {
+            job.fail(e.duplicate());
+            if job.is_complete() {
+                self.remove(&job);
+            }
+        }
+        self.notify();
+    }
+
     /// Records that a lane died; every later job fails with this reason.
     pub fn mark_broken(&self, why: &str) {
         self.broken.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert_with(|| why.to_string());

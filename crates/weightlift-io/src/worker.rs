@@ -130,32 +130,46 @@ impl Lane {
     }
 
     /// Serves jobs until the engine shuts down. A panic (a bug) marks the engine broken, so that later loads and
-    /// set-up requests fail with its reason; the jobs the lane had joined fail too, once nothing the lane started can
-    /// still write into their memory: every read pushed to the kernel has completed, and every delivery (a device
-    /// copy) recorded in a slot has ended. Should that draining panic as well, those jobs keep waiting rather than
-    /// hand back memory that may still be written.
+    /// set-up requests fail with its reason. The jobs the lane had joined, and those still queued, fail too, once
+    /// nothing the lane started can still write into memory their callers would free: every read pushed to the
+    /// kernel has completed, every delivery recorded in a slot has ended, and each joined job's sink has finished
+    /// the lane's part (`Sink::end_lane`: a device sink waits for the lane's stream, so a copy queued just before the
+    /// panic ends too). If that cannot be made sure (the kernel interface fails, or the draining panics as well),
+    /// those jobs keep waiting rather than hand back memory that may still be written.
     pub fn run(mut self) {
         let served = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.serve()));
         let Err(p) = served else { return };
         let why = format!("lane {} panicked: {}", self.id, panic_text(&*p));
         self.pool.mark_broken(&why);
-        if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.drain())).is_ok() {
-            self.abandon(IoError::Panicked(why));
+        let drained = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.drain()));
+        if drained.unwrap_or(false) {
+            self.abandon(&IoError::Panicked(why.clone()));
+            self.pool.fail_queued(&IoError::Panicked(why));
         }
         self.pool.notify();
     }
 
-    /// After a panic: waits for every read still with the kernel, then for every delivery recorded in a slot.
-    fn drain(&mut self) {
+    /// Waits for every read still with the kernel, every delivery recorded in a slot, and every joined job's sink
+    /// to finish this lane's part. Returns whether nothing of this lane can still write into memory.
+    fn drain(&mut self) -> bool {
         let mut done = Vec::new();
+        let mut failures = 0;
         while self.pushed > self.reaped {
             done.clear();
-            if self.io.complete(&mut done).is_err() {
-                break; // the ring's teardown ends what it still holds, before the staging is unmapped
+            match self.io.complete(&mut done) {
+                Ok(()) => self.reaped += done.len() as u64,
+                Err(_) if failures < 50 => {
+                    failures += 1;
+                    std::thread::sleep(std::time::Duration::from_millis(20));
+                }
+                Err(_) => return false,
             }
-            self.reaped += done.len() as u64;
         }
         self.wait_deliveries();
+        for j in &self.joined {
+            let _ = j.job.sink().end_lane(self.id);
+        }
+        true
     }
 
     /// Waits for every delivery recorded in a slot (a device copy that may still read the staging or write the
@@ -181,12 +195,13 @@ impl Lane {
             if self.inflight > 0 {
                 done.clear();
                 if let Err(e) = self.io.complete(&mut done) {
-                    // The ring cannot make progress: nothing of this lane can finish. Fail its jobs once its
-                    // deliveries have ended; the reads in flight end when the ring is torn down, before the staging
-                    // they write into is unmapped.
+                    // The ring cannot make progress: nothing of this lane can finish. Its jobs fail once nothing
+                    // of the lane can still write into their memory (`drain`); where that cannot be made sure, they
+                    // keep waiting (the engine is broken: later loads fail with the reason).
                     self.pool.mark_broken(&format!("lane {}: {e}", self.id));
-                    self.wait_deliveries();
-                    self.abandon(e);
+                    if self.drain() {
+                        self.abandon(&e);
+                    }
                     return;
                 }
                 self.reaped += done.len() as u64;
@@ -600,11 +615,11 @@ impl Lane {
         }
     }
 
-    /// Gives up every job of this lane after a fatal failure of its kernel interface.
-    fn abandon(&mut self, e: IoError) {
-        let msg = e.to_string();
+    /// Gives up every job of this lane (its kernel interface failed, or the lane panicked), failing it with `e`;
+    /// only once [`Lane::drain`] made sure nothing of the lane still writes into the jobs' memory.
+    fn abandon(&mut self, e: &IoError) {
         for j in std::mem::take(&mut self.joined) {
-            j.job.fail(IoError::Panicked(msg.clone()));
+            j.job.fail(e.duplicate());
             j.job.leave(self.id, &j.totals);
             if j.job.is_complete() {
                 self.pool.remove(&j.job);

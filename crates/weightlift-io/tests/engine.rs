@@ -250,6 +250,7 @@ fn a_lane_that_panics_fails_its_load_and_breaks_the_engine() {
         let msg = err.to_string();
         assert!(matches!(err, IoError::Panicked(_)), "{name}: {msg}");
         assert!(msg.contains("injected panic at offset 1234567"), "{name}: {msg}");
+        assert_eq!(msg.matches("an I/O thread panicked").count(), 1, "{name}: {msg}");
         // Later loads fail at once with the reason.
         let later = load_with(&engine, &paths, &extents, None).unwrap_err().to_string();
         assert!(later.contains("panicked") && later.contains("injected panic"), "{name}: {later}");

@@ -258,7 +258,7 @@ impl Checkpoint {
     /// rest of the load (device tensors on their GPU, host tensors on a CPU thread). A mismatch raises
     /// `ChecksumError` naming tensor and chunk. A pack's own checksums are always checked.
     ///
-    /// `align` (bytes, a power of two up to 4096; 0: the default placement) starts every tensor of a device load at
+    /// `align` (bytes, a power of two up to 256; 0: the default placement) starts every tensor of a device load at
     /// a multiple of it, as torch's allocator places its own tensors (packed checkpoints ignore it).
     #[pyo3(signature = (engine, device, names=None, verify=false, align=0))]
     fn load(
@@ -270,8 +270,8 @@ impl Checkpoint {
         verify: bool,
         align: u64,
     ) -> PyResult<Vec<NativeBuffer>> {
-        if align != 0 && (!align.is_power_of_two() || align > 4096) {
-            let why = format!("align={align}: expected 0 or a power of two up to 4096");
+        if align != 0 && (!align.is_power_of_two() || align > 256) {
+            let why = format!("align={align}: expected 0 or a power of two up to 256");
             return Err(to_py(weightlift::Error::InvalidArgument(why)));
         }
         let device = parse_device(device)?;

@@ -340,6 +340,12 @@ impl Engine {
         let gpu = self.gpu(n)?;
         gpu.bind()?;
         let path = self.gpu_path(n)?;
+        if let Some(a) = opts.tensor_align.filter(|&a| !a.is_power_of_two() || a > placement::DEVICE_ALIGN) {
+            return Err(Error::InvalidArgument(format!(
+                "tensor_align {a}: expected a power of two up to {}",
+                placement::DEVICE_ALIGN
+            )));
+        }
         let placement = placement::pack_aligned(entries, opts.tensor_align);
         let block_extents: Vec<Extent> = placement
             .blocks

@@ -40,7 +40,8 @@ pub struct LoadOpts<'a> {
     /// load, and a mismatch fails the load naming tensor and chunk (`Report::checks` says what was checked).
     pub checks: Option<&'a crate::checked::Checks>,
     /// Device loads of safetensors and GGUF checkpoints: every tensor starts at a device address that is a multiple
-    /// of this (a power of two up to 4096), as torch's allocator places tensors (256 bytes on a GPU), where the
+    /// of this (a power of two up to 256, what device allocations guarantee), as torch's allocator places tensors
+    /// (256 bytes on a GPU), where the
     /// default places small neighbours as the file lays them out (their file offsets mod 256). Small tensors then
     /// share a block only where their offsets from its first tensor are multiples of it, so a file whose tensor
     /// sizes are not multiples of it costs more allocations and copies. Packed loads and host loads ignore it.

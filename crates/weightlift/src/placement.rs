@@ -14,6 +14,8 @@ pub const BLOCK_MAX: u64 = 64 << 20;
 pub const GAP_MAX: u64 = 64 << 10;
 /// Alignment of block starts relative to the file, so that in-block addresses keep the file's alignment mod 256.
 const BLOCK_ALIGN: u64 = 256;
+/// The alignment every device allocation has at least (`cuMemAllocAsync`): the largest `pack_aligned` can keep.
+pub const DEVICE_ALIGN: u64 = 256;
 
 /// A range of one file that lands, as is, in one device allocation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -43,6 +45,7 @@ pub fn pack(entries: &[&TensorEntry]) -> Placement {
 /// its block's start (blocks are allocated at least that aligned): a shared block starts at its first tensor, and a
 /// small tensor joins it only at an aligned offset. Without `align`, blocks mirror the file's alignment mod 256.
 pub fn pack_aligned(entries: &[&TensorEntry], align: Option<u64>) -> Placement {
+    let align = align.filter(|&a| a > 1);
     let mut order: Vec<usize> = (0..entries.len()).collect();
     order.sort_by_key(|&i| (entries[i].file, entries[i].offset, entries[i].nbytes));
     let mut out = Placement { blocks: Vec::new(), tensors: vec![(0, 0); entries.len()] };
@@ -142,7 +145,8 @@ mod tests {
         assert_eq!(p.blocks[0].start, base);
         assert_eq!(p.tensors[3], (1, 0));
         assert_eq!(p.blocks.len(), 4);
-        // Without alignment the same file takes two blocks, at the file's offsets mod 256.
+        // Without alignment the same file takes three blocks (the small ones share one), at the file's offsets
+        // mod 256.
         let plain = pack(&refs);
         assert_eq!(plain.blocks.len(), 3);
         assert_eq!(plain.tensors[0].1 % 256, base % 256);
