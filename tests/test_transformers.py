@@ -224,13 +224,16 @@ def test_tensors_in_hand_skip_the_loading_thread_pool(checkpoints, packed, tmp_p
 @pytest.mark.parametrize("packed", [False, True], ids=["safetensors", "pack"])
 def test_meta_construction_skips_torch_init(checkpoints, packed, tmp_path, wl, monkeypatch):
     """The model's constructors run torch's init functions on meta tensors, which fill nothing; inside weightlift's
-    loads they return at once (and transformers' own load still runs them), and afterwards every module holds
-    torch's functions again. Tensors that are not meta are still initialised meanwhile."""
+    loads they return at once (and transformers' own load still runs them), on the constructing thread only, and
+    afterwards every module holds torch's functions again. Tensors that are not meta are still initialised."""
+    import threading
+
     import torch.nn.init as tinit
-    from torch.nn.modules import linear
+    from torch.nn.modules import activation
 
     calls = []
     real = tinit.kaiming_uniform_
+    xavier = activation.xavier_uniform_  # a module that imported the name itself
 
     def counted(tensor, *args, **kwargs):
         calls.append(tensor.is_meta)
@@ -243,17 +246,31 @@ def test_meta_construction_skips_torch_init(checkpoints, packed, tmp_path, wl, m
     with wt.patch():
         cls.from_pretrained(path)
     assert calls == []
-    assert tinit.kaiming_uniform_ is counted and linear.init.kaiming_uniform_ is counted
+    assert tinit.kaiming_uniform_ is counted and activation.xavier_uniform_ is xavier
     cls.from_pretrained(checkpoints[("llama", False)])  # transformers' own load: its constructors call it
     assert calls and all(calls)
 
-    with wt._meta_init_skipped():
-        meta = torch.empty(4, 4, device="meta")
-        assert tinit.kaiming_uniform_(meta) is meta
-        real_tensor = torch.zeros(64, 64)
-        assert tinit.kaiming_uniform_(real_tensor) is real_tensor and real_tensor.abs().sum() > 0
-        assert tinit.normal_(tensor=torch.zeros(8)).abs().sum() > 0
-    assert tinit.kaiming_uniform_ is counted
+    calls.clear()
+    modeling_utils = wt._transformers(True)
+    wt._install(modeling_utils)
+    try:
+        assert activation.xavier_uniform_ is not xavier
+        with wt._meta_init_skipped():
+            meta = torch.empty(4, 4, device="meta")
+            assert tinit.kaiming_uniform_(meta) is meta and calls == []
+            real_tensor = torch.zeros(64, 64)
+            assert tinit.kaiming_uniform_(real_tensor) is real_tensor and real_tensor.abs().sum() > 0
+            assert tinit.normal_(tensor=torch.zeros(8)).abs().sum() > 0
+            assert calls == [False]
+            other = threading.Thread(target=lambda: tinit.kaiming_uniform_(torch.empty(4, 4, device="meta")))
+            other.start()
+            other.join()
+            assert calls == [False, True]  # another thread's meta tensor still reached torch
+        tinit.kaiming_uniform_(meta)
+        assert calls == [False, True, True]  # and this thread's, outside the construction
+    finally:
+        wt._uninstall(modeling_utils)
+    assert tinit.kaiming_uniform_ is counted and activation.xavier_uniform_ is xavier
 
 
 @pytest.mark.parametrize("name", ["bert", "llama"])

@@ -13,8 +13,10 @@ weights, ``generation_config``, ``eval()`` — except at one point: where transf
 files, weightlift reads every tensor of every shard in one plan onto the target device, and transformers gets those
 tensors as its ``state_dict``. Parameters keep weightlift's memory (no second copy); a ``dtype=`` that differs from
 the checkpoint's converts on the device. Tensors start where torch's allocator would start them (256-byte
-multiples on a GPU: weightlift's small tensors share a device block only where that holds); what is still not
-aligned (a pack's tensors; host tensors off 64 bytes) is copied to an aligned allocation first.
+multiples on a GPU: weightlift's small tensors share a device block only where that holds; a pack's tensors have
+allocations of their own); host tensors of a file laid out off 64 bytes are copied to an aligned allocation first.
+One more difference, invisible in the result: while the model is built on the meta device, torch's init functions
+return at once for its meta tensors (they have no values to fill; see ``_meta_init_skipped``).
 
 That point is an internal function of transformers (``PreTrainedModel._load_pretrained_model``), so this module
 refuses transformers versions it has not been tested with (:data:`TESTED_TRANSFORMERS`) rather than risk loading
@@ -143,6 +145,7 @@ def _install(modeling_utils: Any) -> None:
             if isinstance(init_context, classmethod):  # the place to add _meta_init_skipped (optional)
                 _original["init_context"] = init_context
                 cls.get_init_context = _wrap_get_init_context(init_context.__func__)
+                _wrap_init_functions()
             modeling_utils.caching_allocator_warmup = _caching_allocator_warmup
             loading = _core_model_loading()
             if loading is not None:
@@ -161,6 +164,7 @@ def _uninstall(modeling_utils: Any) -> None:
             modeling_utils.caching_allocator_warmup = _original.pop("warmup")
             if "init_context" in _original:
                 modeling_utils.PreTrainedModel.get_init_context = _original.pop("init_context")
+                _unwrap_init_functions()
             if "env" in _original:
                 _core_model_loading().is_env_variable_true = _original.pop("env")
 
@@ -199,14 +203,13 @@ def _wrap_get_init_context(original: Any) -> classmethod:
     return classmethod(get_init_context)
 
 
-_meta_depth = 0  # model constructions in flight with torch's init functions wrapped
-_meta_originals: dict[tuple[str, str], Any] = {}
+_init_originals: dict[tuple[str, str], Any] = {}  # torch's init functions wrapped while the hooks are installed
 
 
 def _skips_meta(fn: Any) -> Any:
     @functools.wraps(fn)
     def init(tensor: Any, *args: Any, **kwargs: Any) -> Any:
-        if getattr(tensor, "is_meta", False):
+        if getattr(_local, "meta_skip", 0) and getattr(tensor, "is_meta", False):
             return tensor
         return fn(tensor, *args, **kwargs)
 
@@ -214,45 +217,48 @@ def _skips_meta(fn: Any) -> Any:
     return init
 
 
+def _wrap_init_functions() -> None:
+    """Wraps torch's init functions in the modules transformers' own ``no_init_weights`` patches (its lists), so
+    that a model construction inside :func:`_meta_init_skipped`, on that thread only, skips them for meta tensors.
+    Called with ``_lock`` held, when the hooks go in."""
+    try:
+        from transformers import initialization
+    except ImportError:  # pragma: no cover - every tested version has it
+        return
+    for module_name in getattr(initialization, "TORCH_MODULES_TO_PATCH", ()):
+        module = sys.modules.get(module_name)
+        for name in getattr(initialization, "TORCH_INIT_FUNCTIONS", {}):
+            fn = getattr(module, name, None) if module is not None else None
+            # A wrapper of ours left in place (see _unwrap_init_functions) already does the job.
+            if callable(fn) and not hasattr(fn, "_weightlift_original"):
+                _init_originals[(module_name, name)] = fn
+                setattr(module, name, _skips_meta(fn))
+
+
+def _unwrap_init_functions() -> None:
+    for (module_name, name), fn in _init_originals.items():
+        module = sys.modules[module_name]
+        # Put back only what is still ours: a context of transformers' (no_init_weights, guard_torch_init_functions)
+        # running on another thread may hold it now, and put our wrapper back when it ends; the wrapper then stays,
+        # passing every call through outside weightlift's constructions.
+        if getattr(getattr(module, name, None), "_weightlift_original", None) is fn:
+            setattr(module, name, fn)
+    _init_originals.clear()
+
+
 @contextlib.contextmanager
 def _meta_init_skipped() -> Any:
     """transformers builds the model on the meta device and loads every weight afterwards, but the modules'
     constructors still run torch's init functions (``nn.Linear.reset_parameters``: ``kaiming_uniform_``) on their
     meta tensors, each through the meta device's function mode: about half of a MiniLM encoder's construction (7.1
-    against 3.4 ms on a 2-vCPU host). Here those functions return their meta tensor at once: a meta tensor has no
-    values to fill and draws no random numbers, so the model is the same. Other tensors, in every thread, go to
-    torch's function as before. The functions and modules are transformers' own lists (those its ``no_init_weights``
-    replaces)."""
-    global _meta_depth
-    try:
-        from transformers import initialization
-    except ImportError:  # pragma: no cover - every tested version has it
-        yield
-        return
-    names = getattr(initialization, "TORCH_INIT_FUNCTIONS", {})
-    modules = getattr(initialization, "TORCH_MODULES_TO_PATCH", ())
-    with _lock:
-        if _meta_depth == 0:
-            for module_name in modules:
-                module = sys.modules.get(module_name)
-                for name in names:
-                    fn = getattr(module, name, None) if module is not None else None
-                    if callable(fn) and not hasattr(fn, "_weightlift_original"):
-                        _meta_originals[(module_name, name)] = fn
-                        setattr(module, name, _skips_meta(fn))
-        _meta_depth += 1
+    against 3.4 ms on a 2-vCPU host). Inside this context, on this thread, those functions return their meta tensor
+    at once: a meta tensor has no values to fill and draws no random numbers, so the model is the same. Tensors that
+    are not meta, and other threads, go to torch's functions as before."""
+    _local.meta_skip = getattr(_local, "meta_skip", 0) + 1
     try:
         yield
     finally:
-        with _lock:
-            _meta_depth -= 1
-            if _meta_depth == 0:
-                for (module_name, name), fn in _meta_originals.items():
-                    module = sys.modules[module_name]
-                    # Put back only what is still ours (a no_init_weights of another thread may hold it now).
-                    if getattr(getattr(module, name, None), "_weightlift_original", None) is fn:
-                        setattr(module, name, fn)
-                _meta_originals.clear()
+        _local.meta_skip -= 1
 
 
 def _caching_allocator_warmup(*args: Any, **kwargs: Any) -> None:
@@ -456,7 +462,7 @@ def _load_aligned(files: list, device: str) -> dict:
 
 
 def _aligned(tensors: dict[str, "torch.Tensor"]) -> dict[str, "torch.Tensor"]:
-    # What is still misaligned (a pack's tensors; host tensors of a file laid out off 64 bytes) is copied.
+    # What is still misaligned (host tensors of a file laid out off 64 bytes) is copied.
     return {k: (t.clone() if t.data_ptr() % _ALIGN[t.device.type] else t) for k, t in tensors.items()}
 
 
