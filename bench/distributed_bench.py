@@ -482,7 +482,7 @@ def main() -> None:
 
 
 def tensor_bytes_of(path: Path) -> int:
-    return sum(t[5] for t in weightlift._native.inspect([str(path)])["tensors"])
+    return sum(t.nbytes for t in weightlift._native.inspect([str(path)])["tensors"])
 
 
 def goals(r: dict) -> dict:
