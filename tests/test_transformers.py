@@ -292,14 +292,23 @@ def test_tensors_land_where_torch_would_place_them(checkpoints, name, device):
 
 
 def test_model_moved_only_where_something_is_elsewhere(monkeypatch):
+    """(The meta device stands in for a GPU here.)"""
+    with torch.device("meta"):
+        model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LayerNorm(4))
     moves = []
-    model = torch.nn.Linear(4, 4)
-    monkeypatch.setattr(model, "to", lambda *a, **k: moves.append(a))
-    wt._to_device(model, "cpu")
+    real_to = model.to
+    monkeypatch.setattr(model, "to", lambda *a, **k: moves.append(a) or real_to(*a, **k))
+    wt._to_device(model, "meta")
     assert moves == []
-    model.register_buffer("inv_freq", torch.empty(2, device="meta"), persistent=False)
-    wt._to_device(model, "cpu")
-    assert moves == [(torch.device("cpu"),)]
+    # A buffer elsewhere is moved alone, as Module.to moves buffers; the parameters stay the same objects.
+    model[1].register_buffer("inv_freq", torch.arange(3.0), persistent=False)
+    weight = model[0].weight
+    wt._to_device(model, "meta")
+    assert moves == [] and model[0].weight is weight and model[1].inv_freq.is_meta
+    # A parameter elsewhere: the whole model moves.
+    model[0].weight = torch.nn.Parameter(torch.zeros(4, 4))
+    wt._to_device(model, "meta")
+    assert moves == [(torch.device("meta"),)] and model[0].weight.is_meta
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -569,14 +569,19 @@ def from_pretrained(
 
 
 def _to_device(model: Any, dev: str) -> None:
-    """``model.to(dev)`` where a parameter or buffer is elsewhere. Where all are on ``dev`` already (the usual case:
-    transformers placed buffers and missing keys by the device map) the call would only walk every module: 1.9 ms of
-    a MiniLM encoder's 34 on the H100 host (bench/model_stages.py)."""
+    """``model.to(dev)``, done where needed: with every parameter on ``dev`` (the usual case: transformers placed
+    the weights by the device map), only the buffers elsewhere are moved, as ``Module.to`` moves them (BERT's
+    ``position_ids`` and ``token_type_ids`` are left on the host: bench/results/2026-11-24-h100-zz). ``Module.to``
+    walks every module and tensor: 1.9 ms of a MiniLM encoder's 35 on the H100 host (bench/model_stages.py)."""
     torch = _core.torch_module()
     target = torch.device("cpu" if dev.startswith("cpu") else dev)
-    tensors = itertools.chain(model.parameters(), model.buffers())
-    if any(t.device != target for t in tensors):
+    if any(p.device != target for p in model.parameters()):
         model.to(target)
+        return
+    for module in model.modules():
+        for name, buf in module._buffers.items():
+            if buf is not None and buf.device != target:
+                module._buffers[name] = buf.to(target)
 
 
 def _packed_weights(folder: str, kwargs: dict) -> Optional[str]:
