@@ -552,3 +552,23 @@ def test_load_file_verify_checks_every_byte_against_the_manifest(files, tmp_path
         # Device tensors are hashed on their GPU, not copied back.
         assert "checked on cuda:0" in str(e.value)
     assert weightlift.load_file(src, device).keys() == ref.keys()  # without verify, loaded as it is
+
+
+@pytest.mark.skipif(not GPU or torch.cuda.device_count() < 2, reason="needs two GPUs")
+def test_the_callers_current_device_is_left_as_found(files):
+    """torch takes a thread's device from its current CUDA context; loading onto another GPU, handing the tensors
+    over, probing the devices and freeing the tensors leave this thread on the device it chose."""
+    import gc
+
+    torch.cuda.set_device(0)
+    ref = st.load_file(str(files["llama"]), device="cuda:1")
+    got = weightlift.load_file(files["llama"], device="cuda:1")
+    assert torch.cuda.current_device() == 0
+    assert_same(got, ref, "cuda:1")
+    weightlift.probe()
+    assert torch.cuda.current_device() == 0
+    del got
+    gc.collect()
+    torch.cuda.synchronize(1)
+    assert torch.cuda.current_device() == 0
+    assert torch.zeros(1, device="cuda").device == torch.device("cuda:0")

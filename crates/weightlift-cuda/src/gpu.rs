@@ -85,6 +85,8 @@ impl Gpu {
     }
 
     /// Makes this device's primary context current on the calling thread.
+    /// Makes this device's context current on the calling thread. Where that thread is not weightlift's own (a
+    /// caller's, freeing a buffer or probing devices), hold a [`ContextRestore`] around it.
     pub fn bind(&self) -> Result<(), CudaError> {
         self.inner.ctx.bind_to_thread().map_err(CudaError::driver(self.inner.ordinal, "cuCtxSetCurrent"))
     }
@@ -214,4 +216,45 @@ fn pcie_link(bus_id: &str) -> Option<String> {
 /// Whether CUDA is usable here, and if not why; never panics.
 pub fn available() -> Result<crate::driver::DriverInfo, String> {
     driver::driver()
+}
+
+/// The calling thread's current CUDA context when made, put back when dropped. weightlift binds its devices'
+/// contexts on whatever thread calls it, and a CUDA runtime (torch's `current_device`, say) takes the thread's
+/// device from that context: without this, freeing a `cuda:1` tensor or probing the devices on a caller's thread
+/// would leave that thread on another device than it chose.
+#[derive(Debug)]
+pub struct ContextRestore(Option<sys::CUcontext>);
+
+impl ContextRestore {
+    pub fn save() -> ContextRestore {
+        if crate::driver::driver().is_err() {
+            return ContextRestore(None);
+        }
+        let mut ctx: sys::CUcontext = std::ptr::null_mut();
+        // SAFETY: `ctx` is a valid out-pointer; the driver library is loaded (checked just above).
+        let saved = unsafe { sys::cuCtxGetCurrent(&mut ctx) }.result().ok().map(|()| ctx);
+        ContextRestore(saved)
+    }
+}
+
+/// The calling thread's current CUDA context as an address (0: none), or None without a driver.
+pub fn current_context() -> Option<usize> {
+    crate::driver::driver().ok()?;
+    let mut ctx: sys::CUcontext = std::ptr::null_mut();
+    // SAFETY: valid out-pointer; the driver library is loaded.
+    unsafe { sys::cuCtxGetCurrent(&mut ctx) }.result().ok().map(|()| ctx as usize)
+}
+
+impl Drop for ContextRestore {
+    fn drop(&mut self) {
+        let Some(saved) = self.0 else { return };
+        let mut now: sys::CUcontext = std::ptr::null_mut();
+        // SAFETY: valid out-pointer; `saved` was current on this thread (or null: none was), and a context made
+        // current by anyone stays alive at least as long as the primary-context reference that made it so.
+        unsafe {
+            if sys::cuCtxGetCurrent(&mut now).result().is_ok() && now != saved {
+                let _ = sys::cuCtxSetCurrent(saved);
+            }
+        }
+    }
 }

@@ -90,6 +90,7 @@ impl DeviceBuffer {
         if out.is_empty() {
             return Ok(());
         }
+        let _restore = crate::ContextRestore::save(); // the caller's thread keeps its device
         self.gpu.bind()?;
         // SAFETY: the device range was bounds-checked above and `out` is a writable host buffer of that length.
         unsafe { sys::cuMemcpyDtoH_v2(out.as_mut_ptr().cast(), self.ptr + offset as u64, out.len()) }
@@ -122,6 +123,7 @@ pub unsafe fn free_device_memory(gpu: &Gpu, ptr: sys::CUdeviceptr, stream: sys::
 
 impl Drop for DeviceBuffer {
     fn drop(&mut self) {
+        let _restore = crate::ContextRestore::save(); // dropped on any thread (a tensor freed by its consumer)
         // SAFETY: this buffer owns `ptr`, allocated on `gpu`; `free_stream` is the legacy stream (after any work of
         // blocking streams that may still read the buffer) or one the owner promised would outlive the buffer.
         if let Err(e) = unsafe { free_device_memory(&self.gpu, self.ptr, self.free_stream) } {
@@ -189,6 +191,7 @@ impl std::ops::DerefMut for PinnedBuffer {
 impl Drop for PinnedBuffer {
     fn drop(&mut self) {
         if self.len > 0 {
+            let _restore = crate::ContextRestore::save();
             let _ = self.gpu.bind();
             // SAFETY: allocated by cuMemHostAlloc above and freed once.
             if let Err(e) = unsafe { sys::cuMemFreeHost(self.ptr.cast()) }.result() {
@@ -226,6 +229,7 @@ impl weightlift_io::PinGuard for Registration {}
 
 impl Drop for Registration {
     fn drop(&mut self) {
+        let _restore = crate::ContextRestore::save();
         let _ = self.gpu.bind();
         // SAFETY: `ptr` was registered by `pin` below and is unregistered once, before the mapping goes away.
         if let Err(e) = unsafe { sys::cuMemHostUnregister(self.ptr.cast()) }.result() {
@@ -286,6 +290,7 @@ pub unsafe fn copy_host_to_device(gpu: &Gpu, dst: sys::CUdeviceptr, src: &[u8]) 
 /// # Safety
 /// `stream` must be a live stream of `gpu`'s context.
 pub unsafe fn order_after_stream(gpu: &Gpu, stream: sys::CUstream) {
+    let _restore = crate::ContextRestore::save(); // called on the consumer's thread
     if gpu.bind().is_err() {
         return;
     }
@@ -359,6 +364,7 @@ impl StreamMark {
 
 impl Drop for StreamMark {
     fn drop(&mut self) {
+        let _restore = crate::ContextRestore::save();
         let _ = self.gpu.bind();
         // SAFETY: created in `record`, destroyed once here (the driver defers it past pending waits).
         let _ = unsafe { sys::cuEventDestroy_v2(self.event) };

@@ -315,6 +315,7 @@ impl Session {
         }
         if let (Some(h), Device::Cuda(n)) = (&f.cufile, device) {
             let gpu = self.engine.gpu(n)?;
+            let _restore = weightlift_cuda::ContextRestore::save(); // the caller's thread keeps its device
             gpu.bind()?;
             // SAFETY: the caller of the public API vouched for the memory (registration or `pread`'s contract).
             let r = unsafe {

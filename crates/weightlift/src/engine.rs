@@ -338,6 +338,7 @@ impl Engine {
         names: Vec<(String, PathBuf)>,
     ) -> Result<(Vec<TensorData>, Report)> {
         let gpu = self.gpu(n)?;
+        let _restore = weightlift_cuda::ContextRestore::save(); // the caller's thread keeps its device
         gpu.bind()?;
         let path = self.gpu_path(n)?;
         if let Some(a) = opts.tensor_align.filter(|&a| !a.is_power_of_two() || a > placement::DEVICE_ALIGN) {
@@ -587,6 +588,7 @@ pub(crate) fn allocate_published(
     lanes: usize,
     out: &mut Vec<DeviceBuffer>,
 ) -> Result<()> {
+    let _restore = weightlift_cuda::ContextRestore::save(); // the caller's thread keeps its device
     gpu.bind()?;
     let stream = gpu.stream(lanes)?;
     let mut batch: Vec<(u32, u64, u64)> = Vec::new();
@@ -792,6 +794,7 @@ impl Engine {
                     }
                 }
                 let gpu = self.gpu(ordinal)?;
+                let _restore = weightlift_cuda::ContextRestore::save(); // the caller's thread keeps its device
                 gpu.bind()?;
                 let path = self.gpu_path(ordinal)?;
                 // SAFETY: the caller guarantees each pointer is device memory of `ordinal` valid for its capacity

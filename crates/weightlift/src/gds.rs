@@ -115,6 +115,7 @@ impl CufilePath {
         next: &AtomicUsize,
         failed: &AtomicBool,
     ) -> Result<u64> {
+        let _restore = weightlift_cuda::ContextRestore::save(); // the caller's thread keeps its device
         req.gpu.bind()?;
         let mut ops = 0;
         while !failed.load(Ordering::Relaxed) && !req.opts.cancel.is_some_and(|c| c.load(Ordering::Relaxed)) {

@@ -213,6 +213,7 @@ impl LayerStreamer {
             }
             Device::Cuda(n) => {
                 let gpu = engine.gpu(n)?;
+                let _restore = weightlift_cuda::ContextRestore::save(); // the caller's thread keeps its device
                 gpu.bind()?;
                 let stream = gpu.stream(0)?;
                 for _ in 0..slots {

@@ -274,6 +274,7 @@ impl Engine {
             // nvCOMP and NVRTC load, but the decoder may still not start (NVRTC's code refused by this driver...):
             // auto then decodes on the CPU, saying why.
             let ready = self.gpu(n).and_then(|g| {
+                let _restore = weightlift_cuda::ContextRestore::save(); // the caller's thread keeps its device
                 g.bind()?;
                 let u = self.take_unpacker(&g)?;
                 self.give_unpacker(n, u);
@@ -320,6 +321,7 @@ impl Engine {
         let (mut datas, gpu) = match device {
             Device::Cuda(n) => {
                 let gpu = self.gpu(n)?;
+                let _restore = weightlift_cuda::ContextRestore::save(); // the caller's thread keeps its device
                 gpu.bind()?;
                 let s = gpu.context().new_stream().map_err(weightlift_cuda::CudaError::driver(n, "cuStreamCreate"))?;
                 let mut datas = Vec::with_capacity(items.len());

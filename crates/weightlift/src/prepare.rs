@@ -106,6 +106,7 @@ impl Engine {
                 // device (a PyTorch program's, say).
                 std::thread::scope(|s| {
                     s.spawn(|| -> Result<()> {
+                        let _restore = weightlift_cuda::ContextRestore::save(); // the caller's thread keeps its device
                         gpu.bind()?;
                         // `allocate_published` allocates on stream `lanes`, lane i copies on stream i.
                         for i in 0..=lanes {

@@ -11,6 +11,7 @@ use crate::settings::Settings;
 
 /// A JSON description of the machine (and of `path`, if given). Never fails: what cannot be probed says why.
 pub fn probe(path: Option<&Path>) -> Value {
+    let _restore = weightlift_cuda::ContextRestore::save(); // opening each device binds its context here
     let cuda = probe_cuda();
     let uring = match weightlift_io::uring_available() {
         Ok(()) => json!({"available": true}),

@@ -303,6 +303,7 @@ impl Engine {
         let memory = match device {
             Device::Cuda(o) => {
                 let gpu = self.gpu(o)?;
+                let _restore = weightlift_cuda::ContextRestore::save(); // the caller's thread keeps its device
                 gpu.bind()?;
                 let path = self.gpu_path(o)?;
                 Memory::Device { gpu, path, targets: Targets::lazy(n), buffers: Arc::new(Mutex::new(vec![None; n])) }
@@ -662,6 +663,7 @@ fn ensure_allocated(
     if let Some(b) = &bufs[block] {
         return Ok(b.clone());
     }
+    let _restore = weightlift_cuda::ContextRestore::save(); // the caller's thread keeps its device
     gpu.bind()?;
     let stream = gpu.stream(lanes)?;
     let b = Arc::new(DeviceBuffer::alloc(gpu, len as usize, &stream)?);

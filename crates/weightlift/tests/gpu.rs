@@ -246,6 +246,32 @@ fn a_lane_that_panics_mid_load_fails_it_and_leaves_nothing_behind() {
 }
 
 #[test]
+fn the_callers_current_context_is_left_as_found() {
+    if !gpu_or_skip("the_callers_current_context_is_left_as_found") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let f = generate(dir.path(), "ctx.safetensors", Layout::Llama, Container::Safetensors, 16 << 20, None);
+    let index = weightlift::format::open(std::slice::from_ref(&f), None).unwrap();
+    let engine = Engine::new(Settings::default()).unwrap();
+    // A CUDA runtime (torch's current_device) takes a thread's device from its current context: on a fresh thread
+    // none is current, and weightlift's calls there (probing, a load, freeing what it loaded) leave none.
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let current = || weightlift::cuda::current_context().unwrap();
+            assert_eq!(current(), 0);
+            weightlift::probe::probe(None);
+            assert_eq!(current(), 0, "after probe");
+            let loaded = engine.load(&index, Device::Cuda(0), &LoadOpts::default()).unwrap();
+            assert_eq!(current(), 0, "after a load");
+            check_against_file_and_generator(&index, &loaded, true);
+            drop(loaded);
+            assert_eq!(current(), 0, "after freeing the load's memory");
+        });
+    });
+}
+
+#[test]
 fn a_hundred_loads_do_not_grow_memory() {
     if !gpu_or_skip("a_hundred_loads_do_not_grow_memory") {
         return;
