@@ -44,6 +44,7 @@ impl Gpu {
         if ordinal >= drv.devices {
             return Err(CudaError::NoSuchDevice { ordinal, count: drv.devices });
         }
+        let _restore = ContextRestore::save(); // retaining the primary context binds it to this thread
         let ctx = CudaContext::new(ordinal as usize).map_err(CudaError::driver(ordinal, "cuDevicePrimaryCtxRetain"))?;
         // weightlift orders its work with explicit events; cudarc's automatic tracking would add an event per
         // allocation and synchronise the context when the first stream is made.

@@ -144,6 +144,7 @@ impl Engine {
 
     /// Device `n`, opened on first use (its primary context, shared with PyTorch and the CUDA runtime).
     pub fn gpu(&self, n: u32) -> Result<Gpu> {
+        let _restore = weightlift_cuda::ContextRestore::save(); // the caller's thread keeps its device
         let mut gpus = lock(&self.gpus);
         if let Some(g) = gpus.get(&n) {
             return Ok(g.clone());
@@ -234,6 +235,7 @@ impl Engine {
 
     /// Loads every tensor of `index` onto `device`.
     pub fn load(&self, index: &TensorIndex, device: Device, opts: &LoadOpts<'_>) -> Result<Loaded> {
+        let _restore = weightlift_cuda::ContextRestore::save(); // the caller's thread keeps its device
         let all: Vec<usize> = (0..index.tensors.len()).collect();
         self.load_some(index, &all, device, opts)
     }
@@ -246,6 +248,7 @@ impl Engine {
         device: Device,
         opts: &LoadOpts<'_>,
     ) -> Result<Loaded> {
+        let _restore = weightlift_cuda::ContextRestore::save(); // the caller's thread keeps its device
         let start = Instant::now();
         let entries: Vec<&TensorEntry> = which
             .iter()

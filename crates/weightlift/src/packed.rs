@@ -253,6 +253,7 @@ impl Engine {
         opts: &LoadOpts<'_>,
         faults: Option<Arc<weightlift_io::fault::FaultPlan>>,
     ) -> Result<Loaded> {
+        let _restore = weightlift_cuda::ContextRestore::save(); // the caller's thread keeps its device
         let start = Instant::now();
         if opts.checks.is_some() {
             // A pack carries its own checksums, all checked as its chunks decode.

@@ -73,6 +73,7 @@ impl Engine {
     /// [`Engine::prepare`], giving up with `Error::Io(IoError::Cancelled)` once `cancel` is set (while it waits for
     /// busy lanes).
     pub fn prepare_with(&self, device: Device, cancel: Option<&std::sync::atomic::AtomicBool>) -> Result<Prepared> {
+        let _restore = weightlift_cuda::ContextRestore::save(); // the caller's thread keeps its device
         let t = Instant::now();
         let mut out = Prepared {
             device,

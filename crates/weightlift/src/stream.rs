@@ -248,6 +248,7 @@ impl Engine {
         device: Device,
         faults: Option<Arc<FaultPlan>>,
     ) -> Result<Stream> {
+        let _restore = weightlift_cuda::ContextRestore::save(); // the caller's thread keeps its device
         self.stream_on_lanes(index, which, device, faults, None, None)
     }
 
