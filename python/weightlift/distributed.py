@@ -66,11 +66,12 @@ PathLike = Union[str, "os.PathLike[str]"]
 ShardSpec = tuple[int, int, int]
 Shard = Union[Mapping[str, Optional[ShardSpec]], Callable[[str, tuple[int, ...]], Optional[ShardSpec]], None]
 
-#: Bounds of the bytes each rank reads per step of a replicated load when ``block_bytes`` is not given: about
-#: eight steps per load, so that all but the last collective overlap reads, within these bounds (larger blocks
-#: spend less on the per-step status exchange and read call).
-MIN_BLOCK_BYTES, MAX_BLOCK_BYTES = 16 << 20, 256 << 20
-_STEPS = 8
+#: Bytes each rank reads per step of a replicated load when ``block_bytes`` is not given (fewer when its share is
+#: smaller: one step). On two H200s over NVLink fewer, larger steps were faster at every size measured
+#: (bench/results/2026-11-24-h200x2): a 1.08 GB sharded checkpoint 37.1 GB/s with 256 MiB against 29.0 with
+#: eight steps of 67 MiB, a 0.27 GB file 4.49 against 3.64 with eight of 16 MiB, a 4.17 GB file level (47.4
+#: against 46.4); 64 MiB steps lost at 4.17 GB (33.8). Each step costs a status exchange and a read call.
+DEFAULT_BLOCK_BYTES = 256 << 20
 #: Seconds any one collective may take before the load is declared stuck.
 DEFAULT_TIMEOUT_S = 300.0
 #: Steps and runs start on multiples of this, so that block boundaries fall on O_DIRECT blocks of the files.
@@ -173,7 +174,7 @@ def load_file(
     read as row segments (see the module's documentation for the costs). ``split``: "global"
     (all ranks share the reading) or "host" (the ranks of each host share the reading of that host's copy).
     ``collective``: "all_gather", "broadcast", or "auto" (all-gather on GPUs, broadcast on CPUs).
-    ``block_bytes``: what each rank reads per step (default: about 8 steps, 16 to 256 MiB). ``timeout`` bounds
+    ``block_bytes``: what each rank reads per step (default :data:`DEFAULT_BLOCK_BYTES`, 256 MiB). ``timeout`` bounds
     each collective, in seconds. ``engine``: the engine (and its settings) to read with (default: the shared one). Tensors on a GPU are ready when this returns. Raises :class:`DistributedError` on every rank when any
     rank fails."""
     if split not in ("global", "host"):
@@ -329,7 +330,7 @@ class _Layout:
             cursor = last.dest + last.nbytes
         self.used = cursor
         if block is None:
-            block = min(max(_align_up(-(-cursor // (world * _STEPS)), _ALIGN), MIN_BLOCK_BYTES), MAX_BLOCK_BYTES)
+            block = DEFAULT_BLOCK_BYTES
         self.block = block
         span = world * block
         full, rem = divmod(cursor, span)
