@@ -493,8 +493,13 @@ def goals(r: dict) -> dict:
         "storage_bytes_over_file_bytes": [r["check_big"]["storage_bytes_over_file_bytes"], r["check_hf"]["storage_bytes_over_file_bytes"]],
         "tp_slices_bit_equal": r["tp_big"]["bit_equal_to_slices_of_a_full_load"],
         "tp_storage_requested_equals_tensor_bytes": r["tp_big"]["storage_requested_bytes"] == r["tp_big"]["tensor_bytes"],
+        # Checkpoint bytes per second of the slowest rank, against one GPU loading alone: the time until every GPU
+        # holds the model, against one GPU's.
         "warm_ratio_to_one_gpu_default": r["warm_big"]["ratio_default_distributed_to_one_gpu"],
         "warm_ratio_to_one_gpu_best_setting": r["warm_big"]["ratio_best_distributed_to_one_gpu"],
+        # Bytes landed on all the GPUs per second (world × the above), against one GPU's rate: the goal's measure.
+        "warm_aggregate_ratio_default": r["world"] * r["warm_big"]["ratio_default_distributed_to_one_gpu"],
+        "warm_aggregate_ratio_default_sharded_checkpoint": r["world"] * r["warm_hf"]["ratio_default_distributed_to_one_gpu"],
         "warm_ratio_goal": 1.8,
         "cold_ratio_to_disk_median": cold.get("ratio_distributed_to_disk_median"),
         "cold_ratio_goal": 0.97,
