@@ -67,10 +67,11 @@ ShardSpec = tuple[int, int, int]
 Shard = Union[Mapping[str, Optional[ShardSpec]], Callable[[str, tuple[int, ...]], Optional[ShardSpec]], None]
 
 #: Bytes each rank reads per step of a replicated load when ``block_bytes`` is not given (fewer when its share is
-#: smaller: one step). On two H200s over NVLink fewer, larger steps were faster at every size measured
-#: (bench/results/2026-11-24-h200x2): a 1.08 GB sharded checkpoint 37.1 GB/s with 256 MiB against 29.0 with
-#: eight steps of 67 MiB, a 0.27 GB file 4.49 against 3.64 with eight of 16 MiB, a 4.17 GB file level (47.4
-#: against 46.4); 64 MiB steps lost at 4.17 GB (33.8). Each step costs a status exchange and a read call.
+#: smaller: one step). On two H200s over NVLink (bench/results/2026-11-24-h200x2, the run at d445aff) fewer,
+#: larger steps were faster at two of three sizes and level at the third: a 1.08 GB sharded checkpoint 37.1 GB/s
+#: with 256 MiB against 29.0 with eight steps of 67 MiB, a 0.27 GB file 4.49 against 3.64 with eight of 16 MiB, a
+#: 4.17 GB file 47.4 against 46.4; 64 MiB steps lost at 4.17 GB (33.8). Each step costs a status exchange and a
+#: read call.
 DEFAULT_BLOCK_BYTES = 256 << 20
 #: Seconds any one collective may take before the load is declared stuck.
 DEFAULT_TIMEOUT_S = 300.0
@@ -703,4 +704,4 @@ def _remember(stats: _Stats, ranks: list[dict]) -> None:
         _last = {**asdict(stats), "ranks": ranks, "summary": summary}
 
 
-__all__ = ["load_file", "last_report", "DistributedError", "ShardSpec", "Shard", "DEFAULT_TIMEOUT_S"]
+__all__ = ["load_file", "last_report", "DistributedError", "ShardSpec", "Shard", "DEFAULT_TIMEOUT_S", "DEFAULT_BLOCK_BYTES"]

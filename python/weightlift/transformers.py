@@ -578,6 +578,8 @@ def _to_device(model: Any, dev: str) -> None:
     if any(p.device != target for p in model.parameters()):
         model.to(target)
         return
+    # Set in place as Module._apply sets buffers (a module overriding _apply itself would not see this; none of
+    # transformers' models does).
     for module in model.modules():
         for name, buf in module._buffers.items():
             if buf is not None and buf.device != target:

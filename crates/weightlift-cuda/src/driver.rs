@@ -55,10 +55,17 @@ pub struct DriverInfo {
     pub devices: u32,
 }
 
+static PROBE: OnceLock<Result<DriverInfo, String>> = OnceLock::new();
+
 /// The driver, initialised, or the reason it cannot be used. Probed once per process.
 pub fn driver() -> Result<DriverInfo, String> {
-    static PROBE: OnceLock<Result<DriverInfo, String>> = OnceLock::new();
     PROBE.get_or_init(probe).clone()
+}
+
+/// Whether the driver was probed and initialised in this process already (never probes: host-only work must not
+/// start CUDA, whose state a forked child cannot use).
+pub fn initialised() -> bool {
+    PROBE.get().is_some_and(|p| p.is_ok())
 }
 
 fn probe() -> Result<DriverInfo, String> {

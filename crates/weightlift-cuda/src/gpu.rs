@@ -85,8 +85,7 @@ impl Gpu {
         self.inner.ordinal
     }
 
-    /// Makes this device's primary context current on the calling thread.
-    /// Makes this device's context current on the calling thread. Where that thread is not weightlift's own (a
+    /// Makes this device's primary context current on the calling thread. Where that thread is not weightlift's own (a
     /// caller's, freeing a buffer or probing devices), hold a [`ContextRestore`] around it.
     pub fn bind(&self) -> Result<(), CudaError> {
         self.inner.ctx.bind_to_thread().map_err(CudaError::driver(self.inner.ordinal, "cuCtxSetCurrent"))
@@ -227,8 +226,11 @@ pub fn available() -> Result<crate::driver::DriverInfo, String> {
 pub struct ContextRestore(Option<sys::CUcontext>);
 
 impl ContextRestore {
+    /// Records the current context. Before weightlift has initialised the driver in this process it records
+    /// nothing and starts nothing (a host load must not start CUDA): weightlift cannot have bound a context yet, and
+    /// opening a device keeps a restore of its own.
     pub fn save() -> ContextRestore {
-        if crate::driver::driver().is_err() {
+        if !crate::driver::initialised() {
             return ContextRestore(None);
         }
         let mut ctx: sys::CUcontext = std::ptr::null_mut();
@@ -240,7 +242,7 @@ impl ContextRestore {
 
 /// The calling thread's current CUDA context as an address (0: none), or None without a driver.
 pub fn current_context() -> Option<usize> {
-    crate::driver::driver().ok()?;
+    crate::driver::driver().ok()?; // probes: for tests and callers who ask
     let mut ctx: sys::CUcontext = std::ptr::null_mut();
     // SAFETY: valid out-pointer; the driver library is loaded.
     unsafe { sys::cuCtxGetCurrent(&mut ctx) }.result().ok().map(|()| ctx as usize)
@@ -250,8 +252,9 @@ impl Drop for ContextRestore {
     fn drop(&mut self) {
         let Some(saved) = self.0 else { return };
         let mut now: sys::CUcontext = std::ptr::null_mut();
-        // SAFETY: valid out-pointer; `saved` was current on this thread (or null: none was), and a context made
-        // current by anyone stays alive at least as long as the primary-context reference that made it so.
+        // SAFETY: valid out-pointer; `saved` was current on this thread when the call began (or null: none was).
+        // Should its owner have destroyed it on another thread meanwhile, the thread is left with that stale handle,
+        // as it would have been without weightlift.
         unsafe {
             if sys::cuCtxGetCurrent(&mut now).result().is_ok() && now != saved {
                 let _ = sys::cuCtxSetCurrent(saved);

@@ -214,11 +214,15 @@ impl Job {
         if lane >= self.max_lanes {
             return None;
         }
-        if self.cancelled() && !self.aborted() {
-            self.fail(IoError::Cancelled);
-        }
         let mut s = self.lock();
         if s.exhausted {
+            return None;
+        }
+        // Read under the lock while the job is not exhausted: its caller is still waiting, so the flag it lent is
+        // alive (a job failed by another thread, with no lane in it, completes and lets its caller go at once).
+        if self.cancelled() && !self.aborted() {
+            drop(s);
+            self.fail(IoError::Cancelled);
             return None;
         }
         let op = loop {

@@ -134,19 +134,33 @@ impl Lane {
     /// nothing the lane started can still write into memory their callers would free: every read pushed to the
     /// kernel has completed, every delivery recorded in a slot has ended, and each joined job's sink has finished
     /// the lane's part (`Sink::end_lane`: a device sink waits for the lane's stream, so a copy queued just before the
-    /// panic ends too). If that cannot be made sure (the kernel interface fails, or the draining panics as well),
-    /// those jobs keep waiting rather than hand back memory that may still be written.
+    /// panic ends too). If that cannot be made sure (the kernel interface fails, a sink cannot end, or the draining
+    /// panics as well), the jobs it joined keep waiting rather than hand back memory that may still be written, and
+    /// the lane's own memory is leaked; queued jobs it never joined fail either way.
     pub fn run(mut self) {
         let served = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.serve()));
-        let Err(p) = served else { return };
-        let why = format!("lane {} panicked: {}", self.id, panic_text(&*p));
-        self.pool.mark_broken(&why);
-        let drained = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.drain()));
-        if drained.unwrap_or(false) {
-            self.abandon(&IoError::Panicked(why.clone()));
-            self.pool.fail_queued(&IoError::Panicked(why));
-        }
+        let safe_to_drop = match served {
+            Ok(safe) => safe,
+            Err(p) => {
+                let why = format!("lane {} panicked: {}", self.id, panic_text(&*p));
+                self.pool.mark_broken(&why);
+                let drained = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.drain()));
+                let drained = drained.unwrap_or(false);
+                if drained {
+                    self.abandon(&IoError::Panicked(why.clone()));
+                }
+                // Jobs this lane never joined hold nothing of it: they fail either way.
+                self.pool.fail_queued(&IoError::Panicked(why));
+                drained
+            }
+        };
         self.pool.notify();
+        if !safe_to_drop {
+            // Reads may still be in flight into the staging (and the ring holds them): unmapping it would let the
+            // kernel write into whatever is mapped there next. The lane's memory is leaked instead.
+            tracing::error!("lane {}: reads still in flight after a failure; its memory is not returned", self.id);
+            std::mem::forget(self);
+        }
     }
 
     /// Waits for every read still with the kernel, every delivery recorded in a slot, and every joined job's sink
@@ -166,10 +180,11 @@ impl Lane {
             }
         }
         self.wait_deliveries();
+        let mut ended = true;
         for j in &self.joined {
-            let _ = j.job.sink().end_lane(self.id);
+            ended &= j.job.sink().end_lane(self.id).is_ok();
         }
-        true
+        ended
     }
 
     /// Waits for every delivery recorded in a slot (a device copy that may still read the staging or write the
@@ -183,7 +198,8 @@ impl Lane {
         }
     }
 
-    fn serve(&mut self) {
+    /// The lane's loop. Returns whether the lane may be dropped (false: reads may still be in flight).
+    fn serve(&mut self) -> bool {
         let mut done = Vec::new();
         loop {
             let seen = self.pool.generation();
@@ -199,10 +215,12 @@ impl Lane {
                     // of the lane can still write into their memory (`drain`); where that cannot be made sure, they
                     // keep waiting (the engine is broken: later loads fail with the reason).
                     self.pool.mark_broken(&format!("lane {}: {e}", self.id));
-                    if self.drain() {
+                    let drained = self.drain();
+                    if drained {
                         self.abandon(&e);
                     }
-                    return;
+                    self.pool.fail_queued(&e);
+                    return drained;
                 }
                 self.reaped += done.len() as u64;
                 for (user_data, result) in done.drain(..) {
@@ -221,7 +239,7 @@ impl Lane {
                 continue;
             }
             if !self.pool.idle_wait(seen) {
-                return;
+                return true;
             }
         }
     }

@@ -881,6 +881,8 @@ impl Engine {
                 write_at(&params, &req, &HostSource(data), &mut pool, None)?
             }
             RawSrc::Device { ordinal, ptr } => {
+                // The copies out and the pinning below bind the device on this (the caller's) thread.
+                let _restore = weightlift_cuda::ContextRestore::save();
                 let gpu = self.gpu(ordinal)?;
                 /// Device memory copied out chunk by chunk into (pinned) staging slots.
                 struct DeviceSource<'a> {

@@ -41,8 +41,8 @@ pub struct LoadOpts<'a> {
     pub checks: Option<&'a crate::checked::Checks>,
     /// Device loads of safetensors and GGUF checkpoints: every tensor starts at a device address that is a multiple
     /// of this (a power of two up to 256, what device allocations guarantee), as torch's allocator places tensors
-    /// (256 bytes on a GPU), where the
-    /// default places small neighbours as the file lays them out (their file offsets mod 256). Small tensors then
+    /// (256 bytes on a GPU), where the default places small neighbours as the file lays them out (their file
+    /// offsets mod 256). Small tensors then
     /// share a block only where their offsets from its first tensor are multiples of it, so a file whose tensor
     /// sizes are not multiples of it costs more allocations and copies. Packed loads and host loads ignore it.
     pub tensor_align: Option<u64>,

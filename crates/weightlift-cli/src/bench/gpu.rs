@@ -312,6 +312,7 @@ fn nvme_cases(
         Device::Cuda(n) => n,
         _ => 0,
     })?;
+    gpu.bind()?; // the raw driver calls below need the device's context current on this thread
     let stream = gpu.stream(0)?;
     let mut dest = weightlift::cuda::DeviceBuffer::alloc(&gpu, (reads * 4096) as usize, &stream)?;
     let file = std::fs::read(raw)?;
