@@ -225,40 +225,36 @@ pub fn available() -> Result<crate::driver::DriverInfo, String> {
 #[derive(Debug)]
 pub struct ContextRestore(Option<sys::CUcontext>);
 
+/// The calling thread's current context (null: none), once the driver is loaded.
+fn current() -> Option<sys::CUcontext> {
+    let mut ctx: sys::CUcontext = std::ptr::null_mut();
+    // SAFETY: `ctx` is a valid out-pointer; callers load the driver library first.
+    unsafe { sys::cuCtxGetCurrent(&mut ctx) }.result().ok().map(|()| ctx)
+}
+
 impl ContextRestore {
     /// Records the current context. Before weightlift has initialised the driver in this process it records
     /// nothing and starts nothing (a host load must not start CUDA): weightlift cannot have bound a context yet, and
     /// opening a device keeps a restore of its own.
     pub fn save() -> ContextRestore {
-        if !crate::driver::initialised() {
-            return ContextRestore(None);
-        }
-        let mut ctx: sys::CUcontext = std::ptr::null_mut();
-        // SAFETY: `ctx` is a valid out-pointer; the driver library is loaded (checked just above).
-        let saved = unsafe { sys::cuCtxGetCurrent(&mut ctx) }.result().ok().map(|()| ctx);
-        ContextRestore(saved)
+        ContextRestore(if crate::driver::initialised() { current() } else { None })
     }
 }
 
 /// The calling thread's current CUDA context as an address (0: none), or None without a driver.
 pub fn current_context() -> Option<usize> {
     crate::driver::driver().ok()?; // probes: for tests and callers who ask
-    let mut ctx: sys::CUcontext = std::ptr::null_mut();
-    // SAFETY: valid out-pointer; the driver library is loaded.
-    unsafe { sys::cuCtxGetCurrent(&mut ctx) }.result().ok().map(|()| ctx as usize)
+    current().map(|c| c as usize)
 }
 
 impl Drop for ContextRestore {
     fn drop(&mut self) {
         let Some(saved) = self.0 else { return };
-        let mut now: sys::CUcontext = std::ptr::null_mut();
-        // SAFETY: valid out-pointer; `saved` was current on this thread when the call began (or null: none was).
-        // Should its owner have destroyed it on another thread meanwhile, the thread is left with that stale handle,
-        // as it would have been without weightlift.
-        unsafe {
-            if sys::cuCtxGetCurrent(&mut now).result().is_ok() && now != saved {
-                let _ = sys::cuCtxSetCurrent(saved);
-            }
+        if current().is_some_and(|now| now != saved) {
+            // SAFETY: `saved` was current on this thread when the call began (or null: none was). Should its owner
+            // have destroyed it on another thread meanwhile, the thread is left with that stale handle, as it would
+            // have been without weightlift.
+            let _ = unsafe { sys::cuCtxSetCurrent(saved) };
         }
     }
 }
