@@ -164,7 +164,7 @@ def checksum(src: Path) -> dict:
     return {"wall_s": time.perf_counter() - t, "output": out.strip()[-300:]}
 
 
-def pack(src: Path, dst: Path, codec: str = "zstd") -> dict:
+def pack(src: Path, dst: Path, codec: str = "huffman") -> dict:
     t = time.perf_counter()
     info = wl_json("pack", src, dst, "--codec", codec)
     info["wall_s"] = time.perf_counter() - t
@@ -211,6 +211,7 @@ def main() -> None:
     ap.add_argument("--device", default="cuda:0")
     ap.add_argument("--extra", nargs="*", default=[], help="more checkpoints to pack for their ratio")
     ap.add_argument("--no-llama", action="store_true")
+    ap.add_argument("--codec", default="huffman", help="the packs' codec (weightlift pack --codec)")
     args = ap.parse_args()
     import torch
 
@@ -236,7 +237,7 @@ def main() -> None:
     src = work / "weights-bf16.safetensors"
     packed = work / "weights-bf16.wlpack"
     case("input", lambda: weights_bf16(src, parse_size(args.size), "cuda" if gpu else "cpu"))
-    case("pack", lambda: pack(src, packed))
+    case("pack", lambda: pack(src, packed, args.codec))
     raw = src.stat().st_size
     result["raw_bytes"], result["pack_bytes"] = raw, packed.stat().st_size
     if gpu:
@@ -264,18 +265,18 @@ def main() -> None:
             llama_dir.mkdir(exist_ok=True)
             result["llama"] = pack_inputs.llama(llama_dir, 1024, 8)
             ratios["llama-bf16 (save_pretrained, sharded)"] = pack(
-                llama_dir / "llama-bf16" / "model.safetensors.index.json", work / "llama-sharded.wlpack"
+                llama_dir / "llama-bf16" / "model.safetensors.index.json", work / "llama-sharded.wlpack", args.codec
             )
         except Exception as e:
             ratios["llama-bf16 (save_pretrained, sharded)"] = {"error": repr(e)}
     gguf = work / "q.gguf"
     try:
         subprocess.run([WL, "generate", gguf, "--format", "gguf", "--size", "256MiB"], check=True, capture_output=True)
-        ratios["gguf (weightlift generate)"] = pack(gguf, work / "q.wlpack")
+        ratios["gguf (weightlift generate)"] = pack(gguf, work / "q.wlpack", args.codec)
     except Exception as e:
         ratios["gguf (weightlift generate)"] = {"error": repr(e)}
     for extra in args.extra:
-        ratios[extra] = pack(Path(extra), work / (Path(extra).name + ".wlpack"))
+        ratios[extra] = pack(Path(extra), work / (Path(extra).name + ".wlpack"), args.codec)
     result["ratios"] = ratios
     c = result["cases"]
     summary = {}

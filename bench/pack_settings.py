@@ -128,6 +128,7 @@ def main() -> int:
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--dir", default=tempfile.gettempdir())
     ap.add_argument("--device", default="cuda:0", help="cpu: a smoke run of this script off the GPU machine")
+    ap.add_argument("--codec", default="huffman", help="the pack's codec (weightlift pack --codec)")
     ap.add_argument("--variant", action="append", help='space-separated NAME=VALUE settings (repeatable); "" for the defaults')
     args = ap.parse_args()
     args.outdir.mkdir(parents=True, exist_ok=True)
@@ -135,14 +136,14 @@ def main() -> int:
     plain, packed = work / "weights.safetensors", work / "weights.wlpack"
     try:
         plb.weights_bf16(plain, plb.parse_size(args.size), args.device)
-        packing = plb.pack(plain, packed)
+        packing = plb.pack(plain, packed, args.codec)
         plb.checksum(plain)  # the manifest verify=True checks against
         raw = sum(t["data_offsets"][1] - t["data_offsets"][0] for k, t in _header(plain).items() if k != "__metadata__")
         for p in (plain, packed):  # into the page cache
             with open(p, "rb") as f:
                 while f.read(64 << 20):
                     pass
-        result = {"size": args.size, "raw_bytes": raw, "pack": packing, "runs": args.runs,
+        result = {"size": args.size, "codec": args.codec, "raw_bytes": raw, "pack": packing, "runs": args.runs,
                   "device": args.device, "variants": {},
                   "pinned_ceiling_gbps": plb.pinned_ceiling(args.device) if args.device.startswith("cuda") else None}
         for variant in args.variant if args.variant is not None else VARIANTS:

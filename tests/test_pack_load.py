@@ -1,7 +1,8 @@
 """Packed checkpoints (`weightlift pack`) through every Python front: `load_file`, `safe_open` (`get_tensor` in any
 order, `get_slice`), `load_into`; every tensor equal in dtype, shape and bytes to what the `safetensors` package
 reads from the original file written by `safetensors.torch.save_file`. A damaged pack raises ChecksumError or
-FormatError naming what is wrong. On cuda:0 both decoders run (the GPU's where nvCOMP and NVRTC load)."""
+FormatError naming what is wrong. On cuda:0 both decoders run (the GPU's where NVRTC loads, and nvCOMP for its
+codecs)."""
 
 from __future__ import annotations
 
@@ -50,14 +51,24 @@ def packed(tmp_path_factory, wl):
     src = d / "model.safetensors"
     st.save_file(tensors, str(src), metadata={"format": "pt", "note": "packed"})
     out = {"src": src}
-    for codec in ("zstd", "lz4", "deflate", "raw"):
+    for codec in ("huffman", "zstd", "lz4", "deflate", "raw"):
         out[codec] = d / f"model.{codec}.wlpack"
         wl.run("pack", src, out[codec], "--codec", codec)
+    out["default"] = d / "model.wlpack"
+    wl.run("pack", src, out["default"])
     return out
 
 
+def test_packs_use_huffman_by_default(packed, wl):
+    """The default codec is weightlift's Huffman stream (decoded on the GPU by its own kernel); planes that do not
+    shrink are stored raw; the default pack is the --codec huffman pack, byte for byte."""
+    info = wl.json("inspect", packed["default"], "--json")
+    assert set(info["streams"]) <= {"huffman", "raw"} and info["streams"].get("huffman", 0) > 0, info["streams"]
+    assert packed["default"].read_bytes() == packed["huffman"].read_bytes()
+
+
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("codec", ["zstd", "lz4", "deflate", "raw"])
+@pytest.mark.parametrize("codec", ["huffman", "zstd", "lz4", "deflate", "raw"])
 def test_load_file_of_a_pack_equals_the_original(packed, device, codec):
     ref = st.load_file(str(packed["src"]), device=device)
     got = weightlift.load_file(packed[codec], device)
@@ -66,7 +77,7 @@ def test_load_file_of_a_pack_equals_the_original(packed, device, codec):
     assert report["pack"]["raw_bytes"] == sum(t.numel() * t.element_size() for t in ref.values())
     if device == "cpu":
         assert report["pack"]["decoder"] == "cpu"
-    if codec == "zstd":
+    if codec in ("zstd", "huffman"):
         assert report["pack"]["stored_bytes"] < report["pack"]["raw_bytes"]
     # verify=True: a pack's chunks are all checked as they decode.
     assert_same(weightlift.load_file(packed[codec], device, verify=True), ref, device)
@@ -132,14 +143,17 @@ def test_a_damaged_pack_names_tensor_and_chunk(packed, tmp_path, device):
     with pytest.raises(weightlift.ChecksumError, match="chunk 0") as e:
         weightlift.load_file(bad, device)
     assert name in str(e.value) and "bad.wlpack" in str(e.value)
-    # In a zstd pack the damaged stream may fail to decode instead: FormatError or ChecksumError, naming the tensor.
-    name, offset, stored = _first_stream(packed["zstd"])
-    data = bytearray(packed["zstd"].read_bytes())
-    data[offset + stored // 2] ^= 0x10
-    bad.write_bytes(bytes(data))
-    with pytest.raises((weightlift.ChecksumError, weightlift.FormatError), match="chunk 0") as e:
-        weightlift.load_file(bad, device)
-    assert name in str(e.value)
+    # In a compressed pack the damaged stream may fail to decode instead: FormatError or ChecksumError, naming the
+    # tensor.
+    for codec in ("zstd", "huffman"):
+        name, offset, stored = _first_stream(packed[codec])
+        for at in (offset + stored // 2, offset):  # the middle of the stream; a Huffman stream's header
+            data = bytearray(packed[codec].read_bytes())
+            data[at] ^= 0x10
+            bad.write_bytes(bytes(data))
+            with pytest.raises((weightlift.ChecksumError, weightlift.FormatError), match="chunk 0") as e:
+                weightlift.load_file(bad, device)
+            assert name in str(e.value)
     cut = tmp_path / "cut.wlpack"
     cut.write_bytes(packed["zstd"].read_bytes()[:-7])
     with pytest.raises(weightlift.FormatError, match="cut.wlpack"):
@@ -149,14 +163,19 @@ def test_a_damaged_pack_names_tensor_and_chunk(packed, tmp_path, device):
 
 
 @pytest.mark.skipif(not GPU, reason="needs a GPU")
-def test_both_decoders_agree_on_the_gpu(packed, wl):
+@pytest.mark.parametrize("codec", ["huffman", "zstd"])
+def test_both_decoders_agree_on_the_gpu(packed, wl, codec):
     ref = st.load_file(str(packed["src"]), device="cuda:0")
-    got = weightlift.load_file(packed["zstd"], "cuda:0")
+    got = weightlift.load_file(packed[codec], "cuda:0")
     assert_same(got, ref, "cuda:0")
-    decoder = weightlift.last_report()["pack"]["decoder"]
-    cpu = wl.json("load", packed["zstd"], "--device", "cuda:0", "--decoder", "cpu", "--json", "--no-ceiling")
+    report = weightlift.last_report()["pack"]
+    decoder = report["decoder"]
+    if codec == "huffman":
+        # weightlift's own kernel: nvCOMP is not needed.
+        assert decoder == "gpu" and "no nvCOMP codec" in report["decoder_reason"], report
+    cpu = wl.json("load", packed[codec], "--device", "cuda:0", "--decoder", "cpu", "--json", "--no-ceiling")
     assert cpu["pack"]["decoder"] == "cpu"
-    auto = wl.json("load", packed["zstd"], "--device", "cuda:0", "--json", "--no-ceiling")
+    auto = wl.json("load", packed[codec], "--device", "cuda:0", "--json", "--no-ceiling")
     assert auto["pack"]["decoder"] == decoder, auto["pack"]
 
 

@@ -18,10 +18,12 @@ pub struct PackArgs {
     pub input: PathBuf,
     /// The pack to write (conventionally NAME.wlpack).
     pub out: PathBuf,
-    /// Codec for the planes that shrink with it (raw, zstd, lz4, deflate); the others are stored raw.
-    #[arg(long, default_value = "zstd", value_parser = parse_codec)]
+    /// Codec for the planes that shrink with it (huffman, zstd, lz4, deflate, raw); the others are stored raw.
+    /// huffman decodes on the GPU with weightlift's own kernel (no nvCOMP needed) far faster than the link; zstd
+    /// shrinks repetitive data further but nvCOMP decodes it at about the link's speed.
+    #[arg(long, default_value = "huffman", value_parser = parse_codec)]
     pub codec: Codec,
-    /// Compression level (zstd 1-22; deflate 1-9).
+    /// Compression level (zstd 1-22; deflate 1-9; huffman and lz4 have one).
     #[arg(long, default_value_t = 3)]
     pub level: i32,
     /// Bytes per plane per chunk (64KiB suits nvCOMP's batched GPU decoders).
@@ -64,7 +66,7 @@ pub struct ChecksumArgs {
 }
 
 fn parse_codec(s: &str) -> Result<Codec, String> {
-    Codec::parse(s).ok_or_else(|| format!("unknown codec {s:?} (raw, zstd, lz4, deflate)"))
+    Codec::parse(s).ok_or_else(|| format!("unknown codec {s:?} (huffman, zstd, lz4, deflate, raw)"))
 }
 
 fn bar(what: &str) -> ProgressBar {

@@ -220,3 +220,123 @@ extern "C" __global__ void wl_xxh3_final(const HashJob* jobs, u32 n_jobs, const 
         out[j] = wl_avalanche(r);
     }
 }
+
+// Huffman streams (weightlift_pack::huffman, where the layout is described): one block per stream, one thread per
+// segment of 2^S decoded bytes. Codes are matched one bit at a time against the canonical code's first code of
+// each length (the counts stay in registers; no table to build per stream). Statuses: 0 decoded; 1 the header is
+// malformed; 2 a segment's end is out of order or place; 3 bits that start no code; 4 a segment needs more bits
+// than it holds. The stream's bytes are only read inside [in, in + in_len), the output only written inside
+// [out, out + out_len), whatever the stream says.
+#define WL_HUFF_MAX_LEN 11
+
+__device__ __forceinline__ u32 wl_huff_word(const u8* p, bool aligned) {
+    return aligned ? *(const u32*)p : wl_ld32(p);
+}
+
+__device__ u32 wl_huff_segments(const u8* in, u64 in_len, u8* out, u64 out_len, u32 first_seg, u32 step) {
+    if (in_len < 4) return 1;
+    u32 L = in[0], S = in[1];
+    if (L > WL_HUFF_MAX_LEN || S < 6 || S > 16) return 1;
+    u64 seg = 1ull << S;
+    u64 nseg = (out_len + seg - 1) >> S;
+    bool out_aligned = (((u64)out) & 3) == 0;
+    if (L == 0) {
+        if (in_len != 4) return 1;
+        u8 sym = in[2];
+        u32 word = (u32)sym * 0x01010101u;
+        for (u64 s = first_seg; s < nseg; s += step) {
+            u64 i = s << S, b = i + seg < out_len ? i + seg : out_len;
+            if (out_aligned)
+                for (; i + 4 <= b; i += 4) *(u32*)(out + i) = word;
+            for (; i < b; ++i) out[i] = sym;
+        }
+        return 0;
+    }
+    int cnt[WL_HUFF_MAX_LEN + 1];
+    int left = 1, total = 0;
+    u64 at = 2;
+#pragma unroll
+    for (int l = 1; l <= WL_HUFF_MAX_LEN; ++l) {
+        cnt[l] = 0;
+        if ((u32)l <= L) {
+            if (at + 2 > in_len) return 1;
+            cnt[l] = (int)in[at] | ((int)in[at + 1] << 8);
+            at += 2;
+            left = 2 * left - cnt[l];
+            if (left < 0) return 1;
+            total += cnt[l];
+        }
+    }
+    if (total == 0 || total > 256 || at + total > in_len) return 1;
+    const u8* syms = in + at;
+    u64 ends_at = (at + total + 3) & ~3ull;
+    if (nseg > in_len / 4 || ends_at + 4 * nseg > in_len) return 1;
+    const u8* bits = in + ends_at + 4 * nseg;
+    u64 bits_len = in_len - (ends_at + 4 * nseg);
+    bool in_aligned = (((u64)bits) & 3) == 0;
+    for (u64 s = first_seg; s < nseg; s += step) {
+        u64 start = s == 0 ? 0 : wl_ld32(in + ends_at + 4 * (s - 1));
+        u64 end = wl_ld32(in + ends_at + 4 * s);
+        if (start > end || end > bits_len || (start & 3) != 0 || (end & 3) != 0) return 2;
+        if (s + 1 == nseg && end != bits_len) return 2;
+        const u8* w = bits + start;
+        const u8* w_end = bits + end;
+        u64 buf = 0, used = 0;
+        u32 have = 0;
+        u64 i = s << S, b = i + seg < out_len ? i + seg : out_len;
+        u32 acc = 0;
+        for (; i < b; ++i) {
+            if (have < 32) {
+                u64 v = 0;
+                if (w < w_end) {
+                    v = wl_huff_word(w, in_aligned);
+                    w += 4;
+                }
+                buf |= v << have;
+                have += 32;
+            }
+            int code = 0, first = 0, index = 0, len = 0;
+#pragma unroll
+            for (int l = 1; l <= WL_HUFF_MAX_LEN; ++l) {
+                code |= (int)(buf & 1);
+                buf >>= 1;
+                int c = cnt[l];
+                if (code - c < first) {
+                    len = l;
+                    break;
+                }
+                index += c;
+                first += c;
+                first <<= 1;
+                code <<= 1;
+            }
+            if (len == 0) return 3;
+            have -= (u32)len;
+            used += (u64)len;
+            u8 sym = syms[index + (code - first)];
+            if (out_aligned) {
+                acc |= (u32)sym << (8 * (i & 3));
+                if ((i & 3) == 3) {
+                    *(u32*)(out + i - 3) = acc;
+                    acc = 0;
+                }
+            } else {
+                out[i] = sym;
+            }
+        }
+        if (out_aligned)
+            for (u64 k = b & ~3ull; k < b; ++k) out[k] = (u8)(acc >> (8 * (k & 3)));
+        if (used > 8 * (end - start)) return 4;
+    }
+    return 0;
+}
+
+extern "C" __global__ void wl_huff_decode(const u64* in_ptrs, const u64* in_sizes, const u64* out_ptrs,
+                                          const u64* out_lens, u64* out_sizes, u32* statuses, u32 n) {
+    for (u32 j = blockIdx.x; j < n; j += gridDim.x) {
+        if (threadIdx.x == 0) out_sizes[j] = out_lens[j];
+        u32 st = wl_huff_segments((const u8*)in_ptrs[j], in_sizes[j], (u8*)out_ptrs[j], out_lens[j], threadIdx.x,
+                                  blockDim.x);
+        if (st != 0) statuses[j] = st;
+    }
+}

@@ -1,11 +1,11 @@
-//! Decoding packed chunks on the GPU, stream-ordered: nvCOMP's batched decoders turn compressed planes (already in
-//! device memory) into a scratch buffer, `wl_merge` interleaves the planes into each chunk's destination, and the
+//! Decoding packed chunks on the GPU, stream-ordered: weightlift's Huffman kernel (`wl_huff_decode`) and nvCOMP's
+//! batched decoders turn compressed planes (already in device memory) into a scratch buffer, `wl_merge` interleaves the planes into each chunk's destination, and the
 //! xxh3 kernels hash every destination range; the statuses, decoded sizes and hashes come back to pinned host
 //! memory, checked by [`PendingBatch::wait`]. The same hashing checks plain tensors against a checksum manifest
 //! ([`GpuUnpacker::hash_batch`]).
 //!
 //! One [`GpuUnpacker`] per CUDA stream: its scratch buffers are reused batch after batch, which stream order makes
-//! safe. Kernels are compiled by NVRTC on first use; nvCOMP is loaded only when a batch holds compressed streams.
+//! safe. Kernels are compiled by NVRTC on first use; nvCOMP is loaded only when a batch holds streams of its codecs.
 
 use std::sync::Arc;
 
@@ -19,13 +19,42 @@ use crate::nvcomp::{NvCodec, Nvcomp};
 /// The kernels' CUDA source (plain enough for a host C++ compiler too; see the tests).
 pub const KERNEL_SOURCE: &str = include_str!("pack_kernels.cu");
 
+/// Which decoder reads a compressed stream on the GPU.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GpuCodec {
+    /// One of nvCOMP's batched decoders.
+    Nvcomp(NvCodec),
+    /// weightlift's Huffman streams (`weightlift_pack::huffman`), decoded by `wl_huff_decode`.
+    Huffman,
+}
+
+impl GpuCodec {
+    pub fn name(self) -> &'static str {
+        match self {
+            GpuCodec::Nvcomp(c) => c.name(),
+            GpuCodec::Huffman => "huffman",
+        }
+    }
+}
+
+/// What a status of `wl_huff_decode` means.
+pub fn huffman_status(status: i32) -> &'static str {
+    match status {
+        1 => "malformed header",
+        2 => "a segment's end is out of order or past the stream",
+        3 => "bits that start no code",
+        4 => "a segment needs more bits than it holds",
+        _ => "unknown status",
+    }
+}
+
 /// Where one stored stream (one plane of one chunk) sits in device memory.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct StreamSrc {
     pub ptr: sys::CUdeviceptr,
     pub stored_len: u64,
     /// `None`: stored raw (the plane's bytes as they are).
-    pub codec: Option<NvCodec>,
+    pub codec: Option<GpuCodec>,
 }
 
 /// One chunk to decode: its streams (`planes` entries of the batch's stream list from `first_stream`), where its
@@ -42,7 +71,7 @@ pub struct ChunkJob {
 /// Why a decoded batch is not what it should be; `chunk` indexes the batch's chunk list.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum BatchError {
-    #[error("chunk {chunk}, plane {plane}: nvCOMP {codec} reported status {status} ({what})")]
+    #[error("chunk {chunk}, plane {plane}: the {codec} decoder reported status {status} ({what})")]
     Decode { chunk: usize, plane: u32, codec: &'static str, status: i32, what: String },
     #[error("chunk {chunk}, plane {plane}: decoded {actual} bytes, expected {expected}")]
     Size { chunk: usize, plane: u32, actual: u64, expected: u64 },
@@ -64,6 +93,8 @@ pub enum UnpackError {
 }
 
 const THREADS: u32 = 256;
+/// Threads per Huffman stream: one per segment of a 64 KiB plane (1 KiB segments).
+const HUFFMAN_THREADS: u32 = 64;
 
 fn config(grid: u32) -> LaunchConfig {
     LaunchConfig { grid_dim: (grid.clamp(1, 65535), 1, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: 0 }
@@ -95,6 +126,7 @@ impl Grow {
 }
 
 struct Kernels {
+    huffman: CudaFunction,
     merge: CudaFunction,
     blocks: CudaFunction,
     lanes: CudaFunction,
@@ -138,6 +170,7 @@ impl GpuUnpacker {
             .map_err(|e| UnpackError::Setup(format!("loading the unpack kernels: {e}")))?;
         let f = |name: &str| module.load_function(name).map_err(|e| UnpackError::Setup(format!("kernel {name}: {e}")));
         let kernels = Kernels {
+            huffman: f("wl_huff_decode")?,
             merge: f("wl_merge")?,
             blocks: f("wl_xxh3_blocks")?,
             lanes: f("wl_xxh3_lanes")?,
@@ -197,13 +230,20 @@ impl GpuUnpacker {
     ) -> Result<PendingBatch, UnpackError> {
         let plan = Plan::new(chunks, streams)?;
         self.gpu.bind()?;
-        let nv = if plan.groups.is_empty() { None } else { Some(self.nvcomp()?) };
+        let nv = if plan.groups.iter().any(|g| matches!(g.codec, GpuCodec::Nvcomp(_))) {
+            Some(self.nvcomp()?)
+        } else {
+            None
+        };
         let scratch = self.scratch.at_least(&self.gpu, &self.stream, plan.scratch_bytes.max(1) as usize)?;
         let mut temp_bytes = 0usize;
         if let Some(nv) = &nv {
             for g in &plan.groups {
-                let t = nv.decompress_temp_bytes(g.codec, g.streams.len(), g.max_out as usize, g.total_out as usize)?;
-                temp_bytes = temp_bytes.max(t);
+                if let GpuCodec::Nvcomp(codec) = g.codec {
+                    let t =
+                        nv.decompress_temp_bytes(codec, g.streams.len(), g.max_out as usize, g.total_out as usize)?;
+                    temp_bytes = temp_bytes.max(t);
+                }
             }
         }
         let temp = self.temp.at_least(&self.gpu, &self.stream, temp_bytes.max(1))?;
@@ -217,26 +257,32 @@ impl GpuUnpacker {
         unsafe { sys::cuMemcpyHtoDAsync_v2(desc, desc_host.as_ptr().cast(), desc_host.len(), s) }
             .result()
             .map_err(CudaError::driver(self.gpu.ordinal(), "cuMemcpyHtoDAsync"))?;
-        if let Some(nv) = &nv {
-            for (g, at) in plan.groups.iter().zip(&layout.groups) {
-                // SAFETY: the descriptor arrays were just copied to `desc` at these offsets; outputs are scratch
-                // ranges aligned to 256 bytes; results has room for every status and size; per the caller's
-                // contract the inputs hold the stored bytes.
-                unsafe {
-                    nv.decompress_async(
-                        g.codec,
-                        g.streams.len(),
-                        desc + at.in_ptrs,
-                        desc + at.in_sizes,
-                        desc + at.out_caps,
-                        results + at.out_sizes,
-                        temp,
-                        temp_bytes,
-                        desc + at.out_ptrs,
-                        results + at.statuses,
-                        s,
-                    )?;
+        for (g, at) in plan.groups.iter().zip(&layout.groups) {
+            let (codec, nv) = match (g.codec, &nv) {
+                (GpuCodec::Huffman, _) => {
+                    self.launch_huffman(g.streams.len() as u32, desc, at, results)?;
+                    continue;
                 }
+                (GpuCodec::Nvcomp(codec), Some(nv)) => (codec, nv),
+                (GpuCodec::Nvcomp(_), None) => return Err(UnpackError::Setup("nvCOMP was not loaded".into())),
+            };
+            // SAFETY: the descriptor arrays were just copied to `desc` at these offsets; outputs are scratch ranges
+            // aligned to 256 bytes; results has room for every status and size; per the caller's contract the
+            // inputs hold the stored bytes.
+            unsafe {
+                nv.decompress_async(
+                    codec,
+                    g.streams.len(),
+                    desc + at.in_ptrs,
+                    desc + at.in_sizes,
+                    desc + at.out_caps,
+                    results + at.out_sizes,
+                    temp,
+                    temp_bytes,
+                    desc + at.out_ptrs,
+                    results + at.statuses,
+                    s,
+                )?;
             }
         }
         self.launch_merge(desc + layout.merge_jobs, desc + layout.merge_srcs, chunks.len() as u32)?;
@@ -266,6 +312,34 @@ impl GpuUnpacker {
             .map_err(CudaError::driver(self.gpu.ordinal(), "cuMemcpyHtoDAsync"))?;
         self.launch_hash(desc + layout.hash_jobs, chunks.len() as u32, sums, results + layout.hashes)?;
         self.finish(plan, layout, desc_host, results)
+    }
+
+    /// Zeroes the group's statuses, then one block of [`HUFFMAN_THREADS`] threads per stream decodes it (a thread
+    /// per 1 KiB segment: a 64 KiB plane's 64 segments at once).
+    fn launch_huffman(&self, n: u32, desc: u64, at: &GroupLayout, results: u64) -> Result<(), UnpackError> {
+        if n == 0 {
+            return Ok(());
+        }
+        let s = self.stream.cu_stream();
+        // SAFETY: `results` has room for the group's `n` statuses at this offset (`Plan::descriptors`).
+        unsafe { sys::cuMemsetD32Async(results + at.statuses, 0, n as usize, s) }
+            .result()
+            .map_err(CudaError::driver(self.gpu.ordinal(), "cuMemsetD32Async"))?;
+        let (in_ptrs, in_sizes, out_ptrs, out_lens) =
+            (desc + at.in_ptrs, desc + at.in_sizes, desc + at.out_ptrs, desc + at.out_caps);
+        let (sizes, statuses) = (results + at.out_sizes, results + at.statuses);
+        let mut b = self.stream.launch_builder(&self.kernels.huffman);
+        b.arg(&in_ptrs).arg(&in_sizes).arg(&out_ptrs).arg(&out_lens).arg(&sizes).arg(&statuses).arg(&n);
+        let cfg = LaunchConfig {
+            grid_dim: (n.clamp(1, 65535), 1, 1),
+            block_dim: (HUFFMAN_THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: matches `wl_huff_decode(const u64*, const u64*, const u64*, const u64*, u64*, u32*, u32)`; the
+        // four descriptor arrays hold `n` words each (copied to `desc` on this stream before), the results buffer
+        // has `n` sizes and statuses at these offsets, and the kernel reads and writes only inside each stream's
+        // given input and output ranges (scratch, or the caller's stored bytes).
+        unsafe { b.launch(cfg) }.map(|_| ()).map_err(launch_failed("wl_huff_decode"))
     }
 
     fn launch_merge(&self, jobs: u64, srcs: u64, n: u32) -> Result<(), UnpackError> {
@@ -367,7 +441,7 @@ fn word(bytes: &[u8], at: usize) -> u64 {
 }
 
 impl PendingBatch {
-    /// Waits for the batch and checks every nvCOMP status, decoded size and checksum; the first failure is the
+    /// Waits for the batch and checks every decoder's status, decoded size and checksum; the first failure is the
     /// error.
     pub fn wait(&self) -> Result<(), UnpackError> {
         self.event.synchronize().map_err(|e| UnpackError::Setup(format!("waiting for a batch: {e}")))?;
@@ -376,7 +450,10 @@ impl PendingBatch {
             for (k, &(chunk, plane, expected)) in g.streams.iter().enumerate() {
                 let status = word(host, (at.statuses + 4 * k as u64) as usize) as u32 as i32;
                 if status != 0 {
-                    let what = crate::nvcomp::nvcomp().map(|n| n.describe(status)).unwrap_or_default();
+                    let what = match g.codec {
+                        GpuCodec::Huffman => huffman_status(status).to_string(),
+                        GpuCodec::Nvcomp(_) => crate::nvcomp::nvcomp().map(|n| n.describe(status)).unwrap_or_default(),
+                    };
                     return Err(BatchError::Decode { chunk, plane, codec: g.codec.name(), status, what }.into());
                 }
                 let actual = word(host, (at.out_sizes + 8 * k as u64) as usize);
@@ -415,9 +492,9 @@ impl Drop for PendingBatch {
     }
 }
 
-/// The nvCOMP streams of one codec in a batch: `(chunk, plane, plane length)` each, with their sources.
+/// The compressed streams of one codec in a batch: `(chunk, plane, plane length)` each, with their sources.
 struct Group {
-    codec: NvCodec,
+    codec: GpuCodec,
     streams: Vec<(usize, u32, u64)>,
     srcs: Vec<(u64, u64)>,
     outs: Vec<u64>,

@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use cudarc::driver::{CudaStream, sys};
 use weightlift_cuda::nvcomp::NvCodec;
-use weightlift_cuda::unpack::{BatchError, ChunkJob, GpuUnpacker, StreamSrc, UnpackError};
+use weightlift_cuda::unpack::{BatchError, ChunkJob, GpuCodec, GpuUnpacker, StreamSrc, UnpackError};
 use weightlift_cuda::{DeviceBuffer, Gpu};
 use weightlift_format::synth;
 use weightlift_pack::{Codec, Level};
@@ -38,17 +38,18 @@ fn upload(gpu: &Gpu, stream: &Arc<CudaStream>, bytes: &[u8]) -> DeviceBuffer {
     buf
 }
 
-fn nv(codec: Codec) -> Option<NvCodec> {
+fn gpu_codec(codec: Codec) -> Option<GpuCodec> {
     match codec {
         Codec::Raw => None,
-        Codec::Zstd => Some(NvCodec::Zstd),
-        Codec::Lz4 => Some(NvCodec::Lz4),
-        Codec::Deflate => Some(NvCodec::Deflate),
+        Codec::Huffman => Some(GpuCodec::Huffman),
+        Codec::Zstd => Some(GpuCodec::Nvcomp(NvCodec::Zstd)),
+        Codec::Lz4 => Some(GpuCodec::Nvcomp(NvCodec::Lz4)),
+        Codec::Deflate => Some(GpuCodec::Nvcomp(NvCodec::Deflate)),
     }
 }
 
 /// A stored blob, its streams `(offset, stored length, codec)`, its chunks `(first stream, raw offset, checksum)`.
-type Encoded = (Vec<u8>, Vec<(usize, u64, Option<NvCodec>)>, Vec<(usize, usize, u64)>);
+type Encoded = (Vec<u8>, Vec<(usize, u64, Option<GpuCodec>)>, Vec<(usize, usize, u64)>);
 
 /// Chunks of `raw` (2 planes each), each plane compressed with `codec` on the CPU, as one stored blob.
 fn encode(raw: &[u8], chunk: usize, codec: Codec) -> Encoded {
@@ -61,7 +62,7 @@ fn encode(raw: &[u8], chunk: usize, codec: Codec) -> Encoded {
         for plane in [a, b] {
             let stored = weightlift_pack::compress(codec, Level(3), &plane).unwrap();
             blob.resize(blob.len().next_multiple_of(16), 0);
-            streams.push((blob.len(), stored.len() as u64, nv(codec)));
+            streams.push((blob.len(), stored.len() as u64, gpu_codec(codec)));
             blob.extend_from_slice(&stored);
         }
         chunks.push((first, i * chunk, weightlift_pack::checksum(c)));
@@ -71,7 +72,7 @@ fn encode(raw: &[u8], chunk: usize, codec: Codec) -> Encoded {
 
 /// The decode batch for `encode`'s streams uploaded at `src` and chunks landing at `dst` (two byte planes each).
 fn batch_of(
-    streams: &[(usize, u64, Option<NvCodec>)],
+    streams: &[(usize, u64, Option<GpuCodec>)],
     chunks: &[(usize, usize, u64)],
     src: u64,
     dst: u64,
@@ -106,10 +107,13 @@ fn gpu_decode_matches_the_cpu_decoder_and_catches_a_corrupt_chunk() {
         let (mut blob, streams, chunks) = encode(&raw, chunk, codec);
         for corrupt in [false, true] {
             if corrupt {
-                // A raw stream decodes whatever it holds: only the checksum can catch the flipped byte.
-                let (at, _, _) = streams[2 * 3];
-                blob[at + 5] ^= 0x20;
-                if codec != Codec::Raw {
+                // A raw stream decodes whatever it holds: only the checksum can catch the flipped byte. A Huffman
+                // stream's flipped bit in its bits decodes to other bytes or fails to decode: either is an error
+                // naming chunk 3.
+                let (at, len, _) = streams[2 * 3];
+                let flip = if codec == Codec::Huffman { at + len as usize - 9 } else { at + 5 };
+                blob[flip] ^= 0x20;
+                if !matches!(codec, Codec::Raw | Codec::Huffman) {
                     continue;
                 }
             }
@@ -123,6 +127,11 @@ fn gpu_decode_matches_the_cpu_decoder_and_catches_a_corrupt_chunk() {
             if corrupt {
                 match result {
                     Err(UnpackError::Batch(BatchError::Checksum { chunk, .. })) => assert_eq!(chunk, 3),
+                    Err(UnpackError::Batch(BatchError::Decode { chunk, codec: "huffman", .. }))
+                        if codec == Codec::Huffman =>
+                    {
+                        assert_eq!(chunk, 3)
+                    }
                     other => panic!("{codec:?}: expected a checksum error on chunk 3, got {other:?}"),
                 }
                 continue;
@@ -133,6 +142,49 @@ fn gpu_decode_matches_the_cpu_decoder_and_catches_a_corrupt_chunk() {
             assert!(back[3..] == raw[..], "{codec:?}: GPU decode differs from the original bytes");
             unpacker.recycle(batch);
         }
+    }
+}
+
+/// Huffman streams decode on the GPU without nvCOMP; a malformed header or segment table is a decode error naming
+/// the chunk and plane, and the unpacker decodes the next batch right.
+#[test]
+fn huffman_streams_decode_without_nvcomp_and_hostile_ones_are_errors() {
+    let Some((gpu, stream)) = ready("huffman_streams_decode_without_nvcomp_and_hostile_ones_are_errors", false) else {
+        return;
+    };
+    let raw = synth::bf16_weights(300_000, 5);
+    let chunk = 128 << 10;
+    let (good, streams, chunks) = encode(&raw, chunk, Codec::Huffman);
+    assert!(streams.iter().any(|s| s.2 == Some(GpuCodec::Huffman)));
+    let mut unpacker = GpuUnpacker::new(&gpu, stream.clone()).unwrap();
+    // Chunk 1's exponent plane (stream 3): its code lengths, its segment shift, a segment end, the last end.
+    let (at, len, _) = streams[3];
+    let mid = at + len as usize / 2;
+    let hostile: [(usize, u8); 4] = [(at, 12), (at + 1, 2), (mid, !good[mid]), (at + 2, 0xff)];
+    for flip in hostile.into_iter().map(Some).chain([None]) {
+        let mut blob = good.clone();
+        if let Some((i, v)) = flip {
+            blob[i] = v;
+        }
+        let src = upload(&gpu, &stream, &blob);
+        let dst = DeviceBuffer::alloc(&gpu, raw.len(), &stream).unwrap();
+        let (srcs, jobs) = batch_of(&streams, &chunks, src.device_ptr(), dst.device_ptr(), chunk, raw.len());
+        // SAFETY: sources and destinations are live device buffers of the sizes described; the batch is waited.
+        let batch = unsafe { unpacker.decode_batch(&jobs, &srcs) }.unwrap();
+        match (flip, batch.wait()) {
+            (None, r) => {
+                r.unwrap();
+                let mut back = vec![0u8; raw.len()];
+                dst.read_back(0, &mut back).unwrap();
+                assert!(back == raw, "GPU Huffman decode differs from the original bytes");
+            }
+            (Some(_), Err(UnpackError::Batch(BatchError::Decode { chunk, plane, codec, .. }))) => {
+                assert_eq!((chunk, plane, codec), (1, 1, "huffman"));
+            }
+            (Some(_), Err(UnpackError::Batch(BatchError::Checksum { chunk, .. }))) => assert_eq!(chunk, 1),
+            (Some(f), other) => panic!("{f:?}: expected an error on chunk 1, got {other:?}"),
+        }
+        unpacker.recycle(batch);
     }
 }
 

@@ -1,7 +1,7 @@
 //! `.wlpack`: a checkpoint whose tensors are split into byte planes and compressed chunk by chunk, so that the
-//! compressed bytes can be streamed to a GPU and decompressed there (nvCOMP's batched decoders read the same
-//! standard zstd, LZ4 and raw-deflate streams the CPU codecs write), and which gives back the original files byte for
-//! byte.
+//! compressed bytes can be streamed to a GPU and decompressed there (weightlift's own kernel reads its Huffman
+//! streams; nvCOMP's batched decoders read the same standard zstd, LZ4 and raw-deflate streams the CPU codecs write),
+//! and which gives back the original files byte for byte.
 //!
 //! ```text
 //! 0        magic "WLPACK\0\x01" | u64 LE header length | u64 LE tables length | u64 LE xxh3-64 of (header ‖ tables)
@@ -59,10 +59,14 @@ pub enum Codec {
     Lz4,
     /// Raw deflate (RFC 1951), no zlib or gzip wrapper.
     Deflate,
+    /// weightlift's canonical Huffman stream (`weightlift_pack::huffman`): byte symbols, codes of at most 11 bits,
+    /// the plane cut into independent 1 KiB segments so that a GPU decodes them in parallel with no library
+    /// (weightlift's own kernel, not nvCOMP).
+    Huffman,
 }
 
 impl Codec {
-    pub const ALL: [Codec; 4] = [Codec::Raw, Codec::Zstd, Codec::Lz4, Codec::Deflate];
+    pub const ALL: [Codec; 5] = [Codec::Raw, Codec::Zstd, Codec::Lz4, Codec::Deflate, Codec::Huffman];
 
     pub fn id(self) -> u8 {
         match self {
@@ -70,6 +74,7 @@ impl Codec {
             Codec::Zstd => 1,
             Codec::Lz4 => 2,
             Codec::Deflate => 3,
+            Codec::Huffman => 4,
         }
     }
 
@@ -83,7 +88,13 @@ impl Codec {
             Codec::Zstd => "zstd",
             Codec::Lz4 => "lz4",
             Codec::Deflate => "deflate",
+            Codec::Huffman => "huffman",
         }
+    }
+
+    /// Whether the GPU decodes this codec with nvCOMP (the others: stored raw, or weightlift's own kernel).
+    pub fn needs_nvcomp(self) -> bool {
+        matches!(self, Codec::Zstd | Codec::Lz4 | Codec::Deflate)
     }
 
     pub fn parse(name: &str) -> Option<Codec> {

@@ -31,7 +31,13 @@ pub struct PackOptions {
 
 impl Default for PackOptions {
     fn default() -> PackOptions {
-        PackOptions { codec: Codec::Zstd, level: Level::default(), plane_chunk: 64 << 10, max_ratio: 0.95, threads: 0 }
+        PackOptions {
+            codec: Codec::Huffman,
+            level: Level::default(),
+            plane_chunk: 64 << 10,
+            max_ratio: 0.95,
+            threads: 0,
+        }
     }
 }
 

@@ -1,7 +1,7 @@
 //! weightlift packs (`.wlpack`, laid out in [`weightlift_format::pack`]): a checkpoint whose tensors are split into
 //! byte planes (the exponent bytes of bf16/f16/f32 weights together, the mantissa bytes apart) and compressed chunk
-//! by chunk with codecs that nvCOMP's batched GPU decoders read (zstd, LZ4, raw deflate), each chunk checked with
-//! xxh3-64 after decoding.
+//! by chunk with codecs a GPU decodes (weightlift's segmented Huffman by default, decoded by its own kernel; zstd,
+//! LZ4, raw deflate through nvCOMP's batched decoders), each chunk checked with xxh3-64 after decoding.
 //!
 //! - [`pack`]: the multithreaded CPU encoder (safetensors, sharded safetensors, GGUF in),
 //! - [`Pack`], [`unpack`], [`verify`]: the CPU decoder, one chunk at a time or a whole pack back into its original
@@ -13,6 +13,7 @@ mod codec;
 mod decode;
 mod encode;
 mod error;
+pub mod huffman;
 pub mod manifest;
 pub mod planes;
 

@@ -7,10 +7,11 @@
 //! into the destination tensors as soon as it has landed:
 //!
 //! - on the GPU (device destinations, the GPU decoder available): the stored bytes land in device memory and
-//!   nvCOMP's batched decoders, weightlift's plane-merge kernel and its xxh3 kernels turn them into the tensors'
-//!   bytes and check every chunk's checksum on the device, on a stream of their own, while the lanes read the next
-//!   batches; at most two batches are in flight;
-//! - on the CPU (host destinations, or no nvCOMP / NVRTC, or asked for): the stored bytes land in host memory and
+//!   weightlift's Huffman kernel (or nvCOMP's batched decoders, for zstd, LZ4 and deflate streams), its plane-merge
+//!   kernel and its xxh3 kernels turn them into the tensors' bytes and check every chunk's checksum on the device,
+//!   on a stream of their own, while the lanes read the next batches; at most two batches are in flight;
+//! - on the CPU (host destinations, or no NVRTC, or no nvCOMP for a pack of its codecs, or asked for): the stored
+//!   bytes land in host memory and
 //!   the chunks of a batch are decoded in parallel (rayon) and checked with xxh3; for a device destination they are
 //!   decoded into pinned memory and copied.
 //!
@@ -24,7 +25,7 @@ use std::time::Instant;
 
 use rayon::prelude::*;
 use serde_json::{Value, json};
-use weightlift_cuda::unpack::{BatchError, ChunkJob, GpuUnpacker, PendingBatch, StreamSrc, UnpackError};
+use weightlift_cuda::unpack::{BatchError, ChunkJob, GpuCodec, GpuUnpacker, PendingBatch, StreamSrc, UnpackError};
 use weightlift_cuda::{DeviceBuffer, Gpu, PinnedBuffer};
 use weightlift_format::pack::{Codec, Item, ItemKind, PackIndex};
 use weightlift_format::{DType, Format, SourceFile, TensorEntry, TensorIndex};
@@ -50,10 +51,11 @@ pub fn is_pack_file(path: &Path) -> bool {
 /// Which decoder a packed load uses.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Decoder {
-    /// The GPU for device destinations where nvCOMP and NVRTC load, the CPU otherwise.
+    /// The GPU for device destinations where NVRTC loads (and nvCOMP, for a pack with streams of its codecs), the CPU
+    /// otherwise.
     #[default]
     Auto,
-    /// The GPU; an error where it cannot run (host destination, nvCOMP or NVRTC missing).
+    /// The GPU; an error where it cannot run (host destination, NVRTC missing, or nvCOMP for its codecs).
     Gpu,
     /// The CPU, whatever the destination.
     Cpu,
@@ -181,13 +183,14 @@ fn batch_index(path: &Path, index: &PackIndex, batches: &[Batch]) -> TensorIndex
     }
 }
 
-fn nv_codec(c: Codec) -> Option<weightlift_cuda::nvcomp::NvCodec> {
+fn gpu_codec(c: Codec) -> Option<GpuCodec> {
     use weightlift_cuda::nvcomp::NvCodec;
     match c {
         Codec::Raw => None,
-        Codec::Zstd => Some(NvCodec::Zstd),
-        Codec::Lz4 => Some(NvCodec::Lz4),
-        Codec::Deflate => Some(NvCodec::Deflate),
+        Codec::Huffman => Some(GpuCodec::Huffman),
+        Codec::Zstd => Some(GpuCodec::Nvcomp(NvCodec::Zstd)),
+        Codec::Lz4 => Some(GpuCodec::Nvcomp(NvCodec::Lz4)),
+        Codec::Deflate => Some(GpuCodec::Nvcomp(NvCodec::Deflate)),
     }
 }
 
@@ -270,7 +273,10 @@ impl Engine {
                 })
                 .collect::<Result<_>>()?,
         };
-        let (mut kind, mut reason) = choose(decoder, device)?;
+        let needs_nvcomp = items
+            .iter()
+            .any(|i| i.chunks.clone().any(|c| index.chunk_streams(c, i.planes).iter().any(|s| s.codec.needs_nvcomp())));
+        let (mut kind, mut reason) = choose(decoder, device, needs_nvcomp)?;
         if let (Decoder::Gpu, Decoder::Auto, Device::Cuda(n)) = (kind, decoder, device) {
             // nvCOMP and NVRTC load, but the decoder may still not start (NVRTC's code refused by this driver...):
             // auto then decodes on the CPU, saying why.
@@ -426,7 +432,7 @@ impl Engine {
                         srcs.push(StreamSrc {
                             ptr: base + (s.offset - b.start),
                             stored_len: s.stored_len,
-                            codec: nv_codec(s.codec),
+                            codec: gpu_codec(s.codec),
                         });
                     }
                 }
@@ -469,12 +475,15 @@ pub(crate) fn unpack_error(e: UnpackError) -> Error {
     }
 }
 
-/// Picks the decoder for `device`: the kind and the reason.
-fn choose(decoder: Decoder, device: Device) -> Result<(Decoder, String)> {
+/// Picks the decoder for `device`: the kind and the reason. nvCOMP is needed only for streams of its codecs
+/// (`needs_nvcomp`); weightlift's Huffman streams need NVRTC alone.
+fn choose(decoder: Decoder, device: Device, needs_nvcomp: bool) -> Result<(Decoder, String)> {
     let on_device = matches!(device, Device::Cuda(_));
     let gpu_missing = || -> Option<String> {
-        weightlift_cuda::nvrtc::available().err().or_else(|| weightlift_cuda::nvcomp::nvcomp().err())
+        let nvrtc = weightlift_cuda::nvrtc::available().err();
+        if needs_nvcomp { nvrtc.or_else(|| weightlift_cuda::nvcomp::nvcomp().err()) } else { nvrtc }
     };
+    let ready = if needs_nvcomp { "nvCOMP and NVRTC loaded" } else { "NVRTC loaded (no nvCOMP codec in the pack)" };
     match decoder {
         Decoder::Cpu => Ok((Decoder::Cpu, "the CPU decoder was asked for".into())),
         Decoder::Gpu if !on_device => {
@@ -486,7 +495,7 @@ fn choose(decoder: Decoder, device: Device) -> Result<(Decoder, String)> {
         },
         Decoder::Auto if !on_device => Ok((Decoder::Cpu, format!("{device} destination: decoded on the CPU"))),
         Decoder::Auto => match gpu_missing() {
-            None => Ok((Decoder::Gpu, "nvCOMP and NVRTC loaded: decoded on the GPU".into())),
+            None => Ok((Decoder::Gpu, format!("{ready}: decoded on the GPU"))),
             Some(why) => Ok((Decoder::Cpu, format!("decoded on the CPU and copied (slower): {why}"))),
         },
     }
@@ -555,7 +564,7 @@ impl Ctx<'_> {
                     chunk: k,
                     plane: plane as u8,
                     codec,
-                    reason: format!("nvCOMP status {status} ({what})"),
+                    reason: format!("{codec} decoder status {status} ({what})"),
                 }
             }
             BatchError::Size { chunk, plane, actual, expected } => {
