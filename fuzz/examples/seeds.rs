@@ -8,6 +8,26 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use weightlift_format::safetensors::{TensorSpec, serialize};
+
+// The Huffman codec, by path as in the `huffman` target.
+#[path = "../../crates/weightlift-pack/src/huffman.rs"]
+#[allow(dead_code)]
+mod huffman;
+
+/// Seeds of the `huffman` target: streams the encoder wrote (mode 0, their plane length first) and planes to encode
+/// (mode 1): skewed bytes like bf16 exponents, one repeated byte, all 256 values.
+fn huffman_seeds(dir: &Path) -> std::io::Result<()> {
+    let skewed: Vec<u8> = (0..3000u32).map(|i| 0x3c + (i.wrapping_mul(2_654_435_761) >> 29) as u8 % 5).collect();
+    let planes: [Vec<u8>; 4] = [skewed, vec![0x3f; 700], (0..=255u8).collect(), vec![1, 2, 1, 1, 3]];
+    for (i, plane) in planes.iter().enumerate() {
+        let mut stream = vec![0u8];
+        stream.extend_from_slice(&(plane.len() as u16).to_le_bytes());
+        stream.extend_from_slice(&huffman::encode(plane));
+        put(dir, "huffman", &format!("stream_{i}"), &stream)?;
+        put(dir, "huffman", &format!("plane_{i}"), &[&[1u8][..], plane].concat())?;
+    }
+    Ok(())
+}
 use weightlift_format::{DType, corpus};
 
 fn put(dir: &Path, target: &str, name: &str, bytes: &[u8]) -> std::io::Result<()> {
@@ -46,6 +66,7 @@ fn valid_safetensors() -> Vec<(String, Vec<u8>)> {
 fn main() -> std::io::Result<()> {
     let dir = std::env::args_os().nth(1).ok_or_else(|| std::io::Error::other("usage: seeds DIR"))?;
     let dir = Path::new(&dir);
+    huffman_seeds(dir)?;
     for case in corpus::hostile() {
         let (file, bytes) = &case.files[0];
         let name = format!("hostile_{}", case.name.replace(' ', "_"));
