@@ -311,7 +311,12 @@ impl Engine {
             let bindex = batch_index(path, index, &batches);
             let positions: Vec<usize> = (0..batches.len()).collect();
             let (stream_device, lanes) = if kind == Decoder::Gpu {
-                (device, Some(gpu_decode_read_lanes(self.io().lanes())))
+                let lanes = self.io().lanes();
+                let read = match self.settings().pack_read_lanes.value {
+                    0 => gpu_decode_read_lanes(lanes),
+                    n => (n as usize).min(lanes),
+                };
+                (device, Some(read))
             } else {
                 (Device::Cpu, None)
             };

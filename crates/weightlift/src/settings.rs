@@ -208,6 +208,9 @@ settings! {
         "streaming loads (safe_open): bytes read ahead of the tensors taken so far (packed loads: two decode batches ahead, or this if smaller)";
     pack_batch_bytes: u64 = 256 << 20, "256 MiB", env "WEIGHTLIFT_PACK_BATCH_BYTES", parse bytes, values &[],
         "packed loads: stored bytes decoded per batch (larger batches keep the GPU decoder busier)";
+    pack_read_lanes: u32 = 0, "0 (three quarters of the lanes)", env "WEIGHTLIFT_PACK_READ_LANES",
+        parse count::<u32>, values &[],
+        "packed loads decoded on the GPU: lanes that read the stored bytes (0: three quarters of the lanes, leaving CPUs to the decoding; at most the lane count)";
     host_cache_bytes: u64 = 1 << 30, "1 GiB", env "WEIGHTLIFT_HOST_CACHE_BYTES", parse bytes, values &[],
         "freed host buffers kept for reuse by the engine (fresh pages cost more to fault in than to fill)";
     device_cache_bytes: u64 = 0, "0", env "WEIGHTLIFT_DEVICE_CACHE_BYTES", parse bytes, values &[],

@@ -174,7 +174,10 @@ pub fn corrupt_chunks_are_named(device: Device, decoder: Decoder) {
     let dir = tempfile::tempdir().unwrap();
     let original = checkpoint(dir.path());
     let e = engine();
-    for codec in [Codec::Raw, Codec::Zstd] {
+    for codec in [Codec::Raw, Codec::Zstd, Codec::Huffman] {
+        if decoder == Decoder::Gpu && gpu_decoder_missing(codec).is_some() {
+            continue;
+        }
         let packed = pack(&original, codec);
         let (s, tensor, chunk) = stream_of(&packed, codec).expect("a stream of that codec");
         let bad = corrupt_stream(&packed, s);
@@ -223,9 +226,11 @@ fn truncated_and_missing_packs_are_format_and_io_errors() {
     assert!(missing.to_string().contains("nope.wlpack"), "{missing}");
 }
 
-/// Whether the GPU decoder can run here (it needs nvCOMP and NVRTC besides the driver).
-fn gpu_decoder_missing() -> Option<String> {
-    weightlift_cuda::nvrtc::available().err().or_else(|| weightlift_cuda::nvcomp::nvcomp().err())
+/// Why the GPU decoder cannot run here for packs of `codec` (it needs NVRTC besides the driver, and nvCOMP for
+/// nvCOMP's codecs).
+fn gpu_decoder_missing(codec: Codec) -> Option<String> {
+    let nvcomp = || if codec.needs_nvcomp() { weightlift_cuda::nvcomp::nvcomp().err() } else { None };
+    weightlift_cuda::nvrtc::available().err().or_else(nvcomp)
 }
 
 #[test]
@@ -236,9 +241,9 @@ fn packed_loads_onto_the_gpu_with_both_decoders() {
     let dir = tempfile::tempdir().unwrap();
     let original = checkpoint(dir.path());
     let e = engine();
-    let missing = gpu_decoder_missing();
-    eprintln!("GPU decoder: {}", missing.as_deref().unwrap_or("available"));
     for codec in Codec::ALL {
+        let missing = gpu_decoder_missing(codec);
+        eprintln!("GPU decoder for {codec:?}: {}", missing.as_deref().unwrap_or("available"));
         let packed = pack(&original, codec);
         for decoder in [Decoder::Auto, Decoder::Cpu] {
             let loaded = e.load_pack(&packed, None, Device::Cuda(0), decoder, &LoadOpts::default()).unwrap();
@@ -255,12 +260,14 @@ fn packed_loads_onto_the_gpu_with_both_decoders() {
         let subset = e.load_pack(&packed, Some(&[3, 0]), Device::Cuda(0), Decoder::Auto, &LoadOpts::default()).unwrap();
         check_against(&original, &subset);
     }
-    if missing.is_none() {
-        let packed = pack(&original, Codec::Zstd);
-        check_against(
-            &original,
-            &e.load_pack(&packed, None, Device::Cuda(0), Decoder::Gpu, &LoadOpts::default()).unwrap(),
-        );
+    for codec in [Codec::Huffman, Codec::Zstd] {
+        if gpu_decoder_missing(codec).is_none() {
+            let packed = pack(&original, codec);
+            check_against(
+                &original,
+                &e.load_pack(&packed, None, Device::Cuda(0), Decoder::Gpu, &LoadOpts::default()).unwrap(),
+            );
+        }
     }
 }
 
@@ -270,7 +277,7 @@ fn a_corrupt_chunk_is_named_on_the_gpu_with_both_decoders() {
         return;
     }
     corrupt_chunks_are_named(Device::Cuda(0), Decoder::Cpu);
-    if gpu_decoder_missing().is_none() {
+    if gpu_decoder_missing(Codec::Huffman).is_none() {
         corrupt_chunks_are_named(Device::Cuda(0), Decoder::Gpu);
     }
 }
@@ -278,7 +285,9 @@ fn a_corrupt_chunk_is_named_on_the_gpu_with_both_decoders() {
 /// A pack of about 300 MB decoded on the GPU over many batches (several in flight), device memory back after.
 #[test]
 fn a_large_pack_streams_through_many_batches_on_the_gpu() {
-    if !gpu_or_skip("a_large_pack_streams_through_many_batches_on_the_gpu") || gpu_decoder_missing().is_some() {
+    if !gpu_or_skip("a_large_pack_streams_through_many_batches_on_the_gpu")
+        || gpu_decoder_missing(Codec::Huffman).is_some()
+    {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
@@ -288,7 +297,7 @@ fn a_large_pack_streams_through_many_batches_on_the_gpu() {
     let refs: Vec<(TensorSpec, &[u8])> = tensors.iter().map(|(s, d)| (s.clone(), d.as_slice())).collect();
     let original = dir.path().join("large.safetensors");
     std::fs::write(&original, safetensors::serialize(&refs, &BTreeMap::new(), 8).unwrap()).unwrap();
-    let packed = pack(&original, Codec::Zstd);
+    let packed = pack(&original, Codec::Huffman);
     let e = Engine::new(Settings::default().pack_batch_bytes(48 << 20)).unwrap();
     let gpu = e.gpu(0).unwrap();
     let before = gpu.mem_info().unwrap().0;
