@@ -87,6 +87,9 @@ pub struct PackStats {
     pub decode_secs: f64,
     /// Lanes that read the stored bytes at most (see [`gpu_decode_read_lanes`]).
     pub read_lanes: usize,
+    /// Stored bytes per decode batch asked for (the `pack_batch_bytes` setting, or [`BATCH_BYTES`] /
+    /// [`NVCOMP_BATCH_BYTES`] by default).
+    pub batch_bytes: u64,
 }
 
 /// Lanes that read a pack decoded on the GPU: three quarters of the engine's, leaving CPUs to the decoder's thread
@@ -103,7 +106,7 @@ impl PackStats {
         json!({
             "stored_bytes": self.stored_bytes, "raw_bytes": self.raw_bytes, "chunks": self.chunks,
             "batches": self.batches, "decoder": self.decoder, "decoder_reason": self.decoder_reason,
-            "decode_secs": self.decode_secs, "read_lanes": self.read_lanes,
+            "decode_secs": self.decode_secs, "read_lanes": self.read_lanes, "batch_bytes": self.batch_bytes,
             "ratio": if self.raw_bytes > 0 { self.stored_bytes as f64 / self.raw_bytes as f64 } else { 1.0 },
         })
     }
@@ -123,6 +126,19 @@ struct Batch {
 /// next synchronisation, 5.3 ms, and the load reached 0.857 of the pinned-copy ceiling; with 1 GiB 0.913 (2.3 ms),
 /// with 512 MiB (two batches) 0.915 (1.5 ms).
 pub const READ_AHEAD_BATCHES: u64 = 2;
+
+/// Stored bytes per decode batch by default. Measured on the H100 (bench/pack_settings.py, 4 GiB of weight-like bf16
+/// packed with the Huffman codec, warm, fresh processes; bench/results/2026-11-25-h100-c and -d, two machines, one
+/// sample each): 128 MiB gave 0.990 and 1.023 of the pinned-copy ceiling against 0.875 and 0.961 with 256 MiB;
+/// 64 MiB 0.786, 512 MiB 0.866. Smaller batches fill and drain the pipeline sooner while the Huffman kernel keeps
+/// up with them.
+pub const BATCH_BYTES: u64 = 128 << 20;
+
+/// Stored bytes per decode batch by default where nvCOMP decodes on the GPU (zstd, LZ4, deflate streams): its
+/// batched decoders need thousands of streams per call to fill the GPU (see [`plan_batches`]); with zstd packs
+/// 128 MiB batches gave 0.56–0.64 of the pinned copy against 0.77–0.82 with 256 MiB (bench/results/2026-11-24-h100-r,
+/// -t).
+pub const NVCOMP_BATCH_BYTES: u64 = 256 << 20;
 
 /// Cuts the chunks of `items` into batches in pack order; a batch ends at `batch_bytes` of stored bytes (the
 /// `pack_batch_bytes` setting) or where the next chunk does not follow the previous one (a tensor not asked for
@@ -292,7 +308,12 @@ impl Engine {
                 reason = format!("decoded on the CPU and copied (slower): the GPU decoder cannot start: {e}");
             }
         }
-        let batches = plan_batches(index, &items, self.settings().pack_batch_bytes.value);
+        let batch_bytes = match self.settings().pack_batch_bytes.value {
+            0 if kind == Decoder::Gpu && needs_nvcomp => NVCOMP_BATCH_BYTES,
+            0 => BATCH_BYTES,
+            n => n,
+        };
+        let batches = plan_batches(index, &items, batch_bytes);
         let mut stats = PackStats {
             stored_bytes: batches.iter().map(|b| b.end - b.start).sum(),
             raw_bytes: items.iter().map(|i| i.nbytes).sum(),
@@ -302,6 +323,7 @@ impl Engine {
             decoder_reason: reason,
             decode_secs: 0.0,
             read_lanes: 0,
+            batch_bytes,
         };
         // The reads start first; the destinations are allocated while the first batches land (a failed allocation
         // drops the stream, which stops it).
@@ -325,7 +347,7 @@ impl Engine {
             // the device blocks they land in (small batches share blocks of up to `BLOCK_MAX`): the window must
             // hold two of either for the reads to run beside the decoding.
             let largest = batches.iter().map(|b| b.end - b.start).max().unwrap_or(0);
-            let batch_bytes = self.settings().pack_batch_bytes.value.max(largest).max(crate::placement::BLOCK_MAX);
+            let batch_bytes = batch_bytes.max(largest).max(crate::placement::BLOCK_MAX);
             let ahead = self.settings().prefetch_bytes.value.min(batch_bytes.saturating_mul(READ_AHEAD_BATCHES));
             Some(self.stream_on_lanes(&bindex, &positions, stream_device, faults, lanes, Some(ahead))?)
         };

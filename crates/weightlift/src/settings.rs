@@ -206,8 +206,9 @@ settings! {
         "page size of staging memory: huge (2 MiB transparent huge pages where the kernel grants them: a process's first load sets up faster; may compact memory on a fragmented host) or base (4 KiB; warm repeated loads measured 0-3% faster)";
     prefetch_bytes: u64 = 2 << 30, "2 GiB", env "WEIGHTLIFT_PREFETCH_BYTES", parse bytes, values &[],
         "streaming loads (safe_open): bytes read ahead of the tensors taken so far (packed loads: two decode batches ahead, or this if smaller)";
-    pack_batch_bytes: u64 = 256 << 20, "256 MiB", env "WEIGHTLIFT_PACK_BATCH_BYTES", parse bytes, values &[],
-        "packed loads: stored bytes decoded per batch (larger batches keep the GPU decoder busier)";
+    pack_batch_bytes: u64 = 0, "0 (auto: 128 MiB; 256 MiB where nvCOMP decodes)", env "WEIGHTLIFT_PACK_BATCH_BYTES",
+        parse bytes, values &[],
+        "packed loads: stored bytes decoded per batch (0: 128 MiB, or 256 MiB where nvCOMP's decoders run on the GPU, which need more streams per batch to fill it)";
     pack_read_lanes: u32 = 0, "0 (three quarters of the lanes)", env "WEIGHTLIFT_PACK_READ_LANES",
         parse count::<u32>, values &[],
         "packed loads decoded on the GPU: lanes that read the stored bytes (0: three quarters of the lanes, leaving CPUs to the decoding; at most the lane count)";

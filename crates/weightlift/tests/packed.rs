@@ -89,8 +89,10 @@ fn packed_loads_give_the_original_bytes_for_every_codec() {
                 stats.raw_bytes
             );
         }
+        assert_eq!(stats.batch_bytes, weightlift::packed::BATCH_BYTES, "{codec:?}: the default batch on the CPU");
         let json = loaded.report.to_json();
         assert_eq!(json["pack"]["decoder"], "cpu", "{json}");
+        assert_eq!(json["pack"]["batch_bytes"], weightlift::packed::BATCH_BYTES, "{json}");
     }
 }
 
@@ -256,6 +258,13 @@ fn packed_loads_onto_the_gpu_with_both_decoders() {
             let lanes = e.io().lanes();
             let read = if expect == "gpu" { weightlift::packed::gpu_decode_read_lanes(lanes) } else { lanes };
             assert_eq!(stats.read_lanes, read, "{codec:?} {decoder:?}");
+            // nvCOMP's decoders get larger batches; the CPU decoder and weightlift's kernels the default.
+            let batch = if expect == "gpu" && codec.needs_nvcomp() {
+                weightlift::packed::NVCOMP_BATCH_BYTES
+            } else {
+                weightlift::packed::BATCH_BYTES
+            };
+            assert_eq!(stats.batch_bytes, batch, "{codec:?} {decoder:?}");
         }
         let subset = e.load_pack(&packed, Some(&[3, 0]), Device::Cuda(0), Decoder::Auto, &LoadOpts::default()).unwrap();
         check_against(&original, &subset);
@@ -305,6 +314,7 @@ fn a_large_pack_streams_through_many_batches_on_the_gpu() {
         let loaded = e.load_pack(&packed, None, Device::Cuda(0), Decoder::Auto, &LoadOpts::default()).unwrap();
         let stats = loaded.report.pack.clone().unwrap();
         assert!(stats.batches >= 3, "{stats:?}");
+        assert_eq!(stats.batch_bytes, 48 << 20, "the setting, not the default");
         eprintln!("{:.3} s, {:.2} GB/s raw, {stats:?}", loaded.report.seconds, loaded.report.gbps());
         check_against(&original, &loaded);
     }
