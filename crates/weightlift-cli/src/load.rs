@@ -123,8 +123,8 @@ pub struct Args {
     /// adds transformers' model construction (the CLI cannot build a Python model).
     #[arg(long, value_name = "DIR", conflicts_with_all = ["paths", "raw"])]
     pub model: Option<PathBuf>,
-    /// For a packed checkpoint: `auto` (the GPU for device loads where nvCOMP and NVRTC load, else the CPU), `gpu`
-    /// or `cpu`.
+    /// For a packed checkpoint: `auto` (the GPU for device loads where NVRTC loads, and nvCOMP for packs of its
+    /// codecs; else the CPU), `gpu` or `cpu`.
     #[arg(long, default_value = "auto", value_parser = parse_decoder)]
     pub decoder: weightlift::Decoder,
 }

@@ -26,7 +26,8 @@ pub struct PackArgs {
     /// Compression level (zstd 1-22; deflate 1-9; huffman and lz4 have one).
     #[arg(long, default_value_t = 3)]
     pub level: i32,
-    /// Bytes per plane per chunk (64KiB suits nvCOMP's batched GPU decoders).
+    /// Bytes per plane per chunk (64KiB: 64 segments for the Huffman kernel, and what nvCOMP's batched GPU decoders
+    /// do best with).
     #[arg(long, default_value = "64KiB", value_parser = units::parse_size)]
     pub plane_chunk: u64,
     /// Encoder threads (0: one per CPU).
