@@ -1,4 +1,4 @@
-"""Packs one checkpoint with every codec of `weightlift pack` and writes the ratios (and whether `weightlift unpack`
+"""Packs one checkpoint with every compressing codec of `weightlift pack` (not `raw`) and writes the ratios (and whether `weightlift unpack`
 gave the file back byte for byte) to a JSON file.
 
     WEIGHTLIFT_BIN=target/release/weightlift python3 bench/pack_ratios.py MODEL.safetensors OUT.json [--what TEXT]

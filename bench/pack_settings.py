@@ -5,7 +5,7 @@ loaded with ``verify=True``, interleaved run by run, with the parts of each load
 waiting for the GPU decoder, hashing) — to find what a packed load and a checked load wait on.
 
 Usage: python bench/pack_settings.py OUTDIR [--size 4GiB] [--runs 5] [--dir DIR] [--variant "NAME=VALUE ..."]...
-The default variants: the defaults, larger and smaller decode batches, fewer lanes, 2 MiB chunks. Writes
+The default variants: the defaults, larger decode batches (256 and 512 MiB), fewer lanes, 2 MiB chunks. Writes
 OUTDIR/pack-settings.json and prints one line per variant; where the ``pack_open`` example sits beside
 ``WEIGHTLIFT_BIN``, also the steps of opening the pack (``pack_open`` in the JSON).
 """
@@ -29,7 +29,7 @@ import pack_load_bench as plb  # noqa: E402  (the same weights, packer and ceili
 VARIANTS = [
     "",
     "WEIGHTLIFT_PACK_BATCH_BYTES=512MiB",
-    "WEIGHTLIFT_PACK_BATCH_BYTES=128MiB",
+    "WEIGHTLIFT_PACK_BATCH_BYTES=256MiB",
     "WEIGHTLIFT_THREADS=12",
     "WEIGHTLIFT_CHUNK_BYTES=2MiB",
 ]

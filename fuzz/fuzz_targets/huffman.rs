@@ -3,8 +3,8 @@
 //! the decoder with any plane length is an error or a plane of exactly that length, never a panic or an access
 //! outside the stream; any plane the encoder is given decodes back to itself.
 //!
-//! Input: a mode byte; mode even: two bytes of plane length (little-endian, up to 64 KiB like a pack's planes), then
-//! the stream; mode odd: the plane to encode.
+//! Input: a mode byte; mode even: two bytes of plane length (little-endian, so under 64 KiB: a pack's planes are
+//! 64 KiB by default, at most 16 MiB), then the stream; mode odd: the plane to encode.
 
 use libfuzzer_sys::fuzz_target;
 

@@ -225,8 +225,9 @@ extern "C" __global__ void wl_xxh3_final(const HashJob* jobs, u32 n_jobs, const 
 // segment of 2^S decoded bytes. Codes are matched one bit at a time against the canonical code's first code of
 // each length (the counts stay in registers; no table to build per stream). Statuses: 0 decoded; 1 the header is
 // malformed; 2 a segment's end is out of order or place; 3 bits that start no code; 4 a segment needs more bits
-// than it holds. The stream's bytes are only read inside [in, in + in_len), the output only written inside
-// [out, out + out_len), whatever the stream says.
+// than it holds. Where several segments of a stream fail for different reasons, which of their statuses is kept is
+// not specified (any is non-zero). The stream's bytes are only read inside [in, in + in_len), the output only
+// written inside [out, out + out_len), whatever the stream says.
 #define WL_HUFF_MAX_LEN 11
 
 __device__ __forceinline__ u32 wl_huff_word(const u8* p, bool aligned) {
@@ -238,7 +239,7 @@ __device__ u32 wl_huff_segments(const u8* in, u64 in_len, u8* out, u64 out_len, 
     u32 L = in[0], S = in[1];
     if (L > WL_HUFF_MAX_LEN || S < 6 || S > 16) return 1;
     u64 seg = 1ull << S;
-    u64 nseg = (out_len + seg - 1) >> S;
+    u64 nseg = (out_len >> S) + ((out_len & (seg - 1)) != 0);
     bool out_aligned = (((u64)out) & 3) == 0;
     if (L == 0) {
         if (in_len != 4) return 1;
@@ -271,6 +272,7 @@ __device__ u32 wl_huff_segments(const u8* in, u64 in_len, u8* out, u64 out_len, 
     const u8* syms = in + at;
     u64 ends_at = (at + total + 3) & ~3ull;
     if (nseg > in_len / 4 || ends_at + 4 * nseg > in_len) return 1;
+    if (nseg == 0 && ends_at != in_len) return 2;  // an empty plane has no bits
     const u8* bits = in + ends_at + 4 * nseg;
     u64 bits_len = in_len - (ends_at + 4 * nseg);
     bool in_aligned = (((u64)bits) & 3) == 0;

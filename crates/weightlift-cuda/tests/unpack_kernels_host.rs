@@ -277,6 +277,9 @@ fn huffman_kernel_refuses_what_the_cpu_decoder_refuses() {
     }
     cases.extend([(good.clone(), plane.len() + 1), (good.clone(), plane.len() - 1), (good.clone(), 1 << 20)]);
     cases.push((vec![0, 10, 7, 0], 100));
+    // An empty plane: a stream with codes but no segments holds no bits (refused when it has some).
+    cases.push((good.clone(), 0));
+    cases.push((weightlift_pack::huffman::encode(&[]), 0));
     cases.push((vec![0, 10, 7, 0, 0], 100));
     let streams: Vec<(Vec<u8>, usize, u64)> = cases.iter().map(|(s, n)| (s.clone(), *n, 0)).collect();
     let mut refused = 0;

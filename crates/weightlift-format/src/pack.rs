@@ -94,7 +94,10 @@ impl Codec {
 
     /// Whether the GPU decodes this codec with nvCOMP (the others: stored raw, or weightlift's own kernel).
     pub fn needs_nvcomp(self) -> bool {
-        matches!(self, Codec::Zstd | Codec::Lz4 | Codec::Deflate)
+        match self {
+            Codec::Zstd | Codec::Lz4 | Codec::Deflate => true,
+            Codec::Raw | Codec::Huffman => false,
+        }
     }
 
     pub fn parse(name: &str) -> Option<Codec> {

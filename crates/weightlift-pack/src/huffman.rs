@@ -12,10 +12,10 @@
 //! ```text
 //! 0  u8 L: the longest code, 1..=11 bits; 0: every byte of the plane is the one symbol at offset 2
 //! 1  u8 S: log2 of the segment length, 6..=16 (the plane is cut into segments of 2^S bytes, the last shorter)
-//! L = 0:  2  u8 symbol,  3  u8 0                     (4 bytes in all)
+//! L = 0:  2  u8 symbol,  3  u8 written as 0, ignored  (4 bytes in all)
 //! L > 0:  2  u16 LE count[1..=L]: codes of each length (a code set that over-fills its lengths is refused)
 //!            u8 symbol[sum of counts]: the symbols in canonical order (by code length, then as listed)
-//!            zero bytes up to a multiple of 4
+//!            bytes written as 0 (ignored) up to a multiple of 4
 //!            u32 LE end[n]: for each of the n segments, where its bits end, in bytes from the start of the bits
 //!                           (a multiple of 4, not decreasing; the last is the length of the bits)
 //!            the bits: segment i in bytes [end[i-1], end[i]) (end[-1] = 0)
@@ -128,8 +128,10 @@ fn canonical(lens: &[u8; 256]) -> Canonical {
     Canonical { counts, symbols, codes, lens: *lens }
 }
 
-/// Encodes `raw` (one plane of one chunk) as a Huffman stream.
+/// Encodes `raw` (one plane of one chunk) as a Huffman stream. Planes up to 256 MiB (their bits then stay under the
+/// 4 GiB the segment ends can say); packs cut planes of at most 16 MiB.
 pub fn encode(raw: &[u8]) -> Vec<u8> {
+    debug_assert!(raw.len() <= 256 << 20, "a Huffman plane of {} bytes", raw.len());
     let mut freq = [0u64; 256];
     for &b in raw {
         freq[usize::from(b)] += 1;
@@ -282,8 +284,8 @@ pub fn decode(stored: &[u8], out: &mut [u8]) -> Result<(), String> {
 }
 
 /// Decodes one segment (from bit `first_bit` of `bits`) into `out` with the `l`-bit table; the bit position it ended
-/// at (possibly past what `bits` holds: the caller refuses that). Five codes per 8-byte load: after a shift of at most 7 bits it holds 57, and five codes take
-/// at most 55.
+/// at (possibly past what `bits` holds: the caller refuses that). Five codes per 8-byte load: after a shift of at
+/// most 7 bits it holds 57, and five codes take at most 55.
 fn decode_segment(table: &[u16], l: u32, bits: &[u8], first_bit: usize, out: &mut [u8]) -> Result<usize, String> {
     let mask = (1u64 << l) - 1;
     let mut pos = first_bit;

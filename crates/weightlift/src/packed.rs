@@ -591,7 +591,7 @@ impl Ctx<'_> {
                     chunk: k,
                     plane: plane as u8,
                     codec,
-                    reason: format!("{codec} decoder status {status} ({what})"),
+                    reason: format!("decoder status {status} ({what})"),
                 }
             }
             BatchError::Size { chunk, plane, actual, expected } => {
