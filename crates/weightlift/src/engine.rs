@@ -254,6 +254,13 @@ impl Engine {
             .iter()
             .map(|&i| index.tensors.get(i).ok_or_else(|| Error::InvalidArgument(format!("no tensor at position {i}"))))
             .collect::<Result<_>>()?;
+        // Checked whatever the destination (host loads ignore it), before any file or device is opened.
+        if let Some(a) = opts.tensor_align.filter(|&a| !a.is_power_of_two() || a > placement::DEVICE_ALIGN) {
+            return Err(Error::InvalidArgument(format!(
+                "tensor_align {a}: expected a power of two up to {}",
+                placement::DEVICE_ALIGN
+            )));
+        }
         let names = match opts.checks {
             Some(checks) => check_names(checks, index, &entries)?,
             None => Vec::new(),
@@ -344,12 +351,6 @@ impl Engine {
         let _restore = weightlift_cuda::ContextRestore::save(); // the caller's thread keeps its device
         gpu.bind()?;
         let path = self.gpu_path(n)?;
-        if let Some(a) = opts.tensor_align.filter(|&a| !a.is_power_of_two() || a > placement::DEVICE_ALIGN) {
-            return Err(Error::InvalidArgument(format!(
-                "tensor_align {a}: expected a power of two up to {}",
-                placement::DEVICE_ALIGN
-            )));
-        }
         let placement = placement::pack_aligned(entries, opts.tensor_align);
         let block_extents: Vec<Extent> = placement
             .blocks

@@ -141,3 +141,30 @@ fn prepare_for_a_missing_device_fails_and_sets_up_nothing() {
     let host = engine.io().prepare_staging(false, None, None).unwrap();
     assert_eq!(host.lanes_set_up, host.lanes, "{host:?}");
 }
+
+/// `tensor_align` must be a power of two up to 256 (what device allocations guarantee): anything else is refused
+/// before a file or a device is touched, whatever the destination; a valid one leaves host loads as they were.
+#[test]
+fn a_tensor_alignment_that_is_not_a_power_of_two_up_to_256_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = generate(dir.path(), "a.safetensors", Layout::Llama, Container::Safetensors, None);
+    let index = weightlift::format::open(std::slice::from_ref(&path), None).unwrap();
+    let engine = Engine::new(Settings::default()).unwrap();
+    for device in [Device::Cpu, Device::Cuda(0)] {
+        for bad in [0u64, 3, 96, 512, 1 << 40] {
+            let opts = LoadOpts { tensor_align: Some(bad), ..LoadOpts::default() };
+            match engine.load(&index, device, &opts) {
+                Err(weightlift::Error::InvalidArgument(m)) => assert!(m.contains("tensor_align"), "{m}"),
+                other => panic!("tensor_align {bad} on {device}: {:?}", other.map(|l| l.tensors.len())),
+            }
+        }
+    }
+    let file = std::fs::read(&path).unwrap();
+    let loaded =
+        engine.load(&index, Device::Cpu, &LoadOpts { tensor_align: Some(256), ..LoadOpts::default() }).unwrap();
+    for (t, e) in loaded.tensors.iter().zip(&index.tensors) {
+        let mut got = vec![0u8; t.data.len()];
+        t.data.read_back(0, &mut got).unwrap();
+        assert!(got == file[e.offset as usize..e.end() as usize], "{}", t.name);
+    }
+}
