@@ -11,9 +11,8 @@
 //!   kernel and its xxh3 kernels turn them into the tensors' bytes and check every chunk's checksum on the device,
 //!   on a stream of their own, while the lanes read the next batches; at most two batches are in flight;
 //! - on the CPU (host destinations, or no NVRTC, or no nvCOMP for a pack of its codecs, or asked for): the stored
-//!   bytes land in host memory and
-//!   the chunks of a batch are decoded in parallel (rayon) and checked with xxh3; for a device destination they are
-//!   decoded into pinned memory and copied.
+//!   bytes land in host memory and the chunks of a batch are decoded in parallel (rayon) and checked with xxh3; for
+//!   a device destination they are decoded into pinned memory and copied.
 //!
 //! Every chunk's checksum is checked either way; a mismatch is [`PackError::Checksum`] naming the tensor and the
 //! chunk. The report says which decoder ran and why.
@@ -95,8 +94,9 @@ pub struct PackStats {
 /// Lanes that read a pack decoded on the GPU: three quarters of the engine's, leaving CPUs to the decoder's thread
 /// and the copies' completions. Measured on the H100 machine (16 vCPUs, 16 lanes; bench/pack_settings.py, 4 GiB of
 /// weight-like bf16, warm): 16 lanes 0.740–0.764 of the pinned copy, 14 lanes 0.761–0.771, 12 lanes 0.833–0.868,
-/// 10 lanes 0.829–0.886, where plain loads of the same file moved by less than their run-to-run spread. Other CPU
-/// counts were not measured.
+/// 10 lanes 0.829–0.886, where plain loads of the same file moved by less than their run-to-run spread (zstd packs);
+/// Huffman packs (bench/results/2026-11-25-h100-d): 16 lanes 0.763, 14 lanes 0.944, 12 lanes 0.961. Other CPU counts
+/// were not measured. The `pack_read_lanes` setting overrides it.
 pub fn gpu_decode_read_lanes(lanes: usize) -> usize {
     (lanes * 3 / 4).max(1)
 }
@@ -294,7 +294,7 @@ impl Engine {
             .any(|i| i.chunks.clone().any(|c| index.chunk_streams(c, i.planes).iter().any(|s| s.codec.needs_nvcomp())));
         let (mut kind, mut reason) = choose(decoder, device, needs_nvcomp)?;
         if let (Decoder::Gpu, Decoder::Auto, Device::Cuda(n)) = (kind, decoder, device) {
-            // nvCOMP and NVRTC load, but the decoder may still not start (NVRTC's code refused by this driver...):
+            // The decoder's libraries load, but it may still not start (NVRTC's code refused by this driver...):
             // auto then decodes on the CPU, saying why.
             let ready = self.gpu(n).and_then(|g| {
                 let _restore = weightlift_cuda::ContextRestore::save(); // the caller's thread keeps its device
