@@ -283,6 +283,19 @@ pub fn decode(stored: &[u8], out: &mut [u8]) -> Result<(), String> {
     Ok(())
 }
 
+/// The symbol of the code at the bottom of `w` (bit `pos` of its segment); consumes the code's bits.
+#[inline(always)]
+fn next_code(table: &[u16], mask: u64, w: &mut u64, pos: &mut usize) -> Result<u8, String> {
+    let e = table[(*w & mask) as usize];
+    let len = e >> 8;
+    if len == 0 {
+        return Err(format!("no code starts with the bits at {pos}"));
+    }
+    *w >>= len;
+    *pos += usize::from(len);
+    Ok(e as u8)
+}
+
 /// Decodes one segment (from bit `first_bit` of `bits`) into `out` with the `l`-bit table; the bit position it ended
 /// at (possibly past what `bits` holds: the caller refuses that). Five codes per 8-byte load: after a shift of at
 /// most 7 bits it holds 57, and five codes take at most 55.
@@ -301,14 +314,7 @@ fn decode_segment(table: &[u16], l: u32, bits: &[u8], first_bit: usize, out: &mu
         let mut w = u64::from_le_bytes(word) >> (pos & 7);
         let end = (i + 5).min(out.len());
         for b in &mut out[i..end] {
-            let e = table[(w & mask) as usize];
-            let len = e >> 8;
-            if len == 0 {
-                return Err(format!("no code starts with the bits at {pos}"));
-            }
-            *b = e as u8;
-            w >>= len;
-            pos += usize::from(len);
+            *b = next_code(table, mask, &mut w, &mut pos)?;
         }
         i = end;
     }
@@ -341,15 +347,8 @@ fn decode_interleaved(
             }
             for _ in 0..5 {
                 for k in 0..4 {
-                    let e = table[(w[k] & mask) as usize];
-                    let len = e >> 8;
-                    if len == 0 {
-                        return Err((k, format!("no code starts with the bits at {}", pos[k])));
-                    }
-                    outs[k][at[k]] = e as u8;
+                    outs[k][at[k]] = next_code(table, mask, &mut w[k], &mut pos[k]).map_err(|e| (k, e))?;
                     at[k] += 1;
-                    w[k] >>= len;
-                    pos[k] += usize::from(len);
                 }
             }
             r += 1;
