@@ -573,7 +573,8 @@ def method_named(name: str) -> Method:
 
 REPORT_KEYS = ("backend", "backend_reason", "direct_bytes", "buffered_bytes", "resident_bytes", "seconds", "gbps",
                "direct_policy", "lanes", "queue_depth", "peak_staging_bytes", "times")
-REPORT_WORDS = ("cache", "prefetch", "read_ahead", "wasted", "fixed", "cufile", "startup", "setup", "decision")
+REPORT_WORDS = ("cache", "prefetch", "read_ahead", "wasted", "fixed", "cufile", "startup", "setup", "decision",
+                "populate")
 
 
 def report_figures() -> Optional[dict]:

@@ -5,6 +5,7 @@
 //! first error, and completes once no op is left to hand out and every lane that joined has left (its reads
 //! drained, its deliveries finished, `Sink::end_lane` called).
 
+use crate::populate::ColdMaps;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
@@ -66,6 +67,8 @@ pub struct LaneTotals {
     pub lanes: usize,
     pub fixed_buffers: bool,
     pub fixed_refusal: Option<String>,
+    /// Why the kernel refused to populate cold ranges in 2 MiB folios, the first time it did.
+    pub populate_refusal: Option<String>,
 }
 
 struct State {
@@ -99,6 +102,8 @@ pub struct Job {
     pub(crate) slot_bytes: u64,
     /// Lanes with an index below this serve the job (the staging bound may not feed them all).
     pub(crate) max_lanes: usize,
+    /// Mappings that populate cold ranges in 2 MiB folios (`cache_pages = huge` and the plan has cold reads).
+    pub(crate) cold_maps: Option<ColdMaps>,
     abort: AtomicBool,
     state: Mutex<State>,
     done: Condvar,
@@ -132,11 +137,14 @@ pub(crate) struct JobParts {
     pub slot_bytes: u64,
     pub max_lanes: usize,
     pub lanes: usize,
+    /// Populate cold ranges through huge-page mappings before reading them.
+    pub populate: bool,
 }
 
 impl Job {
     pub(crate) fn new(p: JobParts) -> Job {
         let empty = p.plan.ops.is_empty();
+        let cold_maps = (p.populate && p.plan.ops.iter().any(|o| o.cold)).then(|| ColdMaps::new(p.files.len()));
         Job {
             plan: p.plan,
             files: p.files,
@@ -151,6 +159,7 @@ impl Job {
             slots_per_lane: p.slots_per_lane.max(1),
             slot_bytes: p.slot_bytes,
             max_lanes: p.max_lanes.max(1),
+            cold_maps,
             abort: AtomicBool::new(false),
             state: Mutex::new(State {
                 cursor: 0,
@@ -312,7 +321,11 @@ impl Job {
         let skipped = s.skipped_ops;
         match s.error.take() {
             Some(e) => (Err(e), skipped),
-            None => (Ok(s.totals.clone()), skipped),
+            None => {
+                let mut totals = s.totals.clone();
+                totals.populate_refusal = self.cold_maps.as_ref().and_then(ColdMaps::refusal);
+                (Ok(totals), skipped)
+            }
         }
     }
 

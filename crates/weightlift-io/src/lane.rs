@@ -33,6 +33,10 @@ pub struct LaneStats {
     /// Time waiting for other lanes' staging set-ups to finish before starting its own (lanes set up one at a
     /// time, process-wide).
     pub setup_wait: Duration,
+    /// Bytes of cold ranges populated in 2 MiB folios before being read (`cache_pages = huge`), and the time the
+    /// lanes spent doing it (the disk reads of those ranges happen there).
+    pub populated_bytes: u64,
+    pub populate: Duration,
 }
 
 impl LaneStats {
@@ -48,6 +52,8 @@ impl LaneStats {
         self.backpressure += o.backpressure;
         self.setup += o.setup;
         self.setup_wait += o.setup_wait;
+        self.populated_bytes += o.populated_bytes;
+        self.populate += o.populate;
     }
 }
 
@@ -234,7 +240,7 @@ mod tests {
 
     #[test]
     fn short_reads_continue_and_eof_is_truncation() {
-        let op = ReadOp { file: 0, offset: 0, len: 8192, valid: 8192, direct: true, pieces: 0..0 };
+        let op = ReadOp { file: 0, offset: 0, len: 8192, valid: 8192, direct: true, cold: false, pieces: 0..0 };
         let f = file();
         let mut st = LaneStats::default();
         let mut r = Reading::start(true);
@@ -253,7 +259,7 @@ mod tests {
 
     #[test]
     fn transient_errors_retry_and_hard_errors_name_the_offset() {
-        let op = ReadOp { file: 0, offset: 500, len: 100, valid: 100, direct: false, pieces: 0..0 };
+        let op = ReadOp { file: 0, offset: 500, len: 100, valid: 100, direct: false, cold: false, pieces: 0..0 };
         let f = file();
         let mut st = LaneStats::default();
         let mut r = Reading::start(false);

@@ -10,9 +10,11 @@
 //! - [`sink`]: where completed reads go (host memory here; the CUDA crate adds device memory);
 //! - [`write`]: writes through staging, O_DIRECT where aligned; [`durable`]: atomic file replacement;
 //! - [`fault`]: injected EIO, short reads and truncation for tests.
+//! - cold ranges kept in the page cache are brought in through a huge-page mapping first (`cache_pages`), so the
+//!   kernel keeps them in 2 MiB folios for the next reader.
 //!
 //! `unsafe` appears only where memory is handed to the kernel (io_uring submissions, buffer registration, reads
-//! into slots and destinations), in the host copy of the sink, in `mincore`, and in the aligned host allocation.
+//! into slots and destinations), in the host copy of the sink, in `mincore`, in the aligned host allocation, and in mapping input files to advise the kernel on them.
 
 mod buffer;
 pub mod durable;
@@ -25,6 +27,7 @@ mod load;
 pub mod params;
 pub mod plan;
 mod pool;
+mod populate;
 mod pread;
 pub mod residency;
 pub mod sink;
@@ -39,7 +42,7 @@ pub use file::{OpenFile, open_all};
 pub use job::{Admit, Gate};
 pub use lane::LaneStats;
 pub use load::{IoReport, LoadOptions, LoadRequest, Running, StreamOptions};
-pub use params::{CachePolicy, DirectMode, IoParams, ReadEngine, StagingPages, parse_bytes};
+pub use params::{CachePages, CachePolicy, DirectMode, IoParams, ReadEngine, StagingPages, parse_bytes};
 pub use plan::{Extent, Piece, ReadOp};
 pub use pool::{IoEngine, ReadEngineUsed, StagingPrepared};
 pub use sink::{BorrowedHostSink, HostSink, InPlace, Observed, Observer, Pending, Sink, SinkError};

@@ -10,7 +10,7 @@ use crate::fault::FaultPlan;
 use crate::file::OpenFile;
 use crate::job::{Gate, Held, Job, JobParts, LaneTotals, Priority};
 use crate::lane::LaneStats;
-use crate::params::{CachePolicy, DirectMode};
+use crate::params::{CachePages, CachePolicy, DirectMode};
 use crate::plan::{self, Extent, Plan, PlanError, PlanFile, PlanOptions, ReadKind};
 use crate::pool::{IoEngine, ReadEngineUsed};
 use crate::residency::Residency;
@@ -83,6 +83,10 @@ pub struct IoReport {
     pub direct_reason: String,
     /// The cache policy in effect for cold ranges (`keep` or `bypass`; `auto` resolved).
     pub cache: CachePolicy,
+    /// The folio size asked for cold ranges read through the page cache.
+    pub cache_pages: CachePages,
+    /// Why cold ranges could not be populated in 2 MiB folios (the first refusal), where they could not.
+    pub populate_refusal: Option<String>,
     /// Bytes the caller asked for.
     pub requested_bytes: u64,
     /// Bytes read through the O_DIRECT and buffered descriptors (alignment and coalesced gaps included).
@@ -120,6 +124,8 @@ impl IoReport {
             fixed_refusal: None,
             direct_reason: String::new(),
             cache: CachePolicy::Bypass,
+            cache_pages: CachePages::Base,
+            populate_refusal: None,
             requested_bytes: 0,
             direct_bytes: 0,
             buffered_bytes: 0,
@@ -144,6 +150,7 @@ impl IoReport {
         self.buffered_bytes = totals.stats.buffered_bytes;
         self.fixed_buffers = totals.fixed_buffers;
         self.fixed_refusal.clone_from(&totals.fixed_refusal);
+        self.populate_refusal.clone_from(&totals.populate_refusal);
         self.lanes = totals.lanes;
         self.skipped_ops = skipped;
     }
@@ -200,6 +207,7 @@ impl IoEngine {
         let total: u64 = req.files.iter().map(|f| f.len).sum();
         let (cache, cache_why) = resolve_cache(params.cache, total);
         report.cache = cache;
+        report.cache_pages = params.cache_pages;
         let sampled = residency.iter().flatten().any(Residency::is_sampled);
         report.direct_reason = direct_reason(mode, cache, &cache_why, req.files, report.resident_bytes, sampled);
 
@@ -261,6 +269,7 @@ impl IoEngine {
             slot_bytes,
             max_lanes,
             lanes: self.lanes(),
+            populate: self.params().cache_pages == CachePages::Huge,
         });
         (Arc::new(job), report)
     }

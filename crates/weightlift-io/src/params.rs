@@ -48,6 +48,16 @@ pub enum CachePolicy {
     Bypass,
 }
 
+/// The folio size a load asks the kernel to cache its cold ranges in (ranges read under [`CachePolicy::Keep`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CachePages {
+    /// 2 MiB folios: each cold range is first populated through a `MADV_HUGEPAGE` mapping of the file, then read
+    /// from the page cache. The next reader of the file (a new process) reads it faster.
+    Huge,
+    /// Whatever the kernel's readahead picks for the lanes' scattered reads (mostly 4 KiB folios).
+    Base,
+}
+
 /// The page size staging memory asks the kernel for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum StagingPages {
@@ -91,6 +101,7 @@ named_enum!(DirectMode, "auto, always or never", Auto => "auto", Always => "alwa
 named_enum!(CachePolicy, "auto, keep or bypass", Auto => "auto", Keep => "keep", Bypass => "bypass");
 named_enum!(ReadEngine, "auto, uring or pread", Auto => "auto", Uring => "uring" | "io_uring" | "io-uring",
     Pread => "pread");
+named_enum!(CachePages, "huge or base", Huge => "huge" | "2mib" | "on", Base => "base" | "4kib" | "off");
 named_enum!(StagingPages, "huge or base", Huge => "huge" | "2mib" | "on", Base => "base" | "4kib" | "off");
 
 /// Parses `4096`, `4k`, `4KiB`, `8MiB`, `1G`.
@@ -121,6 +132,7 @@ pub struct IoParams {
     pub cache: CachePolicy,
     pub engine: ReadEngine,
     pub staging_pages: StagingPages,
+    pub cache_pages: CachePages,
 }
 
 impl Default for IoParams {
@@ -134,6 +146,7 @@ impl Default for IoParams {
             cache: CachePolicy::Auto,
             engine: ReadEngine::Auto,
             staging_pages: StagingPages::Huge,
+            cache_pages: CachePages::Huge,
         }
     }
 }
@@ -194,6 +207,9 @@ mod tests {
             assert_eq!(c.to_string().parse::<CachePolicy>(), Ok(c));
         }
         assert_eq!("URING".parse::<ReadEngine>(), Ok(ReadEngine::Uring));
+        for c in [CachePages::Huge, CachePages::Base] {
+            assert_eq!(c.to_string().parse::<CachePages>(), Ok(c));
+        }
         assert!("gds".parse::<ReadEngine>().is_err());
     }
 }

@@ -40,6 +40,8 @@ pub struct ReadOp {
     /// Bytes the file actually holds from `offset` within `len`: the read is complete once this many arrived.
     pub valid: u64,
     pub direct: bool,
+    /// A buffered read of cold pages ([`ReadKind::ColdBuffered`]): the page cache keeps what it reads.
+    pub cold: bool,
     /// Indexes into [`Plan::pieces`].
     pub pieces: Range<usize>,
 }
@@ -181,7 +183,8 @@ pub fn plan(
             out.pieces.push(Piece { at: s.offset - offset, len: s.len, dest: s.dest, dest_offset: s.dest_offset });
         }
         out.slot_bytes = out.slot_bytes.max(len);
-        out.ops.push(ReadOp { file, offset, len, valid, direct, pieces: first_piece..out.pieces.len() });
+        let cold = k == ReadKind::ColdBuffered;
+        out.ops.push(ReadOp { file, offset, len, valid, direct, cold, pieces: first_piece..out.pieces.len() });
         i = j;
     }
     out.slot_bytes = out.slot_bytes.next_multiple_of(4096);

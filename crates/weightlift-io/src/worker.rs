@@ -481,9 +481,22 @@ impl Lane {
         let in_place =
             in_place_targets(&job.plan, op, job.sink()).map(|targets| InPlaceIo { targets, iov: Vec::new() });
         let req = reading.request(op);
+        // Cold pages the cache keeps: brought in as 2 MiB folios first (see `populate`), then read from the cache.
+        let populated = match &job.cold_maps {
+            Some(maps) if op.cold && !direct => {
+                let t = Instant::now();
+                let done = maps.populate(op.file as usize, &job.files[op.file as usize], op.offset, op.valid);
+                Some((if done { op.valid } else { 0 }, t.elapsed()))
+            }
+            _ => None,
+        };
         let j = self.joined_of(&job);
         j.busy += 1;
         j.totals.stats.ops += 1;
+        if let Some((n, took)) = populated {
+            j.totals.stats.populated_bytes += n;
+            j.totals.stats.populate += took;
+        }
         self.slots[slot] = Slot::Reading { job, op: op_idx, reading, in_place };
         self.issue(slot, req);
     }

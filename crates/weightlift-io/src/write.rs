@@ -142,7 +142,7 @@ impl Writer<'_> {
     fn op(&self, pos: u64, n: u64) -> ReadOp {
         let at = self.offset + pos;
         let direct = self.target.direct.is_some() && at % self.target.block == 0 && n % self.target.block == 0;
-        ReadOp { file: 0, offset: at, len: n, valid: n, direct, pieces: 0..0 }
+        ReadOp { file: 0, offset: at, len: n, valid: n, direct, cold: false, pieces: 0..0 }
     }
 
     fn faulted(&self, offset: u64, len: u64, result: io::Result<usize>) -> io::Result<usize> {

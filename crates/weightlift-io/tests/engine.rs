@@ -562,3 +562,85 @@ fn device_staging_faulted_in_first_is_pinned_in_place() {
     assert_eq!(again.lanes_set_up, 0, "{again:?}");
     assert_eq!(pinner.0.load(Ordering::Relaxed), 3);
 }
+
+/// Bytes of `path` that a fresh mapping of it maps with 2 MiB page-table entries once populated: the bytes the
+/// page cache holds in 2 MiB folios (only those can be mapped that way). None where the kernel does not say.
+fn bytes_in_2mib_folios(path: &Path) -> Option<u64> {
+    use std::os::fd::AsRawFd;
+    const HUGE: usize = 2 << 20;
+    let f = std::fs::File::open(path).unwrap();
+    let len = f.metadata().unwrap().len() as usize;
+    // SAFETY: an anonymous reservation, then the file mapped read-only at a 2 MiB boundary inside it (MAP_FIXED
+    // over our own reservation); only the kernel reads the mapping (MADV_POPULATE_READ); both are unmapped here.
+    unsafe {
+        let span = len + HUGE;
+        let r = libc::mmap(std::ptr::null_mut(), span, libc::PROT_NONE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0);
+        assert_ne!(r, libc::MAP_FAILED);
+        let at = (r as usize).next_multiple_of(HUGE) as *mut libc::c_void;
+        let m = libc::mmap(at, len, libc::PROT_READ, libc::MAP_SHARED | libc::MAP_FIXED, f.as_raw_fd(), 0);
+        assert_eq!(m, at);
+        let populated = libc::madvise(m, len, libc::MADV_POPULATE_READ) == 0;
+        let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap_or_default();
+        libc::munmap(r, span);
+        if !populated {
+            return None;
+        }
+        let head = format!("{:x}-", at as usize);
+        let entry = smaps.split_once(&format!("\n{head}")).map(|(_, rest)| rest)?;
+        let line = entry.lines().find(|l| l.starts_with("FilePmdMapped:"))?;
+        let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+        Some(kib << 10)
+    }
+}
+
+/// Drops the file's pages from the page cache (its own pages only: no root needed).
+fn evict(path: &Path) {
+    use std::os::fd::AsRawFd;
+    let f = std::fs::File::open(path).unwrap();
+    f.sync_all().unwrap(); // dirty pages are not dropped
+    // SAFETY: a valid descriptor; the call only advises the kernel.
+    assert_eq!(unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) }, 0);
+}
+
+/// `cache_pages = huge` (the default): a cold load that keeps the file in the page cache leaves it in 2 MiB
+/// folios, which the next reader (a new process) reads faster than the 4 KiB folios the lanes' scattered reads
+/// leave otherwise.
+#[test]
+fn cold_ranges_kept_in_the_page_cache_land_in_2_mib_folios() {
+    let dir = tempfile::tempdir().unwrap();
+    // SAFETY: statfs of a path we own into a zeroed struct.
+    let mut fs: libc::statfs = unsafe { std::mem::zeroed() };
+    let c = std::ffi::CString::new(dir.path().as_os_str().as_encoded_bytes()).unwrap();
+    assert_eq!(unsafe { libc::statfs(c.as_ptr(), &mut fs) }, 0);
+    if fs.f_type == libc::TMPFS_MAGIC {
+        eprintln!("skipped: the temporary directory is on tmpfs, whose pages are never cold");
+        return;
+    }
+    let len = (64 << 20) + 12_345;
+    let whole_folios = (len as u64) >> 21 << 21;
+    let path = write(dir.path(), "cold.bin", len, 17);
+    let extents = [Extent { file: 0, offset: 0, len: len as u64, dest: 0, dest_offset: 0 }];
+    for pages in [weightlift_io::CachePages::Base, weightlift_io::CachePages::Huge] {
+        evict(&path);
+        let params =
+            IoParams { threads: 8, cache: weightlift_io::CachePolicy::Keep, cache_pages: pages, ..IoParams::default() };
+        let (bufs, report) = load_into_host(std::slice::from_ref(&path), &extents, &params, None).unwrap();
+        check_bytes(std::slice::from_ref(&path), &extents, &bufs);
+        assert_eq!(report.cache_pages, pages);
+        let Some(huge) = bytes_in_2mib_folios(&path) else {
+            eprintln!("skipped: this kernel does not report FilePmdMapped in /proc/self/smaps");
+            return;
+        };
+        eprintln!("cache_pages={pages}: {huge} of {len} bytes in 2 MiB folios");
+        match pages {
+            weightlift_io::CachePages::Base => assert_eq!(report.stats.populated_bytes, 0),
+            weightlift_io::CachePages::Huge => {
+                assert_eq!(report.populate_refusal, None);
+                assert_eq!(report.stats.populated_bytes, len as u64, "every cold byte populated first");
+                // The kernel falls back to smaller folios where a 2 MiB allocation fails at once (it does not
+                // compact memory for readahead); under the other tests' load a few do. Plain reads leave 0-16 MiB.
+                assert!(huge >= whole_folios / 4 * 3, "{huge} of {whole_folios} bytes in 2 MiB folios");
+            }
+        }
+    }
+}

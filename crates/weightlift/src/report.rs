@@ -141,6 +141,7 @@ impl Report {
                 "backpressure_thread_secs": io.stats.backpressure.as_secs_f64(),
                 "staging_setup_thread_secs": io.stats.setup.as_secs_f64(),
                 "staging_wait_thread_secs": io.stats.setup_wait.as_secs_f64(),
+                "populate_thread_secs": io.stats.populate.as_secs_f64(),
             },
             "settings": settings,
             "verified": self.verified,
@@ -160,6 +161,11 @@ impl Report {
                 "gbps": if n.kernel_secs > 0.0 { n.transferred as f64 / n.kernel_secs / 1e9 } else { 0.0 },
             })),
         });
+        // The page-cache folios asked for cold ranges, and what the lanes populated that way (outside the literal
+        // above, which is at serde_json's macro recursion limit).
+        v["cache_pages"] = json!(io.cache_pages.to_string());
+        v["populated_bytes"] = json!(io.stats.populated_bytes);
+        v["populate_refusal"] = json!(io.populate_refusal);
         v["checks"] = self.checks.as_ref().map_or(Value::Null, |c| c.to_json());
         v
     }

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::str::FromStr;
 
 use weightlift_io::params::defaults;
-use weightlift_io::{CachePolicy, DirectMode, IoParams, ReadEngine, StagingPages, parse_bytes};
+use weightlift_io::{CachePages, CachePolicy, DirectMode, IoParams, ReadEngine, StagingPages, parse_bytes};
 
 use crate::error::{Error, Result};
 
@@ -108,7 +108,7 @@ trait Shown {
 macro_rules! shown_display {
     ($($t:ty),*) => { $(impl Shown for $t { fn shown(&self) -> String { self.to_string() } })* };
 }
-shown_display!(u32, u64, DirectMode, CachePolicy, Backend, StagingPages);
+shown_display!(u32, u64, DirectMode, CachePolicy, Backend, StagingPages, CachePages);
 
 impl Shown for Option<PathBuf> {
     fn shown(&self) -> String {
@@ -204,6 +204,9 @@ settings! {
     staging_pages: StagingPages = StagingPages::Huge, "huge", env "WEIGHTLIFT_STAGING_PAGES",
         parse named::<StagingPages>, values &["huge", "base"],
         "page size of staging memory: huge (2 MiB transparent huge pages where the kernel grants them: a process's first load sets up faster; may compact memory on a fragmented host) or base (4 KiB; warm repeated loads measured 0-3% faster)";
+    cache_pages: CachePages = CachePages::Huge, "huge", env "WEIGHTLIFT_CACHE_PAGES", parse named::<CachePages>,
+        values &["huge", "base"],
+        "folio size asked for the cold ranges a load keeps in the page cache: huge (each cold range populated through a MADV_HUGEPAGE mapping of the file first, so the kernel caches it in 2 MiB folios, which the next process reads faster) or base (plain buffered reads; the lanes' scattered reads leave mostly 4 KiB folios)";
     prefetch_bytes: u64 = 2 << 30, "2 GiB", env "WEIGHTLIFT_PREFETCH_BYTES", parse bytes, values &[],
         "streaming loads (safe_open): bytes read ahead of the tensors taken so far (packed loads: two decode batches ahead, or this if smaller)";
     pack_batch_bytes: u64 = 0, "0 (auto: 128 MiB; 256 MiB where nvCOMP decodes)", env "WEIGHTLIFT_PACK_BATCH_BYTES",
@@ -286,6 +289,7 @@ impl Settings {
             cache: self.cache.value,
             engine: self.backend.value.read_engine(),
             staging_pages: self.staging_pages.value,
+            cache_pages: self.cache_pages.value,
         }
     }
 
