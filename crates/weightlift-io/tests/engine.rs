@@ -644,3 +644,33 @@ fn cold_ranges_kept_in_the_page_cache_land_in_2_mib_folios() {
         }
     }
 }
+
+/// A file cut short after it was opened, loaded cold with `cache_pages = huge`: the mapping the lanes populate
+/// through reaches past the new end, which the advice reports as an error (a read through it would be SIGBUS);
+/// the load fails naming the file, the process lives on.
+#[test]
+fn a_file_cut_short_under_a_cold_huge_page_load_is_an_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let len = 24 << 20;
+    let path = write(dir.path(), "cut.bin", len, 23);
+    let params = IoParams {
+        threads: 4,
+        cache: weightlift_io::CachePolicy::Keep,
+        cache_pages: weightlift_io::CachePages::Huge,
+        ..IoParams::default()
+    };
+    let engine = engine(&params);
+    let files = open_all(std::slice::from_ref(&path), true).unwrap();
+    std::fs::OpenOptions::new().write(true).open(&path).unwrap().set_len(5 << 20).unwrap();
+    evict(&path);
+    let extents = [Extent { file: 0, offset: 0, len: len as u64, dest: 0, dest_offset: 0 }];
+    let dest_lens = [len as u64];
+    let mut bufs = vec![HostBuffer::new(len, None).unwrap()];
+    let result = {
+        let sink = HostSink::borrowing(&mut bufs);
+        let req = LoadRequest { files: &files, extents: &extents, dest_lens: &dest_lens };
+        engine.load(&req, &LoadOptions::default(), &*sink)
+    };
+    let err = result.expect_err("a load past the end of the file must fail");
+    assert!(err.to_string().contains("cut.bin"), "{err}");
+}
