@@ -608,9 +608,10 @@ fn evict(path: &Path) {
 #[test]
 fn cold_ranges_kept_in_the_page_cache_land_in_2_mib_folios() {
     let dir = tempfile::tempdir().unwrap();
-    // SAFETY: statfs of a path we own into a zeroed struct.
+    // SAFETY: `statfs` is plain data, for which all zeroes is a valid value.
     let mut fs: libc::statfs = unsafe { std::mem::zeroed() };
     let c = std::ffi::CString::new(dir.path().as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: a NUL-terminated path and a struct the kernel fills.
     assert_eq!(unsafe { libc::statfs(c.as_ptr(), &mut fs) }, 0);
     if fs.f_type == libc::TMPFS_MAGIC {
         eprintln!("skipped: the temporary directory is on tmpfs, whose pages are never cold");
