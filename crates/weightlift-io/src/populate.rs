@@ -17,7 +17,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, OnceLock};
 
-use memmap2::{Advice, Mmap, MmapOptions};
+use memmap2::{Advice, Mmap, MmapOptions, UncheckedAdvice};
 
 use crate::file::OpenFile;
 
@@ -79,8 +79,16 @@ impl ColdMaps {
         if start >= end {
             return false;
         }
-        match map.advise_range(Advice::PopulateRead, start as usize, (end - start) as usize) {
-            Ok(()) => true,
+        let (at, n) = (start as usize, (end - start) as usize);
+        match map.advise_range(Advice::PopulateRead, at, n) {
+            Ok(()) => {
+                // The folios stay in the page cache; only this process's mapping of them goes, so that a load
+                // does not hold (and count in its RSS) the whole checkpoint mapped until it ends.
+                // SAFETY: MADV_DONTNEED on a shared file mapping drops page-table entries only (the file's data is
+                // unchanged), and nothing reads through this mapping.
+                let _ = unsafe { map.unchecked_advise_range(UncheckedAdvice::DontNeed, at, n) };
+                true
+            }
             Err(e) => {
                 // EINVAL: a kernel before 5.14 (no MADV_POPULATE_READ). Anything else (EFAULT past a truncated
                 // end, ENOMEM, EINTR) concerns this range: the read reports it if it is real.
@@ -133,6 +141,13 @@ mod tests {
         assert!(!maps.populate(1, &file, 0, 10), "no such input");
         assert!(maps.refusal().is_none(), "{:?}", maps.refusal());
         assert_eq!(std::fs::read(&path).unwrap(), data, "populating changes nothing in the file");
+        // Nothing of the file stays mapped in this process after populating.
+        let map = maps.maps[0].get().unwrap().as_ref().unwrap();
+        let head = format!("{:x}-", map.as_ptr() as usize);
+        let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
+        let (_, entry) = smaps.split_once(&format!("\n{head}")).expect("the mapping in /proc/self/smaps");
+        let rss = entry.lines().find(|l| l.starts_with("Rss:")).unwrap();
+        assert_eq!(rss.split_whitespace().nth(1), Some("0"), "{rss}");
     }
 
     #[test]
