@@ -5,7 +5,6 @@
 //! first error, and completes once no op is left to hand out and every lane that joined has left (its reads
 //! drained, its deliveries finished, `Sink::end_lane` called).
 
-use crate::populate::ColdMaps;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
@@ -14,6 +13,7 @@ use crate::fault::FaultPlan;
 use crate::file::OpenFile;
 use crate::lane::LaneStats;
 use crate::plan::{Piece, Plan, ReadOp};
+use crate::populate::ColdMaps;
 use crate::sink::Sink;
 use crate::staging::Pinner;
 
