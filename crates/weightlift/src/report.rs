@@ -198,6 +198,15 @@ impl Report {
             gib(io.buffered_bytes),
             io.direct_reason
         );
+        if io.stats.populated_bytes > 0 || io.populate_refusal.is_some() {
+            s += &format!(
+                "  cold ranges: {:.2} GiB brought into the page cache as 2 MiB folios first (cache_pages={}, {:.2} s of lane time){}\n",
+                gib(io.stats.populated_bytes),
+                io.cache_pages,
+                io.stats.populate.as_secs_f64(),
+                io.populate_refusal.as_ref().map(|w| format!("; refused: {w}")).unwrap_or_default()
+            );
+        }
         s += &format!(
             "  staging {} slots × {} MiB per lane, {} MiB at most; time: alloc {:.3} s, plan {:.3} s, I/O {:.3} s (threads: wait {:.2} s, copy {:.2} s, back-pressure {:.2} s)",
             io.slots_per_lane,
