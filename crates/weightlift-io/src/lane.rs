@@ -33,8 +33,9 @@ pub struct LaneStats {
     /// Time waiting for other lanes' staging set-ups to finish before starting its own (lanes set up one at a
     /// time, process-wide).
     pub setup_wait: Duration,
-    /// Bytes of cold ranges populated in 2 MiB folios before being read (`cache_pages = huge`), and the time the
-    /// lanes spent doing it (the disk reads of those ranges happen there).
+    /// Bytes of cold ranges populated through a huge-page mapping before being read (`cache_pages = huge`; the
+    /// kernel reads whole 2 MiB folios around them, 2 MiB folios only where the filesystem has large folios), and
+    /// the time the lanes spent doing it (the disk reads of those ranges happen there).
     pub populated_bytes: u64,
     pub populate: Duration,
 }

@@ -48,11 +48,13 @@ pub enum CachePolicy {
     Bypass,
 }
 
-/// The folio size a load asks the kernel to cache its cold ranges in (ranges read under [`CachePolicy::Keep`]).
+/// The folio size a load asks the kernel to cache its cold ranges in (cold ranges read buffered: under
+/// [`CachePolicy::Keep`], or where the file does not allow O_DIRECT).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum CachePages {
     /// 2 MiB folios: each cold range is first populated through a `MADV_HUGEPAGE` mapping of the file, then read
-    /// from the page cache. The next reader of the file (a new process) reads it faster.
+    /// from the page cache. The next reader of the file (a new process) reads it faster. Where the kernel or the
+    /// filesystem has no large folios the pages come out small anyway, at about the cost of plain reads.
     Huge,
     /// Whatever the kernel's readahead picks for the lanes' scattered reads (mostly 4 KiB folios).
     Base,

@@ -200,7 +200,7 @@ impl Report {
         );
         if io.stats.populated_bytes > 0 || io.populate_refusal.is_some() {
             s += &format!(
-                "  cold ranges: {:.2} GiB brought into the page cache as 2 MiB folios first (cache_pages={}, {:.2} s of lane time){}\n",
+                "  cold ranges: {:.2} GiB populated through a huge-page mapping first (cache_pages={}: 2 MiB folios where the filesystem has large folios; {:.2} s of lane time){}\n",
                 gib(io.stats.populated_bytes),
                 io.cache_pages,
                 io.stats.populate.as_secs_f64(),

@@ -206,7 +206,7 @@ settings! {
         "page size of staging memory: huge (2 MiB transparent huge pages where the kernel grants them: a process's first load sets up faster; may compact memory on a fragmented host) or base (4 KiB; warm repeated loads measured 0-3% faster)";
     cache_pages: CachePages = CachePages::Huge, "huge", env "WEIGHTLIFT_CACHE_PAGES", parse named::<CachePages>,
         values &["huge", "base"],
-        "folio size asked for the cold ranges a load keeps in the page cache: huge (each cold range populated through a MADV_HUGEPAGE mapping of the file first, so the kernel caches it in 2 MiB folios, which the next process reads faster) or base (plain buffered reads; the lanes' scattered reads leave mostly 4 KiB folios)";
+        "folio size asked for the cold ranges a load reads through the page cache: huge (each cold range populated through a MADV_HUGEPAGE mapping of the file first, so the kernel caches it in 2 MiB folios where kernel and filesystem support large folios, which the next process reads faster) or base (plain buffered reads; the lanes' scattered reads leave mostly 4 KiB folios)";
     prefetch_bytes: u64 = 2 << 30, "2 GiB", env "WEIGHTLIFT_PREFETCH_BYTES", parse bytes, values &[],
         "streaming loads (safe_open): bytes read ahead of the tensors taken so far (packed loads: two decode batches ahead, or this if smaller)";
     pack_batch_bytes: u64 = 0, "0 (auto: 128 MiB; 256 MiB where nvCOMP decodes)", env "WEIGHTLIFT_PACK_BATCH_BYTES",
