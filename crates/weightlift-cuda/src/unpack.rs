@@ -1,8 +1,8 @@
 //! Decoding packed chunks on the GPU, stream-ordered: weightlift's Huffman kernel (`wl_huff_decode`) and nvCOMP's
 //! batched decoders turn compressed planes (already in device memory) into a scratch buffer, `wl_merge` interleaves
-//! the planes into each chunk's destination, and the xxh3 kernels hash every destination range; the statuses, decoded sizes and hashes come back to pinned host
-//! memory, checked by [`PendingBatch::wait`]. The same hashing checks plain tensors against a checksum manifest
-//! ([`GpuUnpacker::hash_batch`]).
+//! the planes into each chunk's destination, and the xxh3 kernels hash every destination range; the statuses,
+//! decoded sizes and hashes come back to pinned host memory, checked by [`PendingBatch::wait`]. The same hashing
+//! checks plain tensors against a checksum manifest ([`GpuUnpacker::hash_batch`]).
 //!
 //! One [`GpuUnpacker`] per CUDA stream: its scratch buffers are reused batch after batch, which stream order makes
 //! safe. Kernels are compiled by NVRTC on first use; nvCOMP is loaded only when a batch holds streams of its codecs.

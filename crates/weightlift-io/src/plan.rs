@@ -40,7 +40,7 @@ pub struct ReadOp {
     /// Bytes the file actually holds from `offset` within `len`: the read is complete once this many arrived.
     pub valid: u64,
     pub direct: bool,
-    /// A buffered read of cold pages ([`ReadKind::ColdBuffered`]): the page cache keeps what it reads.
+    /// A buffered read of cold pages ([`ReadKind::ColdBuffered`]; never `direct`): the page cache keeps what it reads.
     pub cold: bool,
     /// Indexes into [`Plan::pieces`].
     pub pieces: Range<usize>,

@@ -483,7 +483,7 @@ impl Lane {
         let req = reading.request(op);
         // Cold pages the cache keeps: brought in as 2 MiB folios first (see `populate`), then read from the cache.
         let populated = match &job.cold_maps {
-            Some(maps) if op.cold && !direct => {
+            Some(maps) if op.cold => {
                 let t = Instant::now();
                 let done = maps.populate(op.file as usize, &job.files[op.file as usize], op.offset, op.valid);
                 Some((if done { op.valid } else { 0 }, t.elapsed()))

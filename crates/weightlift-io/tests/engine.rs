@@ -564,14 +564,10 @@ fn device_staging_faulted_in_first_is_pinned_in_place() {
 }
 
 /// Bytes of `path` that a fresh mapping of it maps with 2 MiB page-table entries once populated: the bytes the
-/// page cache holds in 2 MiB folios (only those can be mapped that way). None where the kernel does not say.
-fn bytes_in_2mib_folios(path: &Path) -> Option<u64> {
-    mapped_in_2mib_folios(path, false)
-}
-
-/// As [`bytes_in_2mib_folios`]; with `huge`, the mapping is advised `MADV_HUGEPAGE` before it is populated (what
-/// is not cached yet is then read in 2 MiB folios, where the kernel and filesystem have them).
-fn mapped_in_2mib_folios(path: &Path, huge: bool) -> Option<u64> {
+/// page cache holds in 2 MiB folios (only those can be mapped that way). None where the kernel does not say. With
+/// `huge`, the mapping is advised `MADV_HUGEPAGE` before it is populated (what is not cached yet is then read in
+/// 2 MiB folios, where the kernel and filesystem have them).
+fn bytes_in_2mib_folios(path: &Path, huge: bool) -> Option<u64> {
     use std::os::fd::AsRawFd;
     const HUGE: usize = 2 << 20;
     let f = std::fs::File::open(path).unwrap();
@@ -629,7 +625,7 @@ fn cold_ranges_kept_in_the_page_cache_land_in_2_mib_folios() {
     // Whether this kernel and filesystem cache a file in 2 MiB folios at all, asked without the engine.
     let probe = write(dir.path(), "probe.bin", 8 << 20, 3);
     evict(&probe);
-    if mapped_in_2mib_folios(&probe, true).unwrap_or(0) == 0 {
+    if bytes_in_2mib_folios(&probe, true).unwrap_or(0) == 0 {
         eprintln!("skipped: this kernel or filesystem does not cache files in 2 MiB folios (or does not say so)");
         return;
     }
@@ -644,7 +640,7 @@ fn cold_ranges_kept_in_the_page_cache_land_in_2_mib_folios() {
         let (bufs, report) = load_into_host(std::slice::from_ref(&path), &extents, &params, None).unwrap();
         check_bytes(std::slice::from_ref(&path), &extents, &bufs);
         assert_eq!(report.cache_pages, pages);
-        let huge = bytes_in_2mib_folios(&path).expect("FilePmdMapped, reported for the probe");
+        let huge = bytes_in_2mib_folios(&path, false).expect("FilePmdMapped, reported for the probe");
         eprintln!("cache_pages={pages}: {huge} of {len} bytes in 2 MiB folios");
         match pages {
             weightlift_io::CachePages::Base => assert_eq!(report.stats.populated_bytes, 0),
