@@ -58,6 +58,16 @@ impl Staging {
         pinner: Option<&dyn Pinner>,
         pages: StagingPages,
     ) -> Result<Staging, IoError> {
+        let mut s = Staging::map(slot_bytes, slots, pages)?;
+        if let Some(p) = pinner {
+            s.pin(p)?;
+        }
+        Ok(s)
+    }
+
+    /// Maps and touches `slots × slot_bytes` bytes (2 MiB transparent huge pages when `pages` asks for them and
+    /// the kernel grants them), unpinned.
+    pub fn map(slot_bytes: usize, slots: usize, pages: StagingPages) -> Result<Staging, IoError> {
         let bytes = slot_bytes.checked_mul(slots).filter(|&b| b > 0);
         let Some(bytes) = bytes else {
             return Err(IoError::Destinations(format!("staging of {slots} slots of {slot_bytes} bytes")));
@@ -94,11 +104,7 @@ impl Staging {
                 page[0] = 0;
             }
         }
-        let mut s = Staging { pin: None, map, offset, slot_bytes, slots, huge };
-        if let Some(p) = pinner {
-            s.pin(p)?;
-        }
-        Ok(s)
+        Ok(Staging { pin: None, map, offset, slot_bytes, slots, huge })
     }
 
     /// Pins the region for device DMA, unless it is pinned already.

@@ -11,7 +11,7 @@ use std::collections::VecDeque;
 use std::io;
 use std::os::fd::AsRawFd;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use crate::error::IoError;
 use crate::job::{Job, LaneTotals};
@@ -332,16 +332,12 @@ impl Lane {
             match work {
                 Work::None => return took,
                 Work::Restage(job) => {
-                    let t = Instant::now();
-                    let (waited, restaged) = {
-                        let _one_at_a_time = SETTING_UP.lock().unwrap_or_else(|p| p.into_inner());
-                        let waited = t.elapsed();
-                        (waited, self.restage(job.slot_bytes, job.slots_per_lane, job.pinner.as_deref()))
-                    };
+                    let (took, waited, restaged) =
+                        self.restage(job.slot_bytes, job.slots_per_lane, job.pinner.as_deref());
                     // Counted into the job's totals when this lane joins it. Not through `joined_of`: a lane that
                     // never joins must not hold the job as joined (leaving it would call its sink, which the job's
                     // caller may have dropped by then: the job can complete while this lane waited to set up).
-                    self.setup_pending.0 += t.elapsed().saturating_sub(waited);
+                    self.setup_pending.0 += took;
                     self.setup_pending.1 += waited;
                     if let Err(e) = restaged {
                         job.fail(e);
@@ -381,41 +377,83 @@ impl Lane {
     }
 
     /// (Re)allocates this idle lane's staging to hold `slots_per_lane` slots of `slot_bytes` (pinned with `pinner`
-    /// if given), keeping larger slots and more of them if it had them.
-    fn restage(&mut self, slot_bytes: u64, slots_per_lane: usize, pinner: Option<&dyn Pinner>) -> Result<(), IoError> {
-        if let Some(s) = self.staging.as_mut() {
-            if s.slot_bytes() as u64 >= slot_bytes && s.slots() >= slots_per_lane {
-                if let (Some(p), false) = (pinner, s.is_pinned()) {
-                    // Staging made for a host load is pinned for the device only now, and io_uring holds its pages
-                    // as fixed buffers: pin with the buffers unregistered, then register them again, the order that
-                    // staging made for a device load has (pinned, then registered).
-                    // SAFETY: the lane is idle (restaging happens between jobs): no read is in flight into it.
-                    unsafe { self.io.register(None) };
-                    let pinned = s.pin(p);
-                    self.register_staging();
-                    pinned?;
+    /// if given), keeping larger slots and more of them if it had them. Answers the time it took, less the time it
+    /// waited for other lanes (see [`SETTING_UP`]), and that wait.
+    fn restage(
+        &mut self,
+        slot_bytes: u64,
+        slots_per_lane: usize,
+        pinner: Option<&dyn Pinner>,
+    ) -> (Duration, Duration, Result<(), IoError>) {
+        let t = Instant::now();
+        let mut waited = Duration::ZERO;
+        let mut one_at_a_time = || {
+            let w = Instant::now();
+            let guard = SETTING_UP.lock().unwrap_or_else(|p| p.into_inner());
+            waited = w.elapsed();
+            guard
+        };
+        let result = 'set_up: {
+            if let Some(s) = self.staging.as_mut() {
+                if s.slot_bytes() as u64 >= slot_bytes && s.slots() >= slots_per_lane {
+                    if let (Some(p), false) = (pinner, s.is_pinned()) {
+                        let _one = one_at_a_time();
+                        // Staging made for a host load is pinned for the device only now, and io_uring holds its
+                        // pages as fixed buffers: pin with the buffers unregistered, then register them again, the
+                        // order that staging made for a device load has (pinned, then registered).
+                        // SAFETY: the lane is idle (restaging happens between jobs): no read is in flight into it.
+                        unsafe { self.io.register(None) };
+                        let pinned = s.pin(p);
+                        self.register_staging();
+                        break 'set_up pinned;
+                    }
+                    break 'set_up Ok(());
                 }
-                return Ok(());
             }
-        }
-        let (old_bytes, old_slots) = self.staging.as_ref().map_or((0, 0), |s| (s.slot_bytes() as u64, s.slots()));
-        let cap = self.pool.staging_per_lane().max(slot_bytes);
-        // Larger slots (and more of them) are kept only while the lane's share still holds as many as the job
-        // asks for. Keeping them regardless left a lane that one cold load had given one large slot unable ever to
-        // serve a warm load that asks for two smaller ones: it restaged forever (the hang after cold GPU loads of
-        // bench/results/2026-11-24-h100/hang-after-cold-loads; test tests/restage.rs).
-        let keep = old_bytes.next_multiple_of(4096) * slots_per_lane as u64 <= cap;
-        let slot_bytes = if keep { slot_bytes.max(old_bytes) } else { slot_bytes }.next_multiple_of(4096);
-        let old_slots = if keep { old_slots } else { 0 };
-        let slots = slots_per_lane.max(old_slots).min((cap / slot_bytes).max(1) as usize).max(1);
-        // SAFETY: the lane is idle (no read in flight), and the old region stays mapped until after this call.
-        unsafe { self.io.register(None) };
-        self.staging = None;
-        self.slots.clear();
-        self.staging = Some(Staging::new(slot_bytes as usize, slots, pinner, self.pool.staging_pages())?);
-        self.register_staging();
-        self.slots = (0..slots).map(|_| Slot::Free).collect();
-        Ok(())
+            let (old_bytes, old_slots) = self.staging.as_ref().map_or((0, 0), |s| (s.slot_bytes() as u64, s.slots()));
+            let cap = self.pool.staging_per_lane().max(slot_bytes);
+            // Larger slots (and more of them) are kept only while the lane's share still holds as many as the job
+            // asks for. Keeping them regardless left a lane that one cold load had given one large slot unable ever
+            // to serve a warm load that asks for two smaller ones: it restaged forever (the hang after cold GPU
+            // loads of bench/results/2026-11-24-h100/hang-after-cold-loads; test tests/restage.rs).
+            let keep = old_bytes.next_multiple_of(4096) * slots_per_lane as u64 <= cap;
+            let slot_bytes = if keep { slot_bytes.max(old_bytes) } else { slot_bytes }.next_multiple_of(4096);
+            let old_slots = if keep { old_slots } else { 0 };
+            let slots = slots_per_lane.max(old_slots).min((cap / slot_bytes).max(1) as usize).max(1);
+            // Mapped and faulted in by every lane at once (the kernel zeroing pages, no driver call); pinned and
+            // registered one lane at a time.
+            let mut staging = match Staging::map(slot_bytes as usize, slots, self.pool.staging_pages()) {
+                Ok(s) => s,
+                Err(e) => break 'set_up Err(e),
+            };
+            let mapped = t.elapsed();
+            let _one = one_at_a_time();
+            let locked = Instant::now();
+            // SAFETY: the lane is idle (no read in flight), and the old region stays mapped until after this call.
+            unsafe { self.io.register(None) };
+            self.staging = None;
+            self.slots.clear();
+            if let Some(p) = pinner {
+                if let Err(e) = staging.pin(p) {
+                    break 'set_up Err(e);
+                }
+            }
+            let pinned = locked.elapsed();
+            self.staging = Some(staging);
+            self.register_staging();
+            self.slots = (0..slots).map(|_| Slot::Free).collect();
+            tracing::debug!(
+                lane = self.id,
+                bytes = slot_bytes * slots as u64,
+                map_secs = mapped.as_secs_f64(),
+                wait_secs = waited.as_secs_f64(),
+                pin_secs = pinned.as_secs_f64(),
+                register_secs = (locked.elapsed() - pinned).as_secs_f64(),
+                "staging set up"
+            );
+            Ok(())
+        };
+        (t.elapsed().saturating_sub(waited), waited, result)
     }
 
     /// Registers this idle lane's staging with its ring as fixed buffers (replacing what was registered).
@@ -450,11 +488,8 @@ impl Lane {
             req.answer(Some((Default::default(), Default::default(), Ok(()))));
             return;
         }
-        let t = Instant::now();
-        let _one_at_a_time = SETTING_UP.lock().unwrap_or_else(|p| p.into_inner());
-        let waited = t.elapsed();
-        let result = self.restage(req.slot_bytes, req.slots, req.pinner.as_deref());
-        req.answer(Some((t.elapsed().saturating_sub(waited), waited, result)));
+        let (took, waited, result) = self.restage(req.slot_bytes, req.slots, req.pinner.as_deref());
+        req.answer(Some((took, waited, result)));
     }
 
     /// Drops the staging memory if the engine asked for it and the lane is idle.
