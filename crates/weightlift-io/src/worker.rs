@@ -70,13 +70,16 @@ struct Joined {
     inflight: usize,
 }
 
-/// Lanes set up staging one at a time, process-wide. Set up all at once (a first load: every lane maps, faults in
+/// Lanes pin their staging and register it with their ring one at a time, process-wide; they map and fault it in
+/// at once (the kernel alone, see [`Staging::map`]). Set up all at once (a first load: every lane maps, faults in
 /// and pins its slots, registers them with its ring) they slowed each other and the device allocation running
 /// beside them: on the H100 machine a first load of 4.13 GB with 16 lanes took 1.51× the second (allocation 59 ms),
 /// one at a time 1.29× (allocation 7 ms), the warm rate unchanged (bench/results/2026-11-24-h100-k). The first lane
 /// ready starts reading while the others set up. On huge pages, at once against one at a time was measured again
 /// (bench/results/2026-11-24-h100-zi): a fresh Python process's first load gained (median 1.243× the second against
-/// 1.307), a fresh engine's in `weightlift bench` lost (1.21–1.24× against 1.09–1.10); one at a time stays.
+/// 1.307), a fresh engine's in `weightlift bench` lost (1.21–1.24× against 1.09–1.10). Faulting in at once and
+/// pinning one at a time beat both in bench/results/2026-11-25-h100-o (a fresh process's first load of 1.25 GB in
+/// 0.069 s against 0.079 fully one at a time; 4.49 GB in 0.125 s against 0.155; medians of 9).
 static SETTING_UP: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 pub(crate) struct Lane {
@@ -421,7 +424,7 @@ impl Lane {
             let old_slots = if keep { old_slots } else { 0 };
             let slots = slots_per_lane.max(old_slots).min((cap / slot_bytes).max(1) as usize).max(1);
             // Mapped and faulted in by every lane at once (the kernel zeroing pages, no driver call); pinned and
-            // registered one lane at a time.
+            // registered one lane at a time (see `SETTING_UP`).
             let mut staging = match Staging::map(slot_bytes as usize, slots, self.pool.staging_pages()) {
                 Ok(s) => s,
                 Err(e) => break 'set_up Err(e),
