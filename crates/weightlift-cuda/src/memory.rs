@@ -51,15 +51,6 @@ impl DeviceBuffer {
         Ok(DeviceBuffer { gpu: gpu.clone(), ptr, len, free_stream: LEGACY_STREAM })
     }
 
-    /// Allocates `len` bytes on `stream` and frees them again, ordered on the same stream: the pool grows by `len`
-    /// in one call, and while it keeps its freed memory, allocations that follow on `stream` take it.
-    pub fn grow_pool(gpu: &Gpu, len: usize, stream: &CudaStream) -> Result<(), CudaError> {
-        let mut b = DeviceBuffer::alloc(gpu, len, stream)?;
-        // SAFETY: `stream` belongs to the buffer's context and outlives it: the buffer is dropped right here.
-        unsafe { b.set_free_stream(stream.cu_stream()) };
-        Ok(())
-    }
-
     pub fn device_ptr(&self) -> sys::CUdeviceptr {
         self.ptr
     }

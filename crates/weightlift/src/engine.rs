@@ -595,12 +595,6 @@ pub(crate) fn allocate_published(
     let _restore = weightlift_cuda::ContextRestore::save(); // the caller's thread keeps its device
     gpu.bind()?;
     let stream = gpu.stream(lanes)?;
-    let total: u64 = lens.iter().sum();
-    let _kept = grow_pool_first(gpu, total).inspect(|_| {
-        if let Err(e) = DeviceBuffer::grow_pool(gpu, total as usize, &stream) {
-            tracing::debug!("growing cuda:{}'s pool by {total} bytes at once: {e}", gpu.ordinal());
-        }
-    });
     let mut batch: Vec<(u32, u64, u64)> = Vec::new();
     let (mut batch_bytes, mut limit) = (0u64, 1u64);
     let publish = |batch: &mut Vec<(u32, u64, u64)>| -> Result<()> {
@@ -630,39 +624,6 @@ pub(crate) fn allocate_published(
         publish(&mut batch)?;
     }
     Ok(())
-}
-
-/// Loads of at least this many bytes grow the device pool in one allocation first (see [`grow_pool`]).
-const GROW_POOL_MIN_BYTES: u64 = 64 << 20;
-
-/// Keeps the pool's freed memory while it lives (a temporary `device_cache_bytes`), then puts the threshold back.
-struct KeepFreed<'a> {
-    gpu: &'a Gpu,
-    bytes: u64,
-}
-
-impl Drop for KeepFreed<'_> {
-    fn drop(&mut self) {
-        if let Err(e) = pool_cache::leave(self.gpu, self.bytes) {
-            tracing::warn!("putting back cuda:{}'s pool release threshold: {e}", self.gpu.ordinal());
-        }
-    }
-}
-
-/// Whether a load of `bytes` grows the device's pool in one allocation before its own (on the allocating stream,
-/// given back at once, so that the load's allocations that follow on that stream take memory the pool already
-/// has), and if so the guard that keeps the freed memory in the pool meanwhile (a temporary release threshold),
-/// whatever synchronises. Growing the pool has a cost per call: on the H100 machine a fresh 4 GiB took 21.7 ms in
-/// 64 MiB allocations and 6.1 ms in 1 GiB ones (bench/results/2026-11-24-h100-i, driver-probe.json), and a first
-/// load's allocation of 1.25 GB took 12–43 ms beside its reads (bench/results/2026-11-25-h100-o). Best effort:
-/// where the one allocation fails (memory short, fragmented), the load's own allocations go on as before and
-/// report what fails.
-fn grow_pool_first(gpu: &Gpu, bytes: u64) -> Option<KeepFreed<'_>> {
-    if bytes < GROW_POOL_MIN_BYTES {
-        return None;
-    }
-    pool_cache::join(gpu, bytes).ok()?;
-    Some(KeepFreed { gpu, bytes })
 }
 
 impl Engine {
