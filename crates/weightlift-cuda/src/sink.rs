@@ -233,19 +233,25 @@ impl Sink for DeviceSink {
     }
 
     fn begin_lane(&self, lane: usize) -> Result<(), SinkError> {
+        let t = std::time::Instant::now();
         self.gpu.bind()?;
         let stream = self.gpu.stream(lane)?;
         let start =
             stream.record_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT)).map_err(self.err("cuEventRecord"))?;
         *self.lane(lane)? = Some(LaneCtx { stream, start: Some(start), waited: 0 });
+        tracing::debug!(lane, ms = t.elapsed().as_secs_f64() * 1e3, "lane begun");
         Ok(())
     }
 
     fn deliver(&self, lane: usize, pieces: &[Piece], data: &[u8]) -> Result<Option<Box<dyn Pending>>, SinkError> {
         let mut guard = self.lane(lane)?;
         let ctx = guard.as_mut().ok_or("deliver before begin_lane")?;
+        let t = std::time::Instant::now();
+        let mut waited = std::time::Duration::ZERO;
         for p in pieces {
+            let w = std::time::Instant::now();
             let (dst, cap, generation) = self.targets.wait(p.dest)?;
+            waited += w.elapsed();
             if p.at.checked_add(p.len).is_none_or(|e| e > data.len() as u64)
                 || p.dest_offset.checked_add(p.len).is_none_or(|e| e > cap)
             {
@@ -269,6 +275,16 @@ impl Sink for DeviceSink {
         }
         let event = self.gpu.take_event().map_err(|e| Box::new(e) as SinkError)?;
         event.record(&ctx.stream).map_err(self.err("cuEventRecord"))?;
+        let took = t.elapsed();
+        if took > std::time::Duration::from_micros(300) {
+            tracing::debug!(
+                lane,
+                dest = pieces.first().map(|p| p.dest),
+                wait_ms = waited.as_secs_f64() * 1e3,
+                issue_ms = (took - waited).as_secs_f64() * 1e3,
+                "slow delivery"
+            );
+        }
         Ok(Some(Box::new(PendingCopy { gpu: self.gpu.clone(), event: Some(event) })))
     }
 

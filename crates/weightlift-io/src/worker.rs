@@ -367,6 +367,7 @@ impl Lane {
     }
 
     fn join(&mut self, job: &Arc<Job>) {
+        tracing::debug!(lane = self.id, "joined a job");
         let (fixed, refusal) = (self.fixed, self.fixed_refusal.clone());
         let (setup, wait) = std::mem::take(&mut self.setup_pending);
         let j = self.joined_of(job);

@@ -397,10 +397,13 @@ impl Engine {
                 _ => None,
             };
             let closing = watch.as_ref().map(CloseOnDrop);
+            tracing::debug!(blocks = block_lens.len(), "device load starts");
             let outcome = path.imp.read(&self.io, &read, &mut || {
                 let t = Instant::now();
+                tracing::debug!("allocating");
                 let r = allocate_published(&gpu, &block_lens, &targets, self.io.lanes(), &mut blocks);
                 alloc_secs = t.elapsed().as_secs_f64();
+                tracing::debug!(secs = alloc_secs, "allocated");
                 r
             });
             let read_end = Instant::now();
@@ -603,6 +606,7 @@ pub(crate) fn allocate_published(
             call: "cuEventRecord",
             error,
         })?;
+        tracing::debug!(blocks = batch.len(), first = batch.first().map(|b| b.0), "published");
         // SAFETY: every published range is a buffer of `out`, which the caller keeps alive and unused by anything
         // else until the read using `targets` has returned.
         unsafe { targets.publish(batch, Some(event)) };
