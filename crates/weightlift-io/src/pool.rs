@@ -80,7 +80,8 @@ pub struct StagingPrepared {
     pub pinned: bool,
     /// Wall time of the call.
     pub seconds: f64,
-    /// Set-up time summed over the lanes, and their time waiting for each other (lanes set up one at a time).
+    /// Set-up time summed over the lanes, and their time waiting for each other (lanes pin their staging one at a
+    /// time).
     pub setup_thread_secs: f64,
     pub wait_thread_secs: f64,
 }

@@ -128,7 +128,7 @@ impl Staging {
         (self.map[used].as_mut_ptr(), self.slot_bytes * self.slots)
     }
 
-    /// The part of the mapping the slots take (`new` checked that it lies inside).
+    /// The part of the mapping the slots take (`map` checked that it lies inside).
     fn used(&self) -> std::ops::Range<usize> {
         self.offset..self.offset + self.slot_bytes * self.slots
     }

@@ -208,7 +208,7 @@ impl Lane {
             let seen = self.pool.generation();
             self.reap();
             // Leave finished jobs before taking more work: setting up for another job may wait for the other
-            // lanes' set-ups (one at a time), and a finished job's caller would wait that long too.
+            // lanes' pinning (one at a time), and a finished job's caller would wait that long too.
             self.leave_finished();
             let took = self.fill();
             if self.inflight > 0 {
@@ -394,7 +394,7 @@ impl Lane {
         let mut one_at_a_time = || {
             let w = Instant::now();
             let guard = SETTING_UP.lock().unwrap_or_else(|p| p.into_inner());
-            waited = w.elapsed();
+            waited += w.elapsed();
             guard
         };
         let result = 'set_up: {
@@ -424,19 +424,27 @@ impl Lane {
             let slot_bytes = if keep { slot_bytes.max(old_bytes) } else { slot_bytes }.next_multiple_of(4096);
             let old_slots = if keep { old_slots } else { 0 };
             let slots = slots_per_lane.max(old_slots).min((cap / slot_bytes).max(1) as usize).max(1);
+            // The old staging goes first, so that a lane never holds two (dropping it unpins it: a driver call,
+            // made one lane at a time like the pinning).
+            if self.staging.is_some() {
+                let _one = one_at_a_time();
+                // SAFETY: the lane is idle (no read in flight), and the old region stays mapped until after this call.
+                unsafe { self.io.register(None) };
+                self.staging = None;
+                self.slots.clear();
+            }
             // Mapped and faulted in by every lane at once (the kernel zeroing pages, no driver call); pinned and
             // registered one lane at a time (see `SETTING_UP`).
+            let mapping = Instant::now();
             let mut staging = match Staging::map(slot_bytes as usize, slots, self.pool.staging_pages()) {
                 Ok(s) => s,
                 Err(e) => break 'set_up Err(e),
             };
-            let mapped = t.elapsed();
-            let _one = one_at_a_time();
+            let mapped = mapping.elapsed();
+            let one = one_at_a_time();
             let locked = Instant::now();
-            // SAFETY: the lane is idle (no read in flight), and the old region stays mapped until after this call.
+            // SAFETY: the lane is idle and holds no staging: nothing is in flight, nothing registered is unmapped.
             unsafe { self.io.register(None) };
-            self.staging = None;
-            self.slots.clear();
             if let Some(p) = pinner {
                 if let Err(e) = staging.pin(p) {
                     break 'set_up Err(e);
@@ -446,13 +454,15 @@ impl Lane {
             self.staging = Some(staging);
             self.register_staging();
             self.slots = (0..slots).map(|_| Slot::Free).collect();
+            let registered = locked.elapsed() - pinned;
+            drop(one);
             tracing::debug!(
                 lane = self.id,
                 bytes = slot_bytes * slots as u64,
                 map_secs = mapped.as_secs_f64(),
                 wait_secs = waited.as_secs_f64(),
                 pin_secs = pinned.as_secs_f64(),
-                register_secs = (locked.elapsed() - pinned).as_secs_f64(),
+                register_secs = registered.as_secs_f64(),
                 "staging set up"
             );
             Ok(())

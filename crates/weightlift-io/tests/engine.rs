@@ -373,7 +373,7 @@ impl Sink for WatchedSink {
 
 /// A load's sink may be gone once the load has returned (it lives in the caller's frame), so no lane may call it
 /// after that, not even a lane that was still setting up its staging for the load when the load completed (lanes
-/// set up one at a time; a one-read load is done by the first lane ready). Seen on the GPU machine as a segfault.
+/// pin their staging one at a time; a one-read load is done by the first lane ready). Seen on the GPU machine as a segfault.
 #[test]
 fn no_lane_calls_a_sink_after_its_load_returned() {
     let dir = tempfile::tempdir().unwrap();
