@@ -482,16 +482,83 @@ def test_gpu_tensors_are_ready_for_kernels_on_the_current_stream(files):
 
 
 @pytest.mark.skipif(not GPU, reason="needs a CUDA device")
-def test_freeing_gpu_tensors_frees_their_memory(files):
+@pytest.mark.parametrize("memory", ["torch", "pool"])
+def test_freeing_gpu_tensors_frees_their_memory(files, memory):
+    engine = weightlift._core.new_engine(device_memory=memory)
     torch.cuda.synchronize()
+    torch.cuda.empty_cache()
     free0, _ = torch.cuda.mem_get_info()
     for _ in range(5):
-        got = weightlift.load_file(files["llama"], device="cuda:0")
+        got = weightlift.load_file(files["llama"], device="cuda:0", engine=engine)
         n = sum(t.numel() * t.element_size() for t in got.values())
         del got
     torch.cuda.synchronize()
+    torch.cuda.empty_cache()  # torch's cache holds what its allocator gave the tensors
     free1, _ = torch.cuda.mem_get_info()
     assert free0 - free1 < max(n, 64 << 20), (free0, free1, n)
+
+
+@pytest.mark.skipif(not GPU, reason="needs a CUDA device")
+def test_gpu_tensors_come_from_torchs_allocator_unless_asked_otherwise(files):
+    ref = st.load_file(str(files["llama"]))
+    n = sum(t.numel() * t.element_size() for t in ref.values())
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated(0)
+    got = weightlift.load_file(files["llama"], device="cuda:0")
+    assert weightlift.last_report()["device_memory"] == "torch"
+    assert torch.cuda.memory_allocated(0) - base >= n  # torch counts them as its own
+    assert_same(got, {k: v.to("cuda:0") for k, v in ref.items()}, "cuda:0")
+    with weightlift.safe_open(files["llama"], device="cuda:0") as f:
+        one = f.get_tensor(next(iter(ref)))
+    del got, one
+    assert torch.cuda.memory_allocated(0) == base  # freed at once, back in torch's cache
+    pool = weightlift._core.new_engine(device_memory="pool")
+    got = weightlift.load_file(files["llama"], device="cuda:0", engine=pool)
+    assert weightlift.last_report()["device_memory"] == "pool"
+    assert torch.cuda.memory_allocated(0) == base
+    assert_same(got, {k: v.to("cuda:0") for k, v in ref.items()}, "cuda:0")
+    os.environ["WEIGHTLIFT_DEVICE_MEMORY"] = "pool"
+    try:
+        assert weightlift._core.shared_engine().device_memory == "pool"
+    finally:
+        del os.environ["WEIGHTLIFT_DEVICE_MEMORY"]
+    assert weightlift._core.shared_engine().device_memory == "torch"
+
+
+@pytest.mark.skipif(not GPU, reason="needs a CUDA device")
+def test_a_failing_device_allocator_fails_the_load_and_nothing_else(files):
+    ref = st.load_file(str(files["llama"]))
+    engine = weightlift._core.new_engine()
+    ckpt = weightlift._native.Checkpoint([str(files["llama"])])
+
+    def raising(nbytes):
+        raise ValueError(f"no {nbytes} bytes today")
+
+    with pytest.raises(ValueError, match="bytes today"):
+        ckpt.load(engine, "cuda:0", None, False, 0, raising, 0)
+
+    def too_small(nbytes):
+        return torch.empty(1, dtype=torch.uint8, device="cuda:0")
+
+    with pytest.raises(ValueError, match="the allocator gave 1 bytes"):
+        ckpt.load(engine, "cuda:0", None, False, 0, too_small, 0)
+
+    def oom(nbytes):
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory (raised by the test)")
+
+    with pytest.raises(weightlift.OutOfMemoryError, match="out of memory"):
+        ckpt.load(engine, "cuda:0", None, False, 0, oom, 0)
+    # The real thing: torch's allocator refuses past its memory fraction.
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    torch.cuda.set_per_process_memory_fraction(0.0, 0)
+    try:
+        with pytest.raises(weightlift.OutOfMemoryError, match="cuda:0"):
+            weightlift.load_file(files["llama"], device="cuda:0")
+    finally:
+        torch.cuda.set_per_process_memory_fraction(1.0, 0)
+    got = weightlift.load_file(files["llama"], device="cuda:0")
+    assert_same(got, {k: v.to("cuda:0") for k, v in ref.items()}, "cuda:0")
 
 
 @pytest.mark.skipif(not GPU, reason="needs a CUDA device")

@@ -101,7 +101,9 @@ def prepare(device: Any, *, engine: "_native.NativeEngine | None" = None) -> dic
 def release_memory() -> None:
     """Frees what the process-wide engine keeps between loads: its staging (pinned) memory, freed host buffers, GPU
     decoder scratch, the freed device memory the driver's pool keeps under ``device_cache_bytes``
-    (``WEIGHTLIFT_DEVICE_CACHE_BYTES``), and cached files. Tensors already loaded are not touched."""
+    (``WEIGHTLIFT_DEVICE_CACHE_BYTES``), and cached files. Tensors already loaded are not touched. The memory of
+    GPU tensors loaded with ``device_memory="torch"`` (the default) is PyTorch's: freed tensors go back to its
+    cache, which ``torch.cuda.empty_cache()`` empties."""
     engine = _core._shared  # the engine that holds what there is to free (none yet: nothing to free)
     if engine is not None:
         engine.release_memory()

@@ -109,6 +109,24 @@ def check_cuda(device: str) -> None:
             raise CudaError(f"{device} requested but CUDA is unavailable: {why}")
 
 
+def device_allocator(engine, device: str) -> "tuple[Any, int]":
+    """``(alloc, stream)`` for a load onto ``device`` whose tensors come from PyTorch's caching allocator (the
+    engine's ``device_memory`` setting is ``torch``): ``alloc(nbytes)`` makes a uint8 tensor on the caller's current
+    stream, whose handle is ``stream``; ``(None, 0)`` for host loads and for the device's pool."""
+    if not device.startswith("cuda") or engine.device_memory != "torch":
+        return None, 0
+    t = torch_module()
+    dev = t.device(device)
+    stream = t.cuda.current_stream(dev)
+
+    def alloc(nbytes: int) -> "torch.Tensor":
+        # Called on one of the engine's threads, whose current stream is not the caller's.
+        with t.cuda.stream(stream):
+            return t.empty(nbytes, dtype=t.uint8, device=dev)
+
+    return alloc, stream.cuda_stream
+
+
 def load_ranges(engine, paths: Sequence[str], ranges: Sequence[tuple[int, int, int]], device: str):
     check_cuda(device)
     return engine.load_ranges([os.fspath(p) for p in paths], list(ranges), device)

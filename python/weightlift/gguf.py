@@ -38,7 +38,9 @@ def load_gguf(path: PathLike, device: Union[str, int, "torch.device"] = "cpu", *
     if ckpt.format != "gguf":
         raise FormatError(f"{path}: not a GGUF file (it is {ckpt.format})")
     infos = ckpt.tensors
-    buffers = ckpt.load(engine or _core.shared_engine(), dev)
+    engine = engine or _core.shared_engine()
+    alloc, stream = _core.device_allocator(engine, dev)
+    buffers = ckpt.load(engine, dev, None, False, 0, alloc, stream)
     out = GGUFCheckpoint(metadata=ckpt.files[0]["metadata"] or {})
     for info, tensor in zip(infos, _core.info_tensors(buffers, infos)):
         out.types[info.name] = info.dtype

@@ -58,7 +58,8 @@ def _load_tensors(
     _core.check_cuda(device)
     infos = ckpt.tensors if names is None else [ckpt.tensor(n) for n in names]
     engine = engine or _core.shared_engine()
-    buffers = ckpt.load(engine, device, None if names is None else list(names), verify, align)
+    alloc, stream = _core.device_allocator(engine, device)
+    buffers = ckpt.load(engine, device, None if names is None else list(names), verify, align, alloc, stream)
     return {i.name: t for i, t in zip(infos, _core.info_tensors(buffers, infos))}
 
 

@@ -26,6 +26,10 @@ pub enum CudaError {
     /// A driver call failed.
     #[error("cuda:{device}: {call} failed: {error}")]
     Driver { device: u32, call: &'static str, error: DriverError },
+    /// The caller's device allocator (a [`crate::DeviceAllocator`]) failed for a reason other than memory running
+    /// out.
+    #[error("cuda:{device}: the {allocator} allocator failed to allocate {bytes} bytes: {why}")]
+    Allocator { device: u32, allocator: String, bytes: u64, why: String },
 }
 
 impl CudaError {

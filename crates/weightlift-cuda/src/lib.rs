@@ -23,7 +23,7 @@ pub use driver::DriverInfo;
 pub use error::CudaError;
 pub use gpu::{ContextRestore, Gpu, GpuInfo, available, current_context};
 pub use memory::{
-    CudaPinner, DeviceBuffer, LEGACY_STREAM, PinnedBuffer, StreamMark, copy_device_to_host, copy_host_to_device,
-    free_device_memory, order_after_stream,
+    CudaPinner, DeviceAllocator, DeviceBuffer, LEGACY_STREAM, PinnedBuffer, StreamMark, copy_device_to_host,
+    copy_host_to_device, free_device_memory, order_after_stream, wait_for_stream,
 };
 pub use sink::{DeviceSink, PendingCopy, Targets};

@@ -9,13 +9,29 @@ use cudarc::driver::{CudaStream, sys};
 use crate::error::CudaError;
 use crate::gpu::Gpu;
 
-/// A device allocation from the device's stream-ordered memory pool (`cuMemAllocAsync`).
+/// A device allocation: from the device's stream-ordered memory pool (`cuMemAllocAsync`, freed with
+/// `cuMemFreeAsync`), or memory another allocator handed out ([`DeviceBuffer::external`]), released by dropping
+/// what that allocator gave with it.
 pub struct DeviceBuffer {
     gpu: Gpu,
     ptr: sys::CUdeviceptr,
     len: usize,
     /// Stream the free is ordered on; the legacy default stream unless the owner said otherwise.
     free_stream: sys::CUstream,
+    /// What keeps external memory alive (its allocator's handle); `None` for the pool's memory.
+    owner: Option<Box<dyn std::any::Any + Send + Sync>>,
+}
+
+/// Where a load's device memory comes from when not from the device's stream-ordered pool: a framework's own
+/// allocator (PyTorch's caching allocator, say), which then accounts for, reuses and frees that memory itself.
+pub trait DeviceAllocator: Send + Sync + fmt::Debug {
+    /// `len` (> 0) bytes on `gpu`'s device, free to write by work ordered after what
+    /// [`ready_stream`](Self::ready_stream) has queued when this returns.
+    fn alloc(&self, gpu: &Gpu, len: usize) -> Result<DeviceBuffer, CudaError>;
+    /// The stream the memory is handed out on (raw handle; null or [`LEGACY_STREAM`] for the legacy default stream).
+    fn ready_stream(&self) -> sys::CUstream;
+    /// A short name for reports ("torch", say).
+    fn name(&self) -> String;
 }
 
 // SAFETY: the buffer is a device address plus a handle to its (thread-safe) context; nothing here is tied to the
@@ -48,7 +64,26 @@ impl DeviceBuffer {
             }
             r.result().map_err(CudaError::driver(dev, "cuMemAllocAsync"))?;
         }
-        Ok(DeviceBuffer { gpu: gpu.clone(), ptr, len, free_stream: LEGACY_STREAM })
+        Ok(DeviceBuffer { gpu: gpu.clone(), ptr, len, free_stream: LEGACY_STREAM, owner: None })
+    }
+
+    /// `len` bytes at `ptr` on `gpu`'s device that another allocator handed out; `owner` keeps them alive and
+    /// releases them when dropped (this buffer never frees them itself).
+    ///
+    /// # Safety
+    /// `ptr` must be device memory of `gpu`'s context, valid for `len` bytes for as long as `owner` lives.
+    pub unsafe fn external(
+        gpu: &Gpu,
+        ptr: sys::CUdeviceptr,
+        len: usize,
+        owner: Box<dyn std::any::Any + Send + Sync>,
+    ) -> DeviceBuffer {
+        DeviceBuffer { gpu: gpu.clone(), ptr, len, free_stream: LEGACY_STREAM, owner: Some(owner) }
+    }
+
+    /// Whether another allocator handed this memory out ([`DeviceBuffer::external`]).
+    pub fn is_external(&self) -> bool {
+        self.owner.is_some()
     }
 
     pub fn device_ptr(&self) -> sys::CUdeviceptr {
@@ -97,20 +132,12 @@ impl DeviceBuffer {
             .result()
             .map_err(CudaError::driver(dev, "cuMemcpyDtoH"))
     }
-
-    /// Gives up ownership: the caller frees the memory with [`free_device_memory`].
-    pub fn into_raw(self) -> (Gpu, sys::CUdeviceptr, usize) {
-        let me = std::mem::ManuallyDrop::new(self);
-        // SAFETY: `me` is never dropped, so the `Gpu` is moved out exactly once.
-        let gpu = unsafe { std::ptr::read(&me.gpu) };
-        (gpu, me.ptr, me.len)
-    }
 }
 
-/// Frees memory from [`DeviceBuffer::alloc`] (given up with `into_raw`), ordered on `stream`.
+/// Frees memory from the device's stream-ordered pool (`cuMemAllocAsync`), ordered on `stream`.
 ///
 /// # Safety
-/// `ptr` must come from `DeviceBuffer::into_raw` on `gpu`, be freed once, and `stream` must be a live stream of
+/// `ptr` must come from `cuMemAllocAsync` on `gpu`, be freed once, and `stream` must be a live stream of
 /// `gpu`'s context (or [`LEGACY_STREAM`]).
 pub unsafe fn free_device_memory(gpu: &Gpu, ptr: sys::CUdeviceptr, stream: sys::CUstream) -> Result<(), CudaError> {
     if ptr == 0 {
@@ -123,6 +150,9 @@ pub unsafe fn free_device_memory(gpu: &Gpu, ptr: sys::CUdeviceptr, stream: sys::
 
 impl Drop for DeviceBuffer {
     fn drop(&mut self) {
+        if self.owner.take().is_some() {
+            return; // the owner, dropped here, gives the memory back to its allocator
+        }
         let _restore = crate::ContextRestore::save(); // dropped on any thread (a tensor freed by its consumer)
         // SAFETY: this buffer owns `ptr`, allocated on `gpu`; `free_stream` is the legacy stream (after any work of
         // blocking streams that may still read the buffer) or one the owner promised would outlive the buffer.
@@ -311,6 +341,31 @@ pub unsafe fn order_after_stream(gpu: &Gpu, stream: sys::CUstream) {
         }
         let _ = sys::cuEventDestroy_v2(event).result();
     }
+}
+
+/// Makes `waiter` wait for the work queued on the raw stream `after` so far (memory another allocator handed out on
+/// `after` is then free for `waiter`'s work to write).
+///
+/// # Safety
+/// `after` must be a live stream of `gpu`'s context (or null / [`LEGACY_STREAM`]).
+pub unsafe fn wait_for_stream(gpu: &Gpu, waiter: &CudaStream, after: sys::CUstream) -> Result<(), CudaError> {
+    let dev = gpu.ordinal();
+    let mut event: sys::CUevent = std::ptr::null_mut();
+    // SAFETY: valid out-pointer; the event is destroyed below (the driver defers that until the wait is resolved).
+    unsafe { sys::cuEventCreate(&mut event, sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32) }
+        .result()
+        .map_err(CudaError::driver(dev, "cuEventCreate"))?;
+    // SAFETY: `event` was just created in this context; both streams are live per the contract.
+    let r = unsafe {
+        sys::cuEventRecord(event, after).result().map_err(CudaError::driver(dev, "cuEventRecord")).and_then(|()| {
+            sys::cuStreamWaitEvent(waiter.cu_stream(), event, 0)
+                .result()
+                .map_err(CudaError::driver(dev, "cuStreamWaitEvent"))
+        })
+    };
+    // SAFETY: created above and destroyed once.
+    let _ = unsafe { sys::cuEventDestroy_v2(event) }.result();
+    r
 }
 
 /// An event recorded on a caller's stream: it completes once the work queued there before it has finished. Lets

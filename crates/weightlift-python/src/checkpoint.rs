@@ -10,8 +10,9 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 use serde_json::Value;
 use weightlift::format::{DType, Metadata, RawSpec, TensorIndex};
-use weightlift::{LoadOpts, Stream};
+use weightlift::{Device, LoadOpts, Stream};
 
+use crate::alloc::TorchAllocator;
 use crate::bridge::interruptible;
 use crate::errors::{invalid_argument, to_py};
 use crate::{NativeBuffer, NativeEngine, json_to_py, parse_device, remember};
@@ -260,7 +261,13 @@ impl Checkpoint {
     ///
     /// `align` (bytes, a power of two up to 256; 0: the default placement) starts every tensor of a device load at
     /// a multiple of it, as torch's allocator places its own tensors (packed checkpoints ignore it).
-    #[pyo3(signature = (engine, device, names=None, verify=false, align=0))]
+    ///
+    /// `allocator` (device loads of unpacked checkpoints): a callable `alloc(nbytes)` returning a contiguous uint8
+    /// CUDA tensor of at least `nbytes` bytes on `device`, allocated on the stream whose handle is `stream` (0: the
+    /// legacy default stream); the load's blocks are such tensors, made while the reads run. An exception it raises
+    /// is raised by the load (torch's `OutOfMemoryError` as weightlift's out-of-memory error).
+    #[pyo3(signature = (engine, device, names=None, verify=false, align=0, allocator=None, stream=0))]
+    #[allow(clippy::too_many_arguments)] // a Python method's keywords
     fn load(
         &self,
         py: Python<'_>,
@@ -269,6 +276,8 @@ impl Checkpoint {
         names: Option<Vec<String>>,
         verify: bool,
         align: u64,
+        allocator: Option<Py<PyAny>>,
+        stream: usize,
     ) -> PyResult<Vec<NativeBuffer>> {
         if align != 0 && (!align.is_power_of_two() || align > 256) {
             let why = format!("align={align}: expected 0 or a power of two up to 256");
@@ -279,12 +288,19 @@ impl Checkpoint {
         let checks = if verify && self.pack.is_none() { Some(self.checks(&which).map_err(to_py)?) } else { None };
         let (index, engine, pack) = (self.index.clone(), engine.engine.clone(), self.pack.clone());
         let faults = self.faults()?.map(Arc::new);
+        // Packed loads decode into memory of their own; host loads have no use for a device allocator.
+        let torch = match (allocator, device, &pack) {
+            (Some(a), Device::Cuda(_), None) => Some(TorchAllocator::new(a, stream)),
+            _ => None,
+        };
+        let torch_ref = torch.as_ref();
         let loaded = interruptible(py, move |cancel| {
             let opts = LoadOpts {
                 faults: faults.as_deref(),
                 cancel: Some(cancel),
                 checks: checks.as_ref(),
                 tensor_align: (align != 0).then_some(align),
+                device_alloc: torch_ref.map(|t| t as &dyn weightlift::cuda::DeviceAllocator),
                 ..LoadOpts::default()
             };
             match &pack {
@@ -293,8 +309,10 @@ impl Checkpoint {
                 }
                 None => engine.load_some(&index, &which, device, &opts),
             }
-        })?
-        .map_err(to_py)?;
+        })?;
+        // An exception of the allocator itself reaches the caller as it was raised.
+        let loaded =
+            loaded.map_err(|e| torch.as_ref().and_then(TorchAllocator::take_failure).unwrap_or_else(|| to_py(e)))?;
         remember(loaded.report.to_json());
         Ok(loaded.tensors.into_iter().map(|t| NativeBuffer::new(t.data)).collect())
     }

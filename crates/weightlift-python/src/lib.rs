@@ -2,6 +2,7 @@
 //! and hands them to PyTorch through DLPack; the plain-Python package on top turns them into typed, shaped tensors
 //! and offers the familiar APIs (safetensors, dstorage-gpu, torch.cuda.gds, GGUF). The GIL is released during I/O.
 
+mod alloc;
 mod blocks;
 mod bridge;
 mod checkpoint;
@@ -126,6 +127,13 @@ impl NativeEngine {
         let s = Settings::resolve(&overrides(settings)?).map_err(to_py)?;
         let engine = Engine::new(s).map_err(to_py)?;
         Ok(NativeEngine { engine: Arc::new(engine) })
+    }
+
+    /// Where this engine's Python loads onto a GPU take their tensors' memory (the `device_memory` setting:
+    /// "torch" or "pool").
+    #[getter]
+    fn device_memory(&self) -> String {
+        self.engine.settings().device_memory.value.to_string()
     }
 
     /// The settings in use and where each came from.

@@ -401,7 +401,8 @@ impl Engine {
             let outcome = path.imp.read(&self.io, &read, &mut || {
                 let t = Instant::now();
                 tracing::debug!("allocating");
-                let r = allocate_published(&gpu, &block_lens, &targets, self.io.lanes(), &mut blocks);
+                let r =
+                    allocate_published(&gpu, &block_lens, &targets, self.io.lanes(), opts.device_alloc, &mut blocks);
                 alloc_secs = t.elapsed().as_secs_f64();
                 tracing::debug!(secs = alloc_secs, "allocated");
                 r
@@ -414,8 +415,19 @@ impl Engine {
             };
             joined.and(outcome).map(|o| (o, read_end))
         });
-        // On failure the checker (and the hashing it queued) goes before the blocks it reads.
-        let (outcome, read_end) = outcome?;
+        // On failure the checker (and the hashing it queued) goes before the blocks it reads. Memory of another
+        // allocator goes back to it when dropped, with no free ordered after copies still in flight (as the pool's
+        // `cuMemFreeAsync` on the legacy stream is): the device finishes them first.
+        let (outcome, read_end) = match outcome {
+            Err(e) if blocks.iter().any(DeviceBuffer::is_external) => {
+                if let Err(s) = gpu.synchronize() {
+                    tracing::warn!("waiting for a failed load's copies before releasing its memory: {s}");
+                    std::mem::forget(std::mem::take(&mut blocks)); // leaked rather than reused under a copy
+                }
+                return Err(e);
+            }
+            o => o?,
+        };
         let checks = match checker {
             None => None,
             Some(Ok(c)) => {
@@ -437,6 +449,10 @@ impl Engine {
         let bytes = entries.iter().map(|t| t.nbytes).sum();
         let mut report = self.device_report(Device::Cuda(n), &gpu, &path, outcome, entries.len(), bytes);
         report.alloc_secs = alloc_secs;
+        report.device_memory = Some(match opts.device_alloc {
+            Some(a) => a.name(),
+            None => "pool".into(),
+        });
         report.checks = checks;
         Ok((datas, report))
     }
@@ -593,6 +609,7 @@ pub(crate) fn allocate_published(
     lens: &[u64],
     targets: &Targets,
     lanes: usize,
+    external: Option<&dyn weightlift_cuda::DeviceAllocator>,
     out: &mut Vec<DeviceBuffer>,
 ) -> Result<()> {
     let _restore = weightlift_cuda::ContextRestore::save(); // the caller's thread keeps its device
@@ -601,6 +618,12 @@ pub(crate) fn allocate_published(
     let mut batch: Vec<(u32, u64, u64)> = Vec::new();
     let (mut batch_bytes, mut limit) = (0u64, 1u64);
     let publish = |batch: &mut Vec<(u32, u64, u64)>| -> Result<()> {
+        if let Some(a) = external {
+            // The allocator's memory is free to write after what its stream has queued (a block freed by its
+            // last reader there): the lanes wait for that through the published event.
+            // SAFETY: the allocator promises its stream lives in this context.
+            unsafe { weightlift_cuda::wait_for_stream(gpu, &stream, a.ready_stream()) }?;
+        }
         let event = stream.record_event(None).map_err(|error| weightlift_cuda::CudaError::Driver {
             device: gpu.ordinal(),
             call: "cuEventRecord",
@@ -614,7 +637,10 @@ pub(crate) fn allocate_published(
         Ok(())
     };
     for (i, &len) in lens.iter().enumerate() {
-        let b = DeviceBuffer::alloc(gpu, len as usize, &stream)?;
+        let b = match external {
+            Some(a) if len > 0 => a.alloc(gpu, len as usize)?,
+            _ => DeviceBuffer::alloc(gpu, len as usize, &stream)?,
+        };
         batch.push((i as u32, b.device_ptr(), len));
         out.push(b);
         batch_bytes += len;

@@ -46,7 +46,7 @@ pub use packed::{Decoder, Pack, PackStats, is_pack_file};
 pub use path::{LoadOpts, PathKind};
 pub use prepare::Prepared;
 pub use report::{PathUsed, Report};
-pub use settings::{Backend, Overrides, Setting, Settings, Source};
+pub use settings::{Backend, DeviceMemory, Overrides, Setting, Settings, Source};
 pub use stream::{Stream, StreamStats};
 pub use tensor::{DeviceTensor, Loaded, RawDest, RawSrc, Tensor, TensorData};
 pub use weightlift_cuda as cuda;

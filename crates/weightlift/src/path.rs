@@ -46,6 +46,10 @@ pub struct LoadOpts<'a> {
     /// share a block only where their offsets from its first tensor are multiples of it, so a file whose tensor
     /// sizes are not multiples of it costs more allocations and copies. Packed loads and host loads ignore it.
     pub tensor_align: Option<u64>,
+    /// Device loads of safetensors and GGUF checkpoints (`Engine::load`, `load_some`): their blocks come from this
+    /// allocator (a framework's own, so that it accounts for and reuses the memory) instead of the device's
+    /// stream-ordered pool. Each block is allocated while the reads run, as from the pool. Other loads ignore it.
+    pub device_alloc: Option<&'a dyn weightlift_cuda::DeviceAllocator>,
 }
 
 /// A read into device memory, as every path receives it: byte ranges of opened files, each landing in a

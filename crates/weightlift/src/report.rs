@@ -42,6 +42,9 @@ pub struct Report {
     pub seconds: f64,
     /// Time spent allocating destinations (overlapped with the reads on the GPU pipeline).
     pub alloc_secs: f64,
+    /// For device loads of whole tensors: where their memory came from ("pool": the device's stream-ordered pool;
+    /// otherwise the name of the caller's allocator, e.g. "torch").
+    pub device_memory: Option<String>,
     /// The path taken and why.
     pub path: PathUsed,
     pub path_reason: String,
@@ -79,6 +82,7 @@ impl Report {
             bytes,
             seconds: 0.0,
             alloc_secs: 0.0,
+            device_memory: None,
             path,
             path_reason,
             io,
@@ -167,6 +171,7 @@ impl Report {
         v["populated_bytes"] = json!(io.stats.populated_bytes);
         v["populate_refusal"] = json!(io.populate_refusal);
         v["checks"] = self.checks.as_ref().map_or(Value::Null, |c| c.to_json());
+        v["device_memory"] = json!(self.device_memory);
         v
     }
 

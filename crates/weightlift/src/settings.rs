@@ -37,6 +37,36 @@ pub struct Setting<T> {
     pub source: Source,
 }
 
+/// Where the Python package's loads onto a GPU take their tensors' memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DeviceMemory {
+    /// PyTorch's caching allocator (on the caller's current stream): torch accounts for the tensors, reuses their
+    /// memory when they are freed and returns it on `torch.cuda.empty_cache()`, as for its own tensors.
+    Torch,
+    /// The device's stream-ordered pool (`cuMemAllocAsync`), what the Rust crate and the C API always use.
+    Pool,
+}
+
+impl FromStr for DeviceMemory {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "torch" => Ok(DeviceMemory::Torch),
+            "pool" => Ok(DeviceMemory::Pool),
+            _ => Err("expected torch or pool".into()),
+        }
+    }
+}
+
+impl fmt::Display for DeviceMemory {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            DeviceMemory::Torch => "torch",
+            DeviceMemory::Pool => "pool",
+        })
+    }
+}
+
 /// How GPU loads move data, and which kernel interface reads files.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Backend {
@@ -108,7 +138,7 @@ trait Shown {
 macro_rules! shown_display {
     ($($t:ty),*) => { $(impl Shown for $t { fn shown(&self) -> String { self.to_string() } })* };
 }
-shown_display!(u32, u64, DirectMode, CachePolicy, Backend, StagingPages, CachePages);
+shown_display!(u32, u64, DirectMode, CachePolicy, Backend, StagingPages, CachePages, DeviceMemory);
 
 impl Shown for Option<PathBuf> {
     fn shown(&self) -> String {
@@ -219,6 +249,9 @@ settings! {
         "freed host buffers kept for reuse by the engine (fresh pages cost more to fault in than to fill)";
     device_cache_bytes: u64 = 0, "0", env "WEIGHTLIFT_DEVICE_CACHE_BYTES", parse bytes, values &[],
         "device memory freed by loads that the driver's pool keeps for the next load, instead of returning it to the system at the next synchronisation (the process's default pool, for every user of it; release_memory returns it)";
+    device_memory: DeviceMemory = DeviceMemory::Torch, "torch", env "WEIGHTLIFT_DEVICE_MEMORY",
+        parse named::<DeviceMemory>, values &["torch", "pool"],
+        "where the Python package's loads onto a GPU (load_file, safe_open's get_tensors, load_gguf, weightlift.transformers) take their tensors' memory: torch (PyTorch's caching allocator, on the caller's current stream: torch counts it in memory_allocated, reuses it when the tensors are freed and returns it on empty_cache, as for its own tensors) or pool (the device's stream-ordered pool, which the Rust crate, the C API and the Python package's other GPU loads, safe_open's streamed get_tensor among them, always use; release_memory returns what it keeps)";
     cufile_lib: Option<PathBuf> = None, "searched", env "WEIGHTLIFT_CUFILE_LIB", parse path, values &[],
         "path of libcufile to load (searched in the CUDA and Python-wheel folders otherwise); the first engine to open cuFile in a process decides";
 }

@@ -199,6 +199,111 @@ fn out_of_memory_mid_load_is_a_clean_error() {
     check_against_file_and_generator(&index, &loaded, true);
 }
 
+/// A caller's allocator for the test below: memory of its own stream from the device's pool, handed over as
+/// external memory (its buffer is the owner), counting calls and failing from call `fail_at` on.
+#[derive(Debug)]
+struct Counting {
+    /// The raw handle of the device's stream 0, which the memory is allocated on.
+    stream: usize,
+    calls: std::sync::atomic::AtomicUsize,
+    live: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    fail_at: usize,
+}
+
+/// What the test's allocator hands over with each block: the memory, and a count of blocks not yet given back.
+struct Owned {
+    _memory: weightlift_cuda::DeviceBuffer,
+    live: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl Drop for Owned {
+    fn drop(&mut self) {
+        self.live.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+impl weightlift_cuda::DeviceAllocator for Counting {
+    fn alloc(
+        &self,
+        gpu: &weightlift_cuda::Gpu,
+        len: usize,
+    ) -> Result<weightlift_cuda::DeviceBuffer, weightlift_cuda::CudaError> {
+        use std::sync::atomic::Ordering::SeqCst;
+        if self.calls.fetch_add(1, SeqCst) >= self.fail_at {
+            let why = "refused by the test".to_string();
+            return Err(weightlift_cuda::CudaError::Allocator {
+                device: 0,
+                allocator: self.name(),
+                bytes: len as u64,
+                why,
+            });
+        }
+        let memory = weightlift_cuda::DeviceBuffer::alloc(gpu, len, &*gpu.stream(0)?)?;
+        let ptr = memory.device_ptr();
+        self.live.fetch_add(1, SeqCst);
+        let owner = Box::new(Owned { _memory: memory, live: self.live.clone() });
+        // SAFETY: `ptr` is `len` bytes of this device's memory, alive while its owner (which holds it) lives.
+        Ok(unsafe { weightlift_cuda::DeviceBuffer::external(gpu, ptr, len, owner) })
+    }
+
+    fn ready_stream(&self) -> weightlift_cuda::CUstream {
+        self.stream as weightlift_cuda::CUstream
+    }
+
+    fn name(&self) -> String {
+        "counting".into()
+    }
+}
+
+#[test]
+fn blocks_from_the_callers_allocator() {
+    use std::sync::atomic::Ordering::SeqCst;
+    if !gpu_or_skip("blocks_from_the_callers_allocator") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let files = [
+        generate(dir.path(), "llama.safetensors", Layout::Llama, Container::Safetensors, 96 << 20, None),
+        generate(
+            dir.path(),
+            "small.safetensors",
+            Layout::ManySmall { tensors: Some(500) },
+            Container::Safetensors,
+            0,
+            None,
+        ),
+    ];
+    let gpu = weightlift_cuda::Gpu::open(0).unwrap();
+    let engine = Engine::new(Settings::default()).unwrap();
+    for f in &files {
+        let index = weightlift::format::open(std::slice::from_ref(f), None).unwrap();
+        let live = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let stream = gpu.stream(0).unwrap().cu_stream() as usize;
+        let alloc = Counting { stream, calls: 0.into(), live: live.clone(), fail_at: usize::MAX };
+        let opts = LoadOpts { device_alloc: Some(&alloc), ..LoadOpts::default() };
+        let loaded = engine.load(&index, Device::Cuda(0), &opts).unwrap();
+        check_against_file_and_generator(&index, &loaded, true);
+        assert_eq!(loaded.report.device_memory.as_deref(), Some("counting"));
+        let blocks = alloc.calls.load(SeqCst);
+        assert!(blocks >= 1 && blocks <= index.tensors.len(), "{blocks} blocks for {} tensors", index.tensors.len());
+        assert_eq!(live.load(SeqCst), blocks);
+        drop(loaded);
+        assert_eq!(live.load(SeqCst), 0, "every block given back to its allocator");
+
+        // An allocator that fails part way: the load fails with its error, every block it gave is given back,
+        // and the engine loads again.
+        let failing = Counting { fail_at: blocks / 2, calls: 0.into(), live: live.clone(), stream };
+        let err = engine
+            .load(&index, Device::Cuda(0), &LoadOpts { device_alloc: Some(&failing), ..LoadOpts::default() })
+            .unwrap_err();
+        assert!(err.to_string().contains("refused by the test"), "{err}");
+        assert_eq!(live.load(SeqCst), 0);
+        let loaded = engine.load(&index, Device::Cuda(0), &LoadOpts::default()).unwrap();
+        assert_eq!(loaded.report.device_memory.as_deref(), Some("pool"));
+        check_against_file_and_generator(&index, &loaded, true);
+    }
+}
+
 #[test]
 fn an_io_error_mid_load_leaves_nothing_behind() {
     if !gpu_or_skip("an_io_error_mid_load_leaves_nothing_behind") {
