@@ -572,7 +572,8 @@ def method_named(name: str) -> Method:
 
 
 REPORT_KEYS = ("backend", "backend_reason", "direct_bytes", "buffered_bytes", "resident_bytes", "seconds", "gbps",
-               "direct_policy", "lanes", "queue_depth", "peak_staging_bytes", "times")
+               "direct_policy", "lanes", "queue_depth", "peak_staging_bytes", "times",
+               "device_memory")
 REPORT_WORDS = ("cache", "prefetch", "read_ahead", "wasted", "fixed", "cufile", "startup", "setup", "decision",
                 "populate")
 
