@@ -214,6 +214,7 @@ def test_ctrl_c_interrupts_a_load_within_a_fraction_of_a_second_and_the_engine_g
     if device != "cpu":
         wst.load_file(_small(tmp_path), device, engine=engine)  # CUDA context, pools and staging exist before
         torch.cuda.synchronize()
+        allocated_before = torch.cuda.memory_allocated()
         free_before = torch.cuda.mem_get_info()[0]
     timer, sent = _interrupt_after(0.5)
     try:
@@ -225,8 +226,11 @@ def test_ctrl_c_interrupts_a_load_within_a_fraction_of_a_second_and_the_engine_g
     print(f"KeyboardInterrupt {took * 1e3:.0f} ms after Ctrl-C ({device})")
     assert took < 0.5, took
     if device != "cpu":
-        # The interrupted load's device memory went back (the 2 GiB destination included).
+        # The interrupted load's device memory went back (the 2 GiB destination included): its blocks to torch's
+        # allocator at once (device_memory=torch), and from there to the device on empty_cache.
         torch.cuda.synchronize()
+        assert torch.cuda.memory_allocated() == allocated_before
+        torch.cuda.empty_cache()
         free_after = torch.cuda.mem_get_info()[0]
         print(f"device memory free before {free_before}, after {free_after}")
         assert free_after >= free_before - (64 << 20)
