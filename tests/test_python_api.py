@@ -517,12 +517,15 @@ def test_gpu_tensors_come_from_torchs_allocator_unless_asked_otherwise(files):
     assert weightlift.last_report()["device_memory"] == "pool"
     assert torch.cuda.memory_allocated(0) == base
     assert_same(got, {k: v.to("cuda:0") for k, v in ref.items()}, "cuda:0")
-    os.environ["WEIGHTLIFT_DEVICE_MEMORY"] = "pool"
+    before = os.environ.pop("WEIGHTLIFT_DEVICE_MEMORY", None)
     try:
+        assert weightlift._core.shared_engine().device_memory == "torch"
+        os.environ["WEIGHTLIFT_DEVICE_MEMORY"] = "pool"
         assert weightlift._core.shared_engine().device_memory == "pool"
     finally:
-        del os.environ["WEIGHTLIFT_DEVICE_MEMORY"]
-    assert weightlift._core.shared_engine().device_memory == "torch"
+        os.environ.pop("WEIGHTLIFT_DEVICE_MEMORY", None)
+        if before is not None:
+            os.environ["WEIGHTLIFT_DEVICE_MEMORY"] = before
 
 
 @pytest.mark.skipif(not GPU, reason="needs a CUDA device")
@@ -542,6 +545,27 @@ def test_a_failing_device_allocator_fails_the_load_and_nothing_else(files):
 
     with pytest.raises(ValueError, match="the allocator gave 1 bytes"):
         ckpt.load(engine, "cuda:0", None, False, 0, too_small, 0)
+    with pytest.raises(ValueError, match="not a CUDA tensor"):
+        ckpt.load(engine, "cuda:0", None, False, 0, lambda n: torch.empty(n, dtype=torch.uint8), 0)
+    with pytest.raises(ValueError, match="not contiguous"):
+        ckpt.load(engine, "cuda:0", None, False, 0, lambda n: torch.empty(2 * n, dtype=torch.uint8, device="cuda:0")[::2], 0)
+
+    # Failing part way: the blocks made before the failure go back to torch at once.
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated(0)
+    calls = []
+
+    def third_fails(nbytes):
+        calls.append(nbytes)
+        if len(calls) == 3:
+            raise ValueError("the third block is refused")
+        return torch.empty(nbytes, dtype=torch.uint8, device="cuda:0")
+
+    with pytest.raises(ValueError, match="third block"):
+        ckpt.load(engine, "cuda:0", None, False, 0, third_fails, 0)
+    assert len(calls) == 3
+    torch.cuda.synchronize()
+    assert torch.cuda.memory_allocated(0) == base
 
     def oom(nbytes):
         raise torch.cuda.OutOfMemoryError("CUDA out of memory (raised by the test)")

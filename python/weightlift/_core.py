@@ -109,22 +109,33 @@ def check_cuda(device: str) -> None:
             raise CudaError(f"{device} requested but CUDA is unavailable: {why}")
 
 
+_side_streams: dict = {}
+
+
 def device_allocator(engine, device: str) -> "tuple[Any, int]":
     """``(alloc, stream)`` for a load onto ``device`` whose tensors come from PyTorch's caching allocator (the
-    engine's ``device_memory`` setting is ``torch``): ``alloc(nbytes)`` makes a uint8 tensor on the caller's current
-    stream, whose handle is ``stream``; ``(None, 0)`` for host loads and for the device's pool."""
+    engine's ``device_memory`` setting is ``torch``), ``(None, 0)`` for host loads and for the device's pool.
+    ``alloc(nbytes)`` makes a uint8 tensor on a side stream of weightlift's own, whose handle is ``stream``, and
+    marks it used by the caller's current stream (``record_stream``): torch reuses the memory once that stream's
+    work queued before the tensors are freed has finished, and the load waits for nothing the caller queued."""
     if not device.startswith("cuda") or engine.device_memory != "torch":
         return None, 0
     t = torch_module()
     dev = t.device(device)
-    stream = t.cuda.current_stream(dev)
+    consumer = t.cuda.current_stream(dev)
+    with _shared_lock:
+        side = _side_streams.get(dev.index)
+        if side is None:
+            side = _side_streams[dev.index] = t.cuda.Stream(device=dev)
 
     def alloc(nbytes: int) -> "torch.Tensor":
-        # Called on one of the engine's threads, whose current stream is not the caller's.
-        with t.cuda.stream(stream):
-            return t.empty(nbytes, dtype=t.uint8, device=dev)
+        # Called on one of the engine's threads, whose current stream is neither.
+        with t.cuda.stream(side):
+            block = t.empty(nbytes, dtype=t.uint8, device=dev)
+        block.record_stream(consumer)
+        return block
 
-    return alloc, stream.cuda_stream
+    return alloc, side.cuda_stream
 
 
 def load_ranges(engine, paths: Sequence[str], ranges: Sequence[tuple[int, int, int]], device: str):

@@ -1,5 +1,7 @@
 //! Device memory from PyTorch's caching allocator: a load's blocks are `torch.empty` byte tensors, made by a Python
-//! callable on the caller's stream while the reads run. PyTorch then accounts for the weights
+//! callable (on a side stream of weightlift's own, marked used by the caller's stream) while the reads run. The
+//! callable runs on the call's worker thread, whose caller waits without the GIL. PyTorch then accounts for the
+//! weights
 //! (`torch.cuda.memory_allocated`), reuses their memory when they are freed, and gives it back on `empty_cache`,
 //! as for any tensor of its own; and a fresh process skips the first use of the driver's stream-ordered pool
 //! (10–12 ms, bench/results/2026-11-25-h100-s), which a first load otherwise waits for.
@@ -36,9 +38,11 @@ impl TorchAllocator {
 
     fn fail(&self, gpu: &Gpu, len: usize, py: Python<'_>, e: PyErr) -> CudaError {
         let device = gpu.ordinal();
-        let oom = e.get_type(py).name().is_ok_and(|n| n == "OutOfMemoryError");
+        let oom_type = py.import("torch").and_then(|t| t.getattr("cuda")?.getattr("OutOfMemoryError"));
         let why = e.to_string();
-        if oom {
+        if oom_type.is_ok_and(|ty| e.is_instance(py, &ty)) {
+            // torch's own account (reserved against allocated, the fragmentation hint) goes to the log.
+            tracing::warn!("cuda:{device}: torch's allocator is out of memory: {why}");
             let (free, total) = gpu.mem_info().unwrap_or((0, 0));
             return CudaError::OutOfMemory { device, bytes: len as u64, free, total };
         }
@@ -56,11 +60,12 @@ struct BlockOwner(Option<Py<PyAny>>);
 impl Drop for BlockOwner {
     fn drop(&mut self) {
         let Some(t) = self.0.take() else { return };
-        // SAFETY: only reads whether the interpreter is initialised.
-        if unsafe { pyo3::ffi::Py_IsInitialized() } != 0 {
-            Python::attach(|_| drop(t));
-        } else {
-            std::mem::forget(t); // no interpreter to give it back to (the process is ending)
+        // Not while the interpreter shuts down (taking the GIL then can end or hang the thread): the tensor is then
+        // left to the process's end.
+        let mut t = Some(t);
+        let released = Python::try_attach(|_| drop(t.take()));
+        if released.is_none() {
+            std::mem::forget(t);
         }
     }
 }
@@ -71,8 +76,16 @@ impl DeviceAllocator for TorchAllocator {
             let made = self.alloc.call1(py, (len,)).and_then(|t| {
                 let ptr: u64 = t.call_method0(py, "data_ptr")?.extract(py)?;
                 let nbytes: usize = t.getattr(py, "nbytes")?.extract(py)?;
-                if nbytes < len || ptr == 0 {
-                    let why = format!("the allocator gave {nbytes} bytes at {ptr:#x} for {len}");
+                let is_cuda: bool = t.getattr(py, "is_cuda")?.extract(py)?;
+                let index: i64 = if is_cuda { t.call_method0(py, "get_device")?.extract(py)? } else { -1 };
+                let contiguous: bool = t.call_method0(py, "is_contiguous")?.extract(py)?;
+                if nbytes < len || ptr == 0 || index != i64::from(gpu.ordinal()) || !contiguous {
+                    let why = format!(
+                        "the allocator gave {nbytes} bytes at {ptr:#x} ({}, {}) for {len} contiguous bytes on cuda:{}",
+                        if is_cuda { format!("cuda:{index}") } else { "not a CUDA tensor".into() },
+                        if contiguous { "contiguous" } else { "not contiguous" },
+                        gpu.ordinal()
+                    );
                     return Err(pyo3::exceptions::PyValueError::new_err(why));
                 }
                 Ok((t, ptr))

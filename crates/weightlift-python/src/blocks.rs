@@ -120,6 +120,17 @@ pub struct NativeLayerStreamer {
     _slots_owner: Py<PyAny>,
 }
 
+impl Drop for NativeLayerStreamer {
+    /// Stops the reader without the GIL: the lanes it waits for may need the GIL to go on (another load's blocks
+    /// come from torch's allocator).
+    fn drop(&mut self) {
+        let s = self.streamer.get_mut().unwrap_or_else(|p| p.into_inner());
+        if Python::try_attach(|py| py.detach(|| s.shutdown())).is_none() {
+            s.shutdown();
+        }
+    }
+}
+
 #[pymethods]
 impl NativeLayerStreamer {
     /// Plans `layers` (lists of positions in the checkpoint): returns each layer's `(bytes, [slot offsets])` and

@@ -519,6 +519,19 @@ impl NativeStream {
     }
 }
 
+impl Drop for NativeStream {
+    /// A stream freed unclosed stops its read-ahead without the GIL: the lanes it waits for may need the GIL to go
+    /// on (another load's blocks come from torch's allocator).
+    fn drop(&mut self) {
+        let stream = self.stream.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(s) = stream {
+            let mut s = Some(s);
+            let _ = Python::try_attach(|py| py.detach(|| drop(s.take())));
+            drop(s);
+        }
+    }
+}
+
 impl NativeStream {
     /// For a packed checkpoint: decodes every streamed tensor at the first take, then hands out tensor `i`
     /// (`None`: not a packed stream). A take that finds another decoding waits for it; a decode that fails or is

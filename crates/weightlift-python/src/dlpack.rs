@@ -141,8 +141,9 @@ unsafe extern "C" fn deleter(managed: *mut DLManagedTensor) {
     let ctx = unsafe { Box::from_raw((*managed).manager_ctx as *mut Ctx) };
     if let Holder::Device(d) = &ctx.holder {
         // The last tensor of a block frees it on the legacy default stream: first make that stream wait for what
-        // the consumer queued on its own stream so far (PyTorch's side streams are non-blocking).
-        if ctx.consumer_stream > 2 {
+        // the consumer queued on its own stream so far (PyTorch's side streams are non-blocking). A block of
+        // torch's allocator is marked used by the consumer's stream when made, and torch orders its reuse.
+        if ctx.consumer_stream > 2 && !d.block.is_external() {
             // SAFETY: the consumer passed this stream handle to `__dlpack__` for the block's device; DLPack requires
             // it to stay valid while the consumer holds the tensor.
             unsafe {

@@ -415,18 +415,25 @@ impl Engine {
             };
             joined.and(outcome).map(|o| (o, read_end))
         });
-        // On failure the checker (and the hashing it queued) goes before the blocks it reads. Memory of another
-        // allocator goes back to it when dropped, with no free ordered after copies still in flight (as the pool's
-        // `cuMemFreeAsync` on the legacy stream is): the device finishes them first.
+        // On failure the checker (and the hashing it queued) goes before the blocks it reads. Neither a free
+        // ordered on the legacy stream (the pool's) nor memory given back to another allocator waits for copies
+        // still in flight on the lanes' streams, which are non-blocking: those streams finish them first.
         let (outcome, read_end) = match outcome {
-            Err(e) if blocks.iter().any(DeviceBuffer::is_external) => {
-                if let Err(s) = gpu.synchronize() {
+            Err(e) => {
+                let quiet = (0..=self.io.lanes()).try_for_each(|i| {
+                    gpu.stream(i)?.synchronize().map_err(|error| weightlift_cuda::CudaError::Driver {
+                        device: n,
+                        call: "cuStreamSynchronize",
+                        error,
+                    })
+                });
+                if let Err(s) = quiet {
                     tracing::warn!("waiting for a failed load's copies before releasing its memory: {s}");
                     std::mem::forget(std::mem::take(&mut blocks)); // leaked rather than reused under a copy
                 }
                 return Err(e);
             }
-            o => o?,
+            Ok(o) => o,
         };
         let checks = match checker {
             None => None,

@@ -489,13 +489,20 @@ fn reader(shared: &Shared, layouts: &[LayerLayout], engine: &Engine, files: &[Ar
     }
 }
 
-impl Drop for LayerStreamer {
-    fn drop(&mut self) {
+impl LayerStreamer {
+    /// Stops the reader, waiting for it (what dropping the streamer does; a second call does nothing).
+    pub fn shutdown(&mut self) {
         self.shared.cancel.store(true, Ordering::SeqCst);
         lock(&self.shared).shutdown = true;
         self.shared.changed.notify_all();
         if let Some(w) = self.worker.take() {
             let _ = w.join();
         }
+    }
+}
+
+impl Drop for LayerStreamer {
+    fn drop(&mut self) {
+        self.shutdown();
     }
 }

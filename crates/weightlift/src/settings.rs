@@ -40,8 +40,9 @@ pub struct Setting<T> {
 /// Where the Python package's loads onto a GPU take their tensors' memory.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum DeviceMemory {
-    /// PyTorch's caching allocator (on the caller's current stream): torch accounts for the tensors, reuses their
-    /// memory when they are freed and returns it on `torch.cuda.empty_cache()`, as for its own tensors.
+    /// PyTorch's caching allocator (on a side stream, marked used by the caller's current stream): torch accounts
+    /// for the tensors, reuses their memory when they are freed and returns it on `torch.cuda.empty_cache()`, as for
+    /// its own tensors.
     Torch,
     /// The device's stream-ordered pool (`cuMemAllocAsync`), what the Rust crate and the C API always use.
     Pool,
@@ -251,7 +252,7 @@ settings! {
         "device memory freed by loads that the driver's pool keeps for the next load, instead of returning it to the system at the next synchronisation (the process's default pool, for every user of it; release_memory returns it)";
     device_memory: DeviceMemory = DeviceMemory::Torch, "torch", env "WEIGHTLIFT_DEVICE_MEMORY",
         parse named::<DeviceMemory>, values &["torch", "pool"],
-        "where the Python package's loads onto a GPU (load_file, safe_open's get_tensors, load_gguf, weightlift.transformers) take their tensors' memory: torch (PyTorch's caching allocator, on the caller's current stream: torch counts it in memory_allocated, reuses it when the tensors are freed and returns it on empty_cache, as for its own tensors) or pool (the device's stream-ordered pool, which the Rust crate, the C API and the Python package's other GPU loads, safe_open's streamed get_tensor among them, always use; release_memory returns what it keeps)";
+        "where the Python package's loads onto a GPU (load_file, safe_open's get_tensors, load_gguf, weightlift.nn, weightlift.transformers; packed checkpoints excepted) take their tensors' memory: torch (PyTorch's caching allocator, on a side stream and marked used by the caller's current stream: torch counts it in memory_allocated, reuses it when the tensors are freed and returns it on empty_cache, as for its own tensors) or pool (the device's stream-ordered pool, which the Rust crate, the C API and the Python package's other GPU loads, safe_open's streamed get_tensor among them, always use; release_memory returns what it keeps)";
     cufile_lib: Option<PathBuf> = None, "searched", env "WEIGHTLIFT_CUFILE_LIB", parse path, values &[],
         "path of libcufile to load (searched in the CUDA and Python-wheel folders otherwise); the first engine to open cuFile in a process decides";
 }
