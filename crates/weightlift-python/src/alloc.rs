@@ -62,6 +62,7 @@ impl Drop for BlockOwner {
         let Some(t) = self.0.take() else { return };
         // Not while the interpreter shuts down (taking the GIL then can end or hang the thread): the tensor is then
         // left to the process's end.
+        let _restore = weightlift::cuda::ContextRestore::save(); // torch's free may switch this thread's device
         let mut t = Some(t);
         let released = Python::try_attach(|_| drop(t.take()));
         if released.is_none() {
@@ -72,6 +73,9 @@ impl Drop for BlockOwner {
 
 impl DeviceAllocator for TorchAllocator {
     fn alloc(&self, gpu: &Gpu, len: usize) -> Result<DeviceBuffer, CudaError> {
+        // torch may switch this thread's device inside the callable; the engine's calls after it need the context
+        // they bound.
+        let _restore = weightlift::cuda::ContextRestore::save();
         Python::attach(|py| {
             let made = self.alloc.call1(py, (len,)).and_then(|t| {
                 let ptr: u64 = t.call_method0(py, "data_ptr")?.extract(py)?;
