@@ -393,4 +393,23 @@ mod tests {
         o.set("queue_depth", "0");
         assert!(Settings::resolve(&o).is_err());
     }
+
+    #[test]
+    fn named_settings_take_their_values_and_refuse_others() {
+        for doc in SETTINGS.iter().filter(|d| !d.values.is_empty()) {
+            for v in doc.values {
+                let mut o = Overrides::new();
+                o.set(doc.name, *v);
+                assert!(Settings::resolve(&o).is_ok(), "{}={v}", doc.name);
+            }
+            let mut o = Overrides::new();
+            o.set(doc.name, "neither");
+            let e = Settings::resolve(&o).unwrap_err().to_string();
+            assert!(e.contains(doc.name) && e.contains("expected"), "{e}");
+        }
+        let mut o = Overrides::new();
+        o.set("device_memory", "pool");
+        assert_eq!(Settings::resolve(&o).unwrap().device_memory.value, DeviceMemory::Pool);
+        assert_eq!(Settings::default().device_memory.value, DeviceMemory::Torch);
+    }
 }
