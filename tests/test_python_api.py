@@ -178,6 +178,30 @@ def test_tensors_handed_over_in_their_dtype_and_shape(tmp_path, device):
     assert infos["scalar"].shape == [] and got["scalar"].shape == ()
 
 
+def test_log_records_are_dated_when_their_event_happened(tmp_path, caplog):
+    """The engine's events reach `logging` when the call returns, each dated when it happened: the plan's record
+    is older than the reads that follow it, not the time of the hand-over."""
+    import logging
+
+    path = tmp_path / "dated.safetensors"
+    g = torch.Generator().manual_seed(11)
+    st.save_file({f"t{i}": torch.randn(1 << 20, generator=g) for i in range(48)}, str(path))  # 192 MiB
+    caplog.set_level(logging.DEBUG, logger="weightlift")
+    before = time.time()
+    got = weightlift.load_file(path)
+    after = time.time()
+    report = weightlift.last_report()
+    planned = [r for r in caplog.records if r.name == "weightlift" and r.getMessage().startswith("planned")]
+    assert planned, [r.getMessage() for r in caplog.records]
+    when = planned[-1].created
+    assert before <= when <= after
+    # Dated at hand-over, the record would be younger than all of the reads.
+    assert after - when >= 0.5 * report["times"]["io"], (after - when, report["times"])
+    start = logging._startTime / 1e9 if logging._startTime > 1e15 else logging._startTime  # ns from Python 3.13
+    assert abs(planned[-1].relativeCreated - (when - start) * 1000) < 1.0
+    assert len(got) == 48
+
+
 def test_prepare_refuses_what_it_cannot_set_up():
     with pytest.raises(weightlift.InvalidArgumentError):
         weightlift.prepare("tpu:0")

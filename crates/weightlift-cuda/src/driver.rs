@@ -59,7 +59,14 @@ static PROBE: OnceLock<Result<DriverInfo, String>> = OnceLock::new();
 
 /// The driver, initialised, or the reason it cannot be used. Probed once per process.
 pub fn driver() -> Result<DriverInfo, String> {
-    PROBE.get_or_init(probe).clone()
+    PROBE
+        .get_or_init(|| {
+            let t = std::time::Instant::now();
+            let probed = probe();
+            tracing::debug!(secs = t.elapsed().as_secs_f64(), ok = probed.is_ok(), "CUDA driver probed");
+            probed
+        })
+        .clone()
 }
 
 /// Whether the driver was probed and initialised in this process already (never probes: host-only work must not

@@ -45,7 +45,9 @@ impl Gpu {
             return Err(CudaError::NoSuchDevice { ordinal, count: drv.devices });
         }
         let _restore = ContextRestore::save(); // retaining the primary context binds it to this thread
+        let t = std::time::Instant::now();
         let ctx = CudaContext::new(ordinal as usize).map_err(CudaError::driver(ordinal, "cuDevicePrimaryCtxRetain"))?;
+        let retained = t.elapsed();
         // weightlift orders its work with explicit events; cudarc's automatic tracking would add an event per
         // allocation and synchronise the context when the first stream is made.
         // SAFETY: no cudarc-managed allocation of this context relies on event tracking (weightlift allocates
@@ -66,6 +68,12 @@ impl Gpu {
             pcie_link,
             driver_version: drv.version,
         };
+        tracing::debug!(
+            device = ordinal,
+            retain_secs = retained.as_secs_f64(),
+            secs = t.elapsed().as_secs_f64(),
+            "device opened"
+        );
         Ok(Gpu {
             inner: Arc::new(GpuInner {
                 ctx,
@@ -148,9 +156,14 @@ impl Gpu {
     /// Stream number `i` of this device's pool (created on first use, kept for later loads).
     pub fn stream(&self, i: usize) -> Result<Arc<CudaStream>, CudaError> {
         let mut streams = self.inner.streams.lock().unwrap_or_else(|p| p.into_inner());
-        while streams.len() <= i {
-            let s = self.inner.ctx.new_stream().map_err(CudaError::driver(self.inner.ordinal, "cuStreamCreate"))?;
-            streams.push(s);
+        if streams.len() <= i {
+            let t = std::time::Instant::now();
+            let had = streams.len();
+            while streams.len() <= i {
+                let s = self.inner.ctx.new_stream().map_err(CudaError::driver(self.inner.ordinal, "cuStreamCreate"))?;
+                streams.push(s);
+            }
+            tracing::debug!(made = streams.len() - had, secs = t.elapsed().as_secs_f64(), "streams made");
         }
         Ok(streams[i].clone())
     }

@@ -204,6 +204,7 @@ impl IoEngine {
         if mode == DirectMode::Auto {
             report.resident_bytes = Some(residency.iter().flatten().map(Residency::resident_bytes).sum());
         }
+        tracing::debug!(secs = t0.elapsed().as_secs_f64(), "page cache probed");
         let total: u64 = req.files.iter().map(|f| f.len).sum();
         let (cache, cache_why) = resolve_cache(params.cache, total);
         report.cache = cache;
@@ -290,6 +291,7 @@ impl IoEngine {
         during: impl FnOnce(),
     ) -> Result<IoReport, IoError> {
         let prepared = self.prepare(req, sink.asynchronous(), false)?;
+        tracing::debug!(secs = prepared.report.plan_secs, ops = prepared.plan.ops.len(), "planned");
         let erase = |s: &dyn Sink| -> *const (dyn Sink + 'static) {
             // SAFETY: only the lifetime is erased; `load` waits until the job has completed (no lane uses the sink
             // any more) before returning, also when unwinding (`Completion`'s drop), so the sink outlives every use.
@@ -308,6 +310,7 @@ impl IoEngine {
         let t = Instant::now();
         let guard = Completion(&job);
         self.submit(job.clone())?;
+        tracing::debug!("submitted");
         during();
         let (result, skipped) = guard.wait();
         report.io_secs = t.elapsed().as_secs_f64();

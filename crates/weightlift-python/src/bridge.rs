@@ -2,18 +2,20 @@
 //! (logger `weightlift`), and long calls stay interruptible by Ctrl-C.
 //!
 //! Events are queued by a `tracing` layer and handed to `logging` by the thread that made the call, once it holds
-//! the GIL again: an I/O thread taking the GIL itself could deadlock against a Python thread waiting on it.
+//! the GIL again: an I/O thread taking the GIL itself could deadlock against a Python thread waiting on it. Each
+//! record carries the time its event happened (`created`, `msecs`, `relativeCreated`), not the time it was handed
+//! over, so that a log of a load's events is a true timeline.
 
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use pyo3::prelude::*;
 use tracing::field::{Field, Visit};
 use tracing_subscriber::layer::{Context, SubscriberExt};
 
-/// Queued records: (Python logging level, message).
-static QUEUE: Mutex<Vec<(u8, String)>> = Mutex::new(Vec::new());
+/// Queued records: (Python logging level, message, seconds since the Unix epoch when the event happened).
+static QUEUE: Mutex<Vec<(u8, String, f64)>> = Mutex::new(Vec::new());
 /// Records kept at most between two flushes (a burst of warnings must not grow without bound).
 const MAX_QUEUED: usize = 1000;
 
@@ -46,11 +48,12 @@ impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for ToLogging {
             tracing::Level::INFO => 20,
             _ => 10,
         };
+        let when = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64());
         let mut m = Message(String::new());
         event.record(&mut m);
         let mut q = QUEUE.lock().unwrap_or_else(|p| p.into_inner());
         if q.len() < MAX_QUEUED {
-            q.push((level, m.0));
+            q.push((level, m.0, when));
         }
     }
 }
@@ -64,16 +67,45 @@ pub fn install() {
 
 use tracing_subscriber::Layer as _;
 
-/// Hands queued records to `logging.getLogger("weightlift")`.
+/// Hands queued records to `logging.getLogger("weightlift")`, each dated when its event happened.
 pub fn flush(py: Python<'_>) {
     let records = std::mem::take(&mut *QUEUE.lock().unwrap_or_else(|p| p.into_inner()));
     if records.is_empty() {
         return;
     }
-    let Ok(logger) = py.import("logging").and_then(|l| l.call_method1("getLogger", ("weightlift",))) else { return };
-    for (level, msg) in records {
-        let _ = logger.call_method1("log", (level, msg));
+    let Ok(logging) = py.import("logging") else { return };
+    let Ok(logger) = logging.call_method1("getLogger", ("weightlift",)) else { return };
+    for (level, msg, when) in records {
+        if !logger.call_method1("isEnabledFor", (level,)).and_then(|b| b.is_truthy()).unwrap_or(false) {
+            continue;
+        }
+        if dated_record(&logging, &logger, level, &msg, when).is_err() {
+            let _ = logger.call_method1("log", (level, msg));
+        }
     }
+}
+
+/// Hands one record to `logger` as `Logger.log` would, with its times set to `when` (seconds since the epoch):
+/// `created`, `msecs` and `relativeCreated` as `LogRecord` computes them from the time it is made.
+fn dated_record(
+    logging: &Bound<'_, PyModule>,
+    logger: &Bound<'_, PyAny>,
+    level: u8,
+    msg: &str,
+    when: f64,
+) -> PyResult<()> {
+    let py = logger.py();
+    let name = logger.getattr("name")?;
+    let args = pyo3::types::PyTuple::empty(py);
+    let record = logger.call_method1("makeRecord", (name, level, "", 0, msg, args, py.None()))?;
+    record.setattr("created", when)?;
+    record.setattr("msecs", (when * 1000.0).rem_euclid(1000.0).floor())?;
+    let start: f64 = logging.getattr("_startTime")?.extract()?;
+    // Python 3.13 keeps `_startTime` in nanoseconds.
+    let start = if start > 1e15 { start / 1e9 } else { start };
+    record.setattr("relativeCreated", (when - start) * 1000.0)?;
+    logger.call_method1("handle", (record,))?;
+    Ok(())
 }
 
 /// Runs `work` without the GIL on a thread of its own, while the calling thread checks for signals every 50 ms:

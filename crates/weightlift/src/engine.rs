@@ -347,10 +347,12 @@ impl Engine {
         opts: &LoadOpts<'_>,
         names: Vec<(String, PathBuf)>,
     ) -> Result<(Vec<TensorData>, Report)> {
+        tracing::debug!(device = n, "device load called");
         let gpu = self.gpu(n)?;
         let _restore = weightlift_cuda::ContextRestore::save(); // the caller's thread keeps its device
         gpu.bind()?;
         let path = self.gpu_path(n)?;
+        tracing::debug!(device = n, "device and data path ready");
         let placement = placement::pack_aligned(entries, opts.tensor_align);
         let block_extents: Vec<Extent> = placement
             .blocks
@@ -622,6 +624,7 @@ pub(crate) fn allocate_published(
     let _restore = weightlift_cuda::ContextRestore::save(); // the caller's thread keeps its device
     gpu.bind()?;
     let stream = gpu.stream(lanes)?;
+    tracing::debug!("allocation stream ready");
     let mut batch: Vec<(u32, u64, u64)> = Vec::new();
     let (mut batch_bytes, mut limit) = (0u64, 1u64);
     let publish = |batch: &mut Vec<(u32, u64, u64)>| -> Result<()> {

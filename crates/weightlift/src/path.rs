@@ -160,7 +160,9 @@ pub(crate) fn resolve(settings: &Settings) -> Result<ResolvedPath> {
         (PathKind::NvmeSim, _) => Box::new(crate::nvme_sim::NvmePath),
         _ => Box::new(Pipeline),
     };
-    Ok(ResolvedPath { kind, reason, resolve_secs: t.elapsed().as_secs_f64(), imp })
+    let resolve_secs = t.elapsed().as_secs_f64();
+    tracing::debug!(secs = resolve_secs, "data path decided");
+    Ok(ResolvedPath { kind, reason, resolve_secs, imp })
 }
 
 /// weightlift's pipeline: the engine's lanes read into pinned staging slots and copy each completed read to the
