@@ -20,6 +20,7 @@ mod buffer;
 pub mod durable;
 mod error;
 pub mod fault;
+pub mod fdtable;
 pub mod file;
 mod job;
 mod lane;

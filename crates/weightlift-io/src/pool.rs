@@ -252,6 +252,8 @@ impl IoEngine {
     /// Starts the lanes. `origin` says who chose `params.engine` (for the report and errors).
     pub fn new(params: IoParams, origin: &str) -> Result<IoEngine, IoError> {
         params.validate()?;
+        // Before the lanes' threads and rings: in a process with one thread this is free (see `fdtable`).
+        crate::fdtable::grow_early();
         let (uring, reason) = match (params.engine, crate::uring::available()) {
             (ReadEngine::Pread, _) => (false, format!("pread chosen by {origin}")),
             (ReadEngine::Uring, Ok(())) => (true, format!("io_uring chosen by {origin}")),

@@ -612,6 +612,9 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     }
     m.add("SETTINGS", settings)?;
     bridge::install();
+    // Importing the package is usually well before the first load, often in a process with one thread: the
+    // descriptor table grown now keeps the kernel's wait for it out of that load (see `weightlift::io::fdtable`).
+    weightlift::io::fdtable::grow_early();
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }
