@@ -126,7 +126,9 @@ def device_allocator(engine, device: str) -> "tuple[Any, int]":
     with _shared_lock:
         side = _side_streams.get(dev.index)
         if side is None:
-            side = _side_streams[dev.index] = t.cuda.Stream(device=dev)
+            # A stream weightlift keeps for the process, not `torch.cuda.Stream()`: torch would first make its pool
+            # of streams, 3-5 ms of a fresh process's first load (bench/results/2026-11-25-h100-zc).
+            side = _side_streams[dev.index] = t.cuda.ExternalStream(_native.process_stream(dev.index), device=dev)
 
     def alloc(nbytes: int) -> "torch.Tensor":
         # Called on one of the engine's threads, whose current stream is neither.

@@ -231,6 +231,26 @@ pub fn available() -> Result<crate::driver::DriverInfo, String> {
     driver::driver()
 }
 
+/// Streams kept for the whole process, one per device (see [`process_stream`]).
+static PROCESS_STREAMS: Mutex<Vec<(u32, Arc<CudaStream>)>> = Mutex::new(Vec::new());
+
+/// A non-blocking stream of device `ordinal`'s primary context, made on first use and kept until the process
+/// ends, so that a handle to it given to another library (PyTorch's `ExternalStream`) never dangles. The calling
+/// thread keeps its current context.
+pub fn process_stream(ordinal: u32) -> Result<sys::CUstream, CudaError> {
+    let mut streams = PROCESS_STREAMS.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some((_, s)) = streams.iter().find(|(n, _)| *n == ordinal) {
+        return Ok(s.cu_stream());
+    }
+    let gpu = Gpu::open(ordinal)?;
+    let _restore = ContextRestore::save(); // the caller's thread keeps its device
+    gpu.bind()?;
+    let s = gpu.inner.ctx.new_stream().map_err(CudaError::driver(ordinal, "cuStreamCreate"))?;
+    let handle = s.cu_stream();
+    streams.push((ordinal, s));
+    Ok(handle)
+}
+
 /// The calling thread's current CUDA context when made, put back when dropped. weightlift binds its devices'
 /// contexts on whatever thread calls it, and a CUDA runtime (torch's `current_device`, say) takes the thread's
 /// device from that context: without this, freeing a `cuda:1` tensor or probing the devices on a caller's thread

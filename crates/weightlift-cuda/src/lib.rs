@@ -21,7 +21,7 @@ pub use ceiling::{chunked_h2d_gbps, pinned_h2d_gbps};
 pub use cudarc::driver::sys::{CUdeviceptr, CUstream};
 pub use driver::DriverInfo;
 pub use error::CudaError;
-pub use gpu::{ContextRestore, Gpu, GpuInfo, available, current_context};
+pub use gpu::{ContextRestore, Gpu, GpuInfo, available, current_context, process_stream};
 pub use memory::{
     CudaPinner, DeviceAllocator, DeviceBuffer, LEGACY_STREAM, PinnedBuffer, StreamMark, copy_device_to_host,
     copy_host_to_device, free_device_memory, order_after_stream, wait_for_stream,

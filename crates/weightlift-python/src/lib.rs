@@ -571,6 +571,17 @@ fn ggml_types() -> BTreeMap<&'static str, (u32, u64, u64)> {
     weightlift::format::GgmlType::ALL.iter().map(|g| (g.name(), (g.id(), g.block_size(), g.type_size()))).collect()
 }
 
+/// The handle of a CUDA stream of device `ordinal` kept for the whole process (for `torch.cuda.ExternalStream`):
+/// the side stream the blocks of loads through torch's allocator are made on. Made once; torch's own
+/// `torch.cuda.Stream()` would first make torch's pool of streams, 3-5 ms of a fresh process's first load on the
+/// H100 (bench/results/2026-11-25-h100-zc).
+#[pyfunction]
+fn process_stream(ordinal: u32) -> PyResult<usize> {
+    weightlift::cuda::process_stream(ordinal)
+        .map(|s| s as usize)
+        .map_err(|e| crate::errors::to_py(weightlift::Error::Cuda(e)))
+}
+
 /// Whether CUDA is usable, and why not.
 #[pyfunction]
 fn cuda_status() -> (bool, String) {
@@ -594,6 +605,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(probe, m)?)?;
     m.add_function(wrap_pyfunction!(last_report, m)?)?;
     m.add_function(wrap_pyfunction!(cuda_status, m)?)?;
+    m.add_function(wrap_pyfunction!(process_stream, m)?)?;
     m.add_function(wrap_pyfunction!(ggml_types, m)?)?;
     m.add_function(wrap_pyfunction!(parse_device_string, m)?)?;
     m.add_function(wrap_pyfunction!(parse_file_mode, m)?)?;

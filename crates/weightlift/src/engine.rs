@@ -352,6 +352,10 @@ impl Engine {
         let _restore = weightlift_cuda::ContextRestore::save(); // the caller's thread keeps its device
         gpu.bind()?;
         let path = self.gpu_path(n)?;
+        // Every lane's stream and the allocation's, made now: made by the lanes as they start, beside their pinning
+        // and the allocation, 17 took 9.2 ms of a first load on the H100, against 0.7 ms made together before
+        // (bench/results/2026-11-25-h100-zc). Nothing to do once made.
+        gpu.stream(self.io.lanes())?;
         tracing::debug!(device = n, "device and data path ready");
         let placement = placement::pack_aligned(entries, opts.tensor_align);
         let block_extents: Vec<Extent> = placement
