@@ -195,11 +195,30 @@ def test_log_records_are_dated_when_their_event_happened(tmp_path, caplog):
     assert planned, [r.getMessage() for r in caplog.records]
     when = planned[-1].created
     assert before <= when <= after
-    # Dated at hand-over, the record would be younger than all of the reads.
+    # Dated at hand-over, the record would be younger than all of the reads (which must take long enough to tell).
+    assert report["times"]["io"] >= 0.002, report["times"]
     assert after - when >= 0.5 * report["times"]["io"], (after - when, report["times"])
+    assert planned[-1].lineno > 0 and planned[-1].pathname.endswith(".rs"), (planned[-1].pathname, planned[-1].lineno)
     start = logging._startTime / 1e9 if logging._startTime > 1e15 else logging._startTime  # ns from Python 3.13
     assert abs(planned[-1].relativeCreated - (when - start) * 1000) < 1.0
     assert len(got) == 48
+
+
+def test_process_stream_is_one_stream_per_device_or_a_cuda_error(files):
+    """The side stream torch's blocks are made on: one per device for the process, the same handle each time;
+    without CUDA, weightlift's CudaError."""
+    from weightlift import _core, _native
+
+    if not GPU:
+        with pytest.raises(weightlift.CudaError):
+            _native.process_stream(0)
+        return
+    a, b = _native.process_stream(0), _native.process_stream(0)
+    assert a == b != 0
+    got = weightlift.load_file(files["llama"], device="cuda:0")
+    assert got
+    if weightlift._core.shared_engine().device_memory == "torch":
+        assert _core._side_streams[0].cuda_stream == a
 
 
 def test_prepare_refuses_what_it_cannot_set_up():

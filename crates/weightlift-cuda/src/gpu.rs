@@ -234,8 +234,9 @@ pub fn available() -> Result<crate::driver::DriverInfo, String> {
 /// Streams kept for the whole process, one per device (see [`process_stream`]).
 static PROCESS_STREAMS: Mutex<Vec<(u32, Arc<CudaStream>)>> = Mutex::new(Vec::new());
 
-/// A non-blocking stream of device `ordinal`'s primary context, made on first use and kept until the process
-/// ends, so that a handle to it given to another library (PyTorch's `ExternalStream`) never dangles. The calling
+/// A non-blocking stream of device `ordinal`'s primary context, made on first use and never destroyed, so that a
+/// handle to it given to another library (PyTorch's `ExternalStream`) stays valid for the rest of the process
+/// (unless something resets the primary context; a child made by `fork` cannot use CUDA at all). The calling
 /// thread keeps its current context.
 pub fn process_stream(ordinal: u32) -> Result<sys::CUstream, CudaError> {
     let mut streams = PROCESS_STREAMS.lock().unwrap_or_else(|p| p.into_inner());

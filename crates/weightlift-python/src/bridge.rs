@@ -14,8 +14,20 @@ use pyo3::prelude::*;
 use tracing::field::{Field, Visit};
 use tracing_subscriber::layer::{Context, SubscriberExt};
 
-/// Queued records: (Python logging level, message, seconds since the Unix epoch when the event happened).
-static QUEUE: Mutex<Vec<(u8, String, f64)>> = Mutex::new(Vec::new());
+/// A queued record.
+struct Queued {
+    /// Python logging level.
+    level: u8,
+    message: String,
+    /// Nanoseconds since the Unix epoch when the event happened.
+    when_ns: u128,
+    /// The Rust source of the event (file, line, module).
+    file: &'static str,
+    line: u32,
+    module: &'static str,
+}
+
+static QUEUE: Mutex<Vec<Queued>> = Mutex::new(Vec::new());
 /// Records kept at most between two flushes (a burst of warnings must not grow without bound).
 const MAX_QUEUED: usize = 1000;
 
@@ -48,12 +60,20 @@ impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for ToLogging {
             tracing::Level::INFO => 20,
             _ => 10,
         };
-        let when = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64());
+        let when_ns = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos());
         let mut m = Message(String::new());
         event.record(&mut m);
+        let meta = event.metadata();
         let mut q = QUEUE.lock().unwrap_or_else(|p| p.into_inner());
         if q.len() < MAX_QUEUED {
-            q.push((level, m.0, when));
+            q.push(Queued {
+                level,
+                message: m.0,
+                when_ns,
+                file: meta.file().unwrap_or(""),
+                line: meta.line().unwrap_or(0),
+                module: meta.module_path().unwrap_or(""),
+            });
         }
     }
 }
@@ -75,37 +95,44 @@ pub fn flush(py: Python<'_>) {
     }
     let Ok(logging) = py.import("logging") else { return };
     let Ok(logger) = logging.call_method1("getLogger", ("weightlift",)) else { return };
-    for (level, msg, when) in records {
-        if !logger.call_method1("isEnabledFor", (level,)).and_then(|b| b.is_truthy()).unwrap_or(false) {
+    for q in records {
+        if !logger.call_method1("isEnabledFor", (q.level,)).and_then(|b| b.is_truthy()).unwrap_or(false) {
             continue;
         }
-        if dated_record(&logging, &logger, level, &msg, when).is_err() {
-            let _ = logger.call_method1("log", (level, msg));
+        match dated_record(&logging, &logger, &q) {
+            // As `Logger.log` does after making its record; what a handler or filter raises is not the load's.
+            Ok(record) => drop(logger.call_method1("handle", (record,))),
+            // The record could not be made with its time: handed over undated rather than lost.
+            Err(_) => drop(logger.call_method1("log", (q.level, q.message))),
         }
     }
 }
 
-/// Hands one record to `logger` as `Logger.log` would, with its times set to `when` (seconds since the epoch):
-/// `created`, `msecs` and `relativeCreated` as `LogRecord` computes them from the time it is made.
-fn dated_record(
-    logging: &Bound<'_, PyModule>,
-    logger: &Bound<'_, PyAny>,
-    level: u8,
-    msg: &str,
-    when: f64,
-) -> PyResult<()> {
+/// The record `Logger.log` would make for `q` (the Rust source file, line and module as its path, line and function), dated when
+/// its event happened: `created`, `msecs` and `relativeCreated` computed as `LogRecord` computes them from the
+/// time it is made. (A record factory set with `logging.setLogRecordFactory` is used, but sees the time of the
+/// hand-over, as it would have before the dating.)
+fn dated_record<'py>(
+    logging: &Bound<'py, PyModule>,
+    logger: &Bound<'py, PyAny>,
+    q: &Queued,
+) -> PyResult<Bound<'py, PyAny>> {
     let py = logger.py();
     let name = logger.getattr("name")?;
     let args = pyo3::types::PyTuple::empty(py);
-    let record = logger.call_method1("makeRecord", (name, level, "", 0, msg, args, py.None()))?;
-    record.setattr("created", when)?;
-    record.setattr("msecs", (when * 1000.0).rem_euclid(1000.0).floor())?;
-    let start: f64 = logging.getattr("_startTime")?.extract()?;
-    // Python 3.13 keeps `_startTime` in nanoseconds.
-    let start = if start > 1e15 { start / 1e9 } else { start };
-    record.setattr("relativeCreated", (when - start) * 1000.0)?;
-    logger.call_method1("handle", (record,))?;
-    Ok(())
+    let record =
+        logger.call_method1("makeRecord", (name, q.level, q.file, q.line, &q.message, args, py.None(), q.module))?;
+    let ns = q.when_ns;
+    record.setattr("created", ns as f64 / 1e9)?;
+    record.setattr("msecs", ((ns % 1_000_000_000) / 1_000_000) as f64)?;
+    // Float seconds before Python 3.13, integer nanoseconds from 3.13 on.
+    let start = logging.getattr("_startTime")?;
+    let start_ns: u128 = match start.extract::<u128>() {
+        Ok(n) => n,
+        Err(_) => (start.extract::<f64>()? * 1e9) as u128,
+    };
+    record.setattr("relativeCreated", (ns as f64 - start_ns as f64) / 1e6)?;
+    Ok(record)
 }
 
 /// Runs `work` without the GIL on a thread of its own, while the calling thread checks for signals every 50 ms:

@@ -576,9 +576,8 @@ fn ggml_types() -> BTreeMap<&'static str, (u32, u64, u64)> {
 /// `torch.cuda.Stream()` would first make torch's pool of streams, 3-5 ms of a fresh process's first load on the
 /// H100 (bench/results/2026-11-25-h100-zc).
 #[pyfunction]
-fn process_stream(ordinal: u32) -> PyResult<usize> {
-    weightlift::cuda::process_stream(ordinal)
-        .map(|s| s as usize)
+fn process_stream(py: Python<'_>, ordinal: u32) -> PyResult<usize> {
+    py.detach(|| weightlift::cuda::process_stream(ordinal).map(|s| s as usize))
         .map_err(|e| crate::errors::to_py(weightlift::Error::Cuda(e)))
 }
 
