@@ -324,22 +324,9 @@ pub unsafe fn order_after_stream(gpu: &Gpu, stream: sys::CUstream) {
     if gpu.bind().is_err() {
         return;
     }
-    let mut event: sys::CUevent = std::ptr::null_mut();
-    // SAFETY: valid out-pointer; the event is destroyed below (destruction is deferred by the driver until the
-    // wait that references it has been resolved).
-    let r = unsafe { sys::cuEventCreate(&mut event, sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32) };
-    if r.result().is_err() {
-        tracing::warn!("ordering a free after the consumer stream: cuEventCreate: {r:?}");
-        return;
-    }
-    // SAFETY: `event` was just created in this context; `stream` is live per the contract.
-    unsafe {
-        if let Err(e) = sys::cuEventRecord(event, stream).result() {
-            tracing::warn!("ordering a free after the consumer stream: cuEventRecord: {e}");
-        } else if let Err(e) = sys::cuStreamWaitEvent(LEGACY_STREAM, event, 0).result() {
-            tracing::warn!("ordering a free after the consumer stream: cuStreamWaitEvent: {e}");
-        }
-        let _ = sys::cuEventDestroy_v2(event).result();
+    // SAFETY: `stream` is live per the contract; the legacy stream always is.
+    if let Err(e) = unsafe { stream_waits_for(gpu.ordinal(), LEGACY_STREAM, stream) } {
+        tracing::warn!("ordering a free after the consumer stream: {e}");
     }
 }
 
@@ -349,7 +336,16 @@ pub unsafe fn order_after_stream(gpu: &Gpu, stream: sys::CUstream) {
 /// # Safety
 /// `after` must be a live stream of `gpu`'s context (or null / [`LEGACY_STREAM`]).
 pub unsafe fn wait_for_stream(gpu: &Gpu, waiter: &CudaStream, after: sys::CUstream) -> Result<(), CudaError> {
-    let dev = gpu.ordinal();
+    // SAFETY: `after` is live per the contract, `waiter` is borrowed for the call.
+    unsafe { stream_waits_for(gpu.ordinal(), waiter.cu_stream(), after) }
+}
+
+/// Makes the raw stream `waiter` wait for the work queued on `after` so far, through an event made for it (the
+/// driver destroys it once the wait is resolved).
+///
+/// # Safety
+/// Both streams must be live streams of the current context of device `dev` (or null / [`LEGACY_STREAM`]).
+unsafe fn stream_waits_for(dev: u32, waiter: sys::CUstream, after: sys::CUstream) -> Result<(), CudaError> {
     let mut event: sys::CUevent = std::ptr::null_mut();
     // SAFETY: valid out-pointer; the event is destroyed below (the driver defers that until the wait is resolved).
     unsafe { sys::cuEventCreate(&mut event, sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32) }
@@ -358,9 +354,7 @@ pub unsafe fn wait_for_stream(gpu: &Gpu, waiter: &CudaStream, after: sys::CUstre
     // SAFETY: `event` was just created in this context; both streams are live per the contract.
     let r = unsafe {
         sys::cuEventRecord(event, after).result().map_err(CudaError::driver(dev, "cuEventRecord")).and_then(|()| {
-            sys::cuStreamWaitEvent(waiter.cu_stream(), event, 0)
-                .result()
-                .map_err(CudaError::driver(dev, "cuStreamWaitEvent"))
+            sys::cuStreamWaitEvent(waiter, event, 0).result().map_err(CudaError::driver(dev, "cuStreamWaitEvent"))
         })
     };
     // SAFETY: created above and destroyed once.
