@@ -185,7 +185,8 @@ def test_log_records_are_dated_when_their_event_happened(tmp_path, caplog):
 
     path = tmp_path / "dated.safetensors"
     g = torch.Generator().manual_seed(11)
-    st.save_file({f"t{i}": torch.randn(1 << 20, generator=g) for i in range(48)}, str(path))  # 192 MiB
+    ref = {f"t{i}": torch.randn(1 << 20, generator=g) for i in range(48)}
+    st.save_file(ref, str(path))  # 192 MiB
     caplog.set_level(logging.DEBUG, logger="weightlift")
     before = time.time()
     got = weightlift.load_file(path)
@@ -201,7 +202,7 @@ def test_log_records_are_dated_when_their_event_happened(tmp_path, caplog):
     assert planned[-1].lineno > 0 and planned[-1].pathname.endswith(".rs"), (planned[-1].pathname, planned[-1].lineno)
     start = logging._startTime / 1e9 if logging._startTime > 1e15 else logging._startTime  # ns from Python 3.13
     assert abs(planned[-1].relativeCreated - (when - start) * 1000) < 1.0
-    assert len(got) == 48
+    assert_same(got, ref, "cpu")
 
 
 def test_process_stream_is_one_stream_per_device_or_a_cuda_error(files):
@@ -216,7 +217,7 @@ def test_process_stream_is_one_stream_per_device_or_a_cuda_error(files):
     a, b = _native.process_stream(0), _native.process_stream(0)
     assert a == b != 0
     got = weightlift.load_file(files["llama"], device="cuda:0")
-    assert got
+    assert_same(got, st.load_file(str(files["llama"])), "cuda:0")
     if weightlift._core.shared_engine().device_memory == "torch":
         assert _core._side_streams[0].cuda_stream == a
 
@@ -531,9 +532,12 @@ def test_freeing_gpu_tensors_frees_their_memory(files, memory):
     torch.cuda.synchronize()
     torch.cuda.empty_cache()
     free0, _ = torch.cuda.mem_get_info()
-    for _ in range(5):
+    ref = st.load_file(str(files["llama"]))
+    for i in range(5):
         got = weightlift.load_file(files["llama"], device="cuda:0", engine=engine)
         n = sum(t.numel() * t.element_size() for t in got.values())
+        if i == 0:
+            assert_same(got, ref, "cuda:0")
         del got
     torch.cuda.synchronize()
     torch.cuda.empty_cache()  # torch's cache holds what its allocator gave the tensors
@@ -553,6 +557,7 @@ def test_gpu_tensors_come_from_torchs_allocator_unless_asked_otherwise(files):
     assert_same(got, {k: v.to("cuda:0") for k, v in ref.items()}, "cuda:0")
     with weightlift.safe_open(files["llama"], device="cuda:0") as f:
         one = f.get_tensor(next(iter(ref)))
+    assert raw_bytes(one) == raw_bytes(ref[next(iter(ref))])
     del got, one
     assert torch.cuda.memory_allocated(0) == base  # freed at once, back in torch's cache
     pool = weightlift._core.new_engine(device_memory="pool")
