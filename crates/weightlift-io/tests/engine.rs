@@ -563,6 +563,86 @@ fn device_staging_faulted_in_first_is_pinned_in_place() {
     assert_eq!(pinner.0.load(Ordering::Relaxed), 3);
 }
 
+/// A host sink whose load asks for a device load's staging (asynchronous: two slots per read in flight).
+struct DeviceShaped(LaneSink);
+
+impl Sink for DeviceShaped {
+    fn asynchronous(&self) -> bool {
+        true
+    }
+    fn begin_lane(&self, lane: usize) -> Result<(), SinkError> {
+        self.0.begin_lane(lane)
+    }
+    fn deliver(&self, lane: usize, pieces: &[Piece], data: &[u8]) -> Result<Option<Box<dyn Pending>>, SinkError> {
+        self.0.deliver(lane, pieces, data)
+    }
+    fn landed(&self, pieces: &[Piece]) {
+        self.0.landed(pieces);
+    }
+    fn end_lane(&self, lane: usize) -> Result<(), SinkError> {
+        self.0.end_lane(lane)
+    }
+}
+
+/// Staging begun ahead of a load (`begin_staging`) returns at once and is what the load then uses, whether the load
+/// comes before or after the lanes finished: each lane pins its region once, every byte arrives, the set-up time is
+/// counted into the load's report, and once every lane has answered the request lets go of its pinner. A blocking
+/// request after it is answered too, and a second `begin_staging` while one is pending posts nothing.
+#[test]
+fn staging_begun_ahead_of_a_load_is_what_the_load_uses() {
+    let dir = tempfile::tempdir().unwrap();
+    let len = 24usize << 20;
+    let path = write(dir.path(), "begun.bin", len, 13);
+    let params = IoParams { threads: 3, chunk_bytes: 1 << 20, direct: DirectMode::Never, ..IoParams::default() };
+    let io = engine(&params);
+    assert_eq!(io.warm_staging_bytes(true), 3 * 2 * (1 << 20));
+    let pinner = std::sync::Arc::new(CountingPinner::default());
+    let t = std::time::Instant::now();
+    assert!(io.begin_staging(true, Some(pinner.clone())));
+    assert!(t.elapsed() < std::time::Duration::from_millis(500), "begin_staging waited {:?}", t.elapsed());
+
+    let files = open_all(std::slice::from_ref(&path), false).unwrap();
+    let mut out = vec![0u8; len];
+    let extents = [Extent { file: 0, offset: 0, len: len as u64, dest: 0, dest_offset: 0 }];
+    // SAFETY: `out` outlives the load (waited below) and nothing else touches it meanwhile.
+    let inner = unsafe { HostSink::new(vec![(out.as_mut_ptr(), out.len())]) };
+    // Shaped as a device load's (two slots per lane), as the request is.
+    let sink = DeviceShaped(LaneSink { inner, lanes: Mutex::new(Vec::new()) });
+    let req = LoadRequest { files: &files, extents: &extents, dest_lens: &[len as u64] };
+    let opts = LoadOptions { pinner: Some(pinner.clone()), ..LoadOptions::default() };
+    let report = io.load(&req, &opts, &sink).unwrap();
+    assert_eq!(report.slots_per_lane, 2, "{report:?}");
+    assert!(out == pattern(len, 13), "bytes differ");
+    assert!(report.stats.setup > std::time::Duration::ZERO, "the set-up went uncounted: {report:?}");
+
+    let p = io.prepare_staging(true, Some(pinner.clone()), None).unwrap();
+    assert_eq!((p.lanes, p.lanes_set_up, p.pinned), (3, 0, true), "{p:?}");
+    assert_eq!(pinner.0.load(Ordering::Relaxed), 3, "one pin per lane's region");
+    // The detached request goes with its last answer (the blocking one above replaced or followed it).
+    drop(opts);
+    let t = std::time::Instant::now();
+    while std::sync::Arc::strong_count(&pinner) > 1 {
+        assert!(t.elapsed() < std::time::Duration::from_secs(10), "a staging request still holds the pinner");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+
+    // Held busy by a load, the lanes cannot answer: a second request is not posted beside the first.
+    // SAFETY: as above; the first load has returned.
+    let inner = unsafe { HostSink::new(vec![(out.as_mut_ptr(), out.len())]) };
+    let held = std::sync::Arc::new(HeldSink { inner, open: AtomicBool::new(false) });
+    let running = io.start(&req, weightlift_io::StreamOptions::default(), held.clone()).unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(50));
+    io.release_staging();
+    assert!(io.begin_staging(true, Some(pinner.clone())));
+    assert!(!io.begin_staging(true, Some(pinner.clone())), "posted beside a pending request");
+    held.open.store(true, Ordering::Release);
+    running.wait().unwrap();
+    assert!(out == pattern(len, 13), "bytes differ");
+    let after = io.prepare_staging(true, Some(pinner.clone()), None).unwrap();
+    assert_eq!(after.lanes, 3, "{after:?}");
+    assert_eq!(pinner.0.load(Ordering::Relaxed), 6, "released, then pinned once more per lane");
+}
+
 /// Bytes of `path` that a fresh mapping of it maps with 2 MiB page-table entries once populated: the bytes the
 /// page cache holds in 2 MiB folios (only those can be mapped that way). None where the kernel does not say. With
 /// `huge`, the mapping is advised `MADV_HUGEPAGE` before it is populated (what is not cached yet is then read in
