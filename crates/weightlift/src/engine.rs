@@ -357,7 +357,7 @@ impl Engine {
         let _restore = weightlift_cuda::ContextRestore::save(); // the caller's thread keeps its device
         gpu.bind()?;
         let path = self.gpu_path(n)?;
-        // The lanes set their staging up while this thread plans and allocates (the first load only).
+        // The lanes set their staging up while this thread makes the streams and the plan (the first load only).
         self.begin_device_staging(n, &gpu, &path, entries.iter().map(|t| t.nbytes).sum());
         // Every lane's stream and the allocation's, made now: made by the lanes as they start, beside their pinning
         // and the allocation, 17 took 9.2 ms of a first load on the H100, against 0.7 ms made together before

@@ -71,9 +71,8 @@ impl Engine {
     }
 
     /// Starts what a first load of `bytes` onto `device` sets up in its lanes (their staging: mapped, faulted in,
-    /// pinned for a GPU) and returns once the GPU's streams are made (0.7 ms on the H100 machine, which the load
-    /// would spend anyway), so that it runs beside whatever the caller does before the load: opening and parsing a
-    /// checkpoint, planning, allocating. Asks the lanes only for a GPU whose data path
+    /// pinned for a GPU) and returns at once, so that it runs beside whatever the caller does before the load:
+    /// opening and parsing a checkpoint, allocating, making streams. Asks the lanes only for a GPU whose data path
     /// reads through them, for a load that every lane would join (at least the staging of all lanes together;
     /// smaller loads set up only the lanes they use), and once per GPU since the engine's start or its last
     /// [`Engine::release_memory`]. Host devices ask nothing (a host load reads in place). Returns whether the lanes
@@ -107,17 +106,6 @@ impl Engine {
                 return false;
             }
             begun.push(n);
-        }
-        // The streams first: made while the lanes pin (every driver call waits for a pin in progress, the first
-        // pin of a process taking up to 5.8 ms), 17 streams took 4.3-7.6 ms against 0.7 ms made alone
-        // (bench/results/2026-11-25-h100-zk). A load makes them anyway; failing here, it reports why.
-        let made = {
-            let _restore = weightlift_cuda::ContextRestore::save(); // the caller's thread keeps its device
-            gpu.bind().and_then(|()| gpu.stream(self.io().lanes()).map(drop))
-        };
-        if let Err(e) = made {
-            tracing::debug!(device = n, "staging not begun: {e}");
-            return false;
         }
         let pinner: std::sync::Arc<dyn Pinner> = std::sync::Arc::new(CudaPinner::new(gpu));
         let asked = self.io().begin_staging(true, Some(pinner));
