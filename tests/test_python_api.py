@@ -230,28 +230,6 @@ def test_prepare_refuses_what_it_cannot_set_up():
             weightlift.prepare("cuda:0")
 
 
-def test_begin_prepare_asks_once_per_gpu_for_large_loads_only(files):
-    """The lanes are asked to set their staging up ahead of a device load only for a GPU (never for host memory,
-    never where CUDA is missing: the load reports that), only for a load all lanes join, and once until
-    release_memory; loads after it get every byte."""
-    eng = weightlift._core.new_engine()
-    big = 1 << 40
-    assert eng.begin_prepare("cpu", big) is False
-    if not GPU:
-        assert eng.begin_prepare("cuda:0", big) is False
-        return
-    assert eng.begin_prepare("cuda:0", 1) is False, "a small load sets up only the lanes it uses"
-    assert eng.begin_prepare("cuda:0", big) is True
-    assert eng.begin_prepare("cuda:0", big) is False
-    got = weightlift.load_file(files["llama"], device="cuda:0", engine=eng)
-    assert_same(got, st.load_file(str(files["llama"])), "cuda:0")
-    eng.release_memory()
-    assert eng.begin_prepare("cuda:0", big) is True
-    with weightlift.safe_open(files["upstream"], framework="pt", device="cuda:0", engine=eng) as f:
-        ref = st.load_file(str(files["upstream"]))
-        assert_same({k: f.get_tensor(k) for k in ref}, ref, "cuda:0")
-
-
 @pytest.mark.parametrize("device", DEVICES)
 def test_sharded_checkpoint(files, device):
     got = weightlift.load_file(files["index"], device=device)

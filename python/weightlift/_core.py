@@ -112,14 +112,6 @@ def check_cuda(device: str) -> None:
 _side_streams: dict = {}
 
 
-def begin_prepare(engine, device: str, nbytes: int) -> None:
-    """Has ``engine``'s lanes start setting up their staging for a load of ``nbytes`` onto ``device`` now, beside
-    the rest of the call (nothing for host devices, small loads, or once done; see ``NativeEngine.begin_prepare``).
-    A fresh process's first 1.25 GB load otherwise waited for it after planning (bench/results/2026-11-25-h100-zd)."""
-    if device.startswith("cuda"):
-        engine.begin_prepare(device, nbytes)
-
-
 def device_allocator(engine, device: str) -> "tuple[Any, int]":
     """``(alloc, stream)`` for a load onto ``device`` whose tensors come from PyTorch's caching allocator (the
     engine's ``device_memory`` setting is ``torch``), ``(None, 0)`` for host loads and for the device's pool.

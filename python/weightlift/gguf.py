@@ -39,7 +39,6 @@ def load_gguf(path: PathLike, device: Union[str, int, "torch.device"] = "cpu", *
         raise FormatError(f"{path}: not a GGUF file (it is {ckpt.format})")
     infos = ckpt.tensors
     engine = engine or _core.shared_engine()
-    _core.begin_prepare(engine, dev, sum(i.nbytes for i in infos))
     alloc, stream = _core.device_allocator(engine, dev)
     buffers = ckpt.load(engine, dev, None, False, 0, alloc, stream)
     out = GGUFCheckpoint(metadata=ckpt.files[0]["metadata"] or {})

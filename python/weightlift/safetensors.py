@@ -58,7 +58,6 @@ def _load_tensors(
     _core.check_cuda(device)
     infos = ckpt.tensors if names is None else [ckpt.tensor(n) for n in names]
     engine = engine or _core.shared_engine()
-    _core.begin_prepare(engine, device, sum(i.nbytes for i in infos))
     alloc, stream = _core.device_allocator(engine, device)
     buffers = ckpt.load(engine, device, None if names is None else list(names), verify, align, alloc, stream)
     return {i.name: t for i, t in zip(infos, _core.info_tensors(buffers, infos))}
@@ -119,8 +118,6 @@ class safe_open:
         self._ckpt = _checkpoint(filename)
         self._infos = {i.name: i for i in self._ckpt.tensors}
         self._engine = engine or _core.shared_engine()
-        # Tensors on a GPU are read through the lanes' staging: set up from now on, beside the caller's own work.
-        _core.begin_prepare(self._engine, self._device, sum(i.nbytes for i in self._infos.values()))
         self._stream: "_native.NativeStream | None" = None
         self._taken: set[str] = set()
         self._stats: "dict | None" = None

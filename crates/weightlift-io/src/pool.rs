@@ -35,10 +35,6 @@ pub(crate) struct StagingRequest {
     /// Lanes `0..lanes` set up; the others only answer (a load would not use them).
     pub lanes: usize,
     pub pinner: Option<Arc<dyn Pinner>>,
-    /// Posted by [`IoEngine::begin_staging`]: nobody waits for the answers; the lane answering last withdraws it.
-    pub detached: bool,
-    /// The engine's lane count: how many answers the request gets.
-    pub all: usize,
     answers: Mutex<Answers>,
     answered: Condvar,
 }
@@ -54,9 +50,8 @@ struct Answers {
 
 impl StagingRequest {
     /// A lane's answer: `None` when it was not asked to set up, else its set-up time, its wait for the other lanes'
-    /// set-ups and the result (zero times for a lane whose staging already fitted). Returns whether every lane has
-    /// answered now.
-    pub fn answer(&self, outcome: Option<(Duration, Duration, Result<(), IoError>)>) -> bool {
+    /// set-ups and the result (zero times for a lane whose staging already fitted).
+    pub fn answer(&self, outcome: Option<(Duration, Duration, Result<(), IoError>)>) {
         let mut a = self.answers.lock().unwrap_or_else(|p| p.into_inner());
         a.count += 1;
         if let Some((setup, waited, result)) = outcome {
@@ -70,7 +65,6 @@ impl StagingRequest {
             }
         }
         self.answered.notify_all();
-        a.count >= self.all
     }
 }
 
@@ -141,14 +135,6 @@ impl PoolShared {
         }
         let r = self.staging_request.lock().unwrap_or_else(|p| p.into_inner());
         r.1.as_ref().filter(|r| r.epoch != answered).cloned().ok_or(r.0)
-    }
-
-    /// Drops the request of `epoch` if it is still the one posted (it holds its pinner, and with it the device).
-    pub fn withdraw_staging_request(&self, epoch: u64) {
-        let mut r = self.staging_request.lock().unwrap_or_else(|p| p.into_inner());
-        if r.1.as_ref().is_some_and(|r| r.epoch == epoch) {
-            r.1 = None;
-        }
     }
 
     /// Wakes idle lanes (new work, a gate opened, a release request).
@@ -380,19 +366,29 @@ impl IoEngine {
         let t = std::time::Instant::now();
         let _one = self.threads.preparing.lock().unwrap_or_else(|p| p.into_inner());
         let shared = self.shared();
+        // The shape of a warm load's staging: chunk-sized slots (within the lane's share), as a load plans them.
+        let slot_bytes = self.params.chunk_bytes.min(shared.staging_per_lane() / 4096 * 4096).max(4096);
+        let (_, slots, lanes) = self.staging_shape(slot_bytes, device_copies || pinner.is_some());
         let pinned = pinner.is_some();
         let req = {
             let mut current = shared.staging_request.lock().unwrap_or_else(|p| p.into_inner());
-            // Replaces a detached request being answered: lanes answer the newest, and nobody waits for that one.
-            let req = Arc::new(self.staging_request_for(device_copies, pinner, false, current.0 + 1));
-            current.0 = req.epoch;
+            // Lanes start having answered epoch 0.
+            current.0 += 1;
+            let req = Arc::new(StagingRequest {
+                epoch: current.0,
+                slot_bytes,
+                slots,
+                lanes,
+                pinner,
+                answers: Mutex::new(Answers::default()),
+                answered: Condvar::new(),
+            });
             current.1 = Some(req.clone());
-            shared.staging_epoch.store(req.epoch, Ordering::Release);
+            shared.staging_epoch.store(current.0, Ordering::Release);
             req
         };
-        let (slot_bytes, slots, lanes) = (req.slot_bytes, req.slots, req.lanes);
         // The request goes once answered or given up on (it holds the pinner, and with it the device).
-        let withdraw = || shared.withdraw_staging_request(req.epoch);
+        let withdraw = || shared.staging_request.lock().unwrap_or_else(|p| p.into_inner()).1 = None;
         shared.notify();
         let all = self.lanes();
         let mut a = req.answers.lock().unwrap_or_else(|p| p.into_inner());
@@ -427,60 +423,6 @@ impl IoEngine {
             setup_thread_secs: a.setup.as_secs_f64(),
             wait_thread_secs: a.waited.as_secs_f64(),
         })
-    }
-
-    /// [`IoEngine::prepare_staging`] without waiting: posts the request and returns at once, so that the lanes set
-    /// their staging up beside whatever the caller does next (a load's own set-up: opening the device, planning,
-    /// allocating). A load that comes meanwhile finds its staging set up, or being set up, by the lanes it joins.
-    /// Returns false, posting nothing, while another request is being answered. The lanes' set-up times go into
-    /// the next load each lane joins, as they would had the load set it up. Errors are not returned: a lane that
-    /// failed to set up holds no staging, and the load that needs it sets it up again and fails with the reason.
-    pub fn begin_staging(&self, device_copies: bool, pinner: Option<Arc<dyn Pinner>>) -> bool {
-        let shared = self.shared();
-        {
-            let mut current = shared.staging_request.lock().unwrap_or_else(|p| p.into_inner());
-            if current.1.is_some() {
-                return false;
-            }
-            let req = Arc::new(self.staging_request_for(device_copies, pinner, true, current.0 + 1));
-            current.0 = req.epoch;
-            current.1 = Some(req);
-            shared.staging_epoch.store(current.0, Ordering::Release);
-        }
-        shared.notify();
-        true
-    }
-
-    /// Bytes of the staging a load from the page cache has every lane set up (`device_copies`: a device load's):
-    /// what [`IoEngine::prepare_staging`] and [`IoEngine::begin_staging`] ask for.
-    pub fn warm_staging_bytes(&self, device_copies: bool) -> u64 {
-        let r = self.staging_request_for(device_copies, None, true, 0);
-        r.slot_bytes * r.slots as u64 * r.lanes as u64
-    }
-
-    /// The request (numbered `epoch`; lanes start having answered epoch 0) for the staging a load from the page
-    /// cache asks for (`device_copies`: a device load's).
-    fn staging_request_for(
-        &self,
-        device_copies: bool,
-        pinner: Option<Arc<dyn Pinner>>,
-        detached: bool,
-        epoch: u64,
-    ) -> StagingRequest {
-        // The shape of a warm load's staging: chunk-sized slots (within the lane's share), as a load plans them.
-        let slot_bytes = self.params.chunk_bytes.min(self.shared().staging_per_lane() / 4096 * 4096).max(4096);
-        let (_, slots, lanes) = self.staging_shape(slot_bytes, device_copies || pinner.is_some());
-        StagingRequest {
-            epoch,
-            slot_bytes,
-            slots,
-            lanes,
-            pinner,
-            detached,
-            all: self.lanes(),
-            answers: Mutex::new(Answers::default()),
-            answered: Condvar::new(),
-        }
     }
 
     /// Asks every lane to free its staging memory once idle (it is kept between loads otherwise).

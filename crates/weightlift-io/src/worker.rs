@@ -494,26 +494,16 @@ impl Lane {
         // staging set up below is what the caller asked for last.
         self.release_if_asked();
         self.asked_epoch = req.epoch;
-        let outcome = if self.id >= req.lanes {
-            None
-        } else if self.staging_holds(req.slot_bytes, req.slots, req.pinner.is_some()) {
-            Some((Default::default(), Default::default(), Ok(())))
-        } else {
-            let (took, waited, result) = self.restage(req.slot_bytes, req.slots, req.pinner.as_deref());
-            if req.detached {
-                // Set up for a load on its way (`IoEngine::begin_staging`): counted into the next job this lane
-                // joins, as the job's own set-up would have been.
-                self.setup_pending.0 += took;
-                self.setup_pending.1 += waited;
-                if let Err(e) = &result {
-                    tracing::debug!(lane = self.id, "staging set up ahead of a load failed: {e}");
-                }
-            }
-            Some((took, waited, result))
-        };
-        if req.answer(outcome) && req.detached {
-            self.pool.withdraw_staging_request(req.epoch);
+        if self.id >= req.lanes {
+            req.answer(None);
+            return;
         }
+        if self.staging_holds(req.slot_bytes, req.slots, req.pinner.is_some()) {
+            req.answer(Some((Default::default(), Default::default(), Ok(()))));
+            return;
+        }
+        let (took, waited, result) = self.restage(req.slot_bytes, req.slots, req.pinner.as_deref());
+        req.answer(Some((took, waited, result)));
     }
 
     /// Drops the staging memory if the engine asked for it and the lane is idle.

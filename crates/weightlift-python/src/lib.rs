@@ -158,15 +158,6 @@ impl NativeEngine {
         json_to_py(py, &prepared.to_json())
     }
 
-    /// Starts setting the lanes' staging up for a load of `nbytes` onto `device` (a GPU) and returns at once: the
-    /// front end calls it as soon as it knows such a load is coming, so that the set-up runs beside the rest of the
-    /// call (see `Engine::begin_prepare` for when it asks nothing). Returns whether the lanes were asked.
-    fn begin_prepare(&self, py: Python<'_>, device: &str, nbytes: u64) -> PyResult<bool> {
-        let device = parse_device(device)?;
-        let engine = self.engine.clone();
-        Ok(py.detach(move || engine.begin_prepare(device, nbytes)))
-    }
-
     /// Frees what the engine keeps between loads: staging memory, freed host buffers, GPU decoder scratch, the
     /// freed device memory the driver's pool keeps (`device_cache_bytes`), cached files. Tensors already loaded stay.
     fn release_memory(&self, py: Python<'_>) {

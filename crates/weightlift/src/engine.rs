@@ -38,9 +38,6 @@ pub struct Engine {
     unpackers: Mutex<HashMap<u32, weightlift_cuda::unpack::GpuUnpacker>>,
     /// The GPUs whose default pool this engine asked to keep freed memory (`device_cache_bytes`).
     pool_caches: Mutex<Vec<Gpu>>,
-    /// The GPUs whose staging [`Engine::begin_prepare`] asked the lanes for, since the engine's start or its last
-    /// [`Engine::release_memory`].
-    pub(crate) begun: Mutex<Vec<u32>>,
 }
 
 impl Drop for Engine {
@@ -110,7 +107,7 @@ impl std::fmt::Debug for Engine {
     }
 }
 
-pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
@@ -133,7 +130,6 @@ impl Engine {
             write_pool: Mutex::new(StagingPool::new()),
             unpackers: Mutex::new(HashMap::new()),
             pool_caches: Mutex::new(Vec::new()),
-            begun: Mutex::new(Vec::new()),
         })
     }
 
@@ -177,7 +173,6 @@ impl Engine {
     /// (packed loads), returns the freed device memory the driver's pool keeps (`device_cache_bytes`), and closes
     /// cached files.
     pub fn release_memory(&self) {
-        lock(&self.begun).clear();
         lock(&self.unpackers).clear();
         self.io.release_staging();
         self.host_cache.clear();
@@ -357,8 +352,6 @@ impl Engine {
         let _restore = weightlift_cuda::ContextRestore::save(); // the caller's thread keeps its device
         gpu.bind()?;
         let path = self.gpu_path(n)?;
-        // The lanes set their staging up while this thread makes the streams and the plan (the first load only).
-        self.begin_device_staging(n, &gpu, &path, entries.iter().map(|t| t.nbytes).sum());
         // Every lane's stream and the allocation's, made now: made by the lanes as they start, beside their pinning
         // and the allocation, 17 took 9.2 ms of a first load on the H100, against 0.7 ms made together before
         // (bench/results/2026-11-25-h100-zc). Nothing to do once made.

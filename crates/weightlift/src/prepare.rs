@@ -4,13 +4,13 @@
 use std::time::Instant;
 
 use serde_json::{Value, json};
-use weightlift_cuda::{CudaPinner, DeviceBuffer, Gpu};
+use weightlift_cuda::{CudaPinner, DeviceBuffer};
 use weightlift_io::{IoError, Pinner, StagingPrepared};
 
 use crate::device::Device;
-use crate::engine::{Engine, lock};
+use crate::engine::Engine;
 use crate::error::Result;
-use crate::path::{PathKind, ResolvedPath};
+use crate::path::PathKind;
 
 /// Bytes allocated from (and given back to) a device's stream-ordered pool by [`Engine::prepare`], so that the
 /// pool's first use in the process is not the first load's.
@@ -68,49 +68,6 @@ impl Engine {
     /// [`Engine::release_memory`], the engine's end, or a load that needs other slots.
     pub fn prepare(&self, device: Device) -> Result<Prepared> {
         self.prepare_with(device, None)
-    }
-
-    /// Starts what a first load of `bytes` onto `device` sets up in its lanes (their staging: mapped, faulted in,
-    /// pinned for a GPU) and returns at once, so that it runs beside whatever the caller does before the load:
-    /// opening and parsing a checkpoint, allocating, making streams. Asks the lanes only for a GPU whose data path
-    /// reads through them, for a load that every lane would join (at least the staging of all lanes together;
-    /// smaller loads set up only the lanes they use), and once per GPU since the engine's start or its last
-    /// [`Engine::release_memory`]. Host devices ask nothing (a host load reads in place). Returns whether the lanes
-    /// were asked. A device that cannot be opened is not an error here: the load reports it. The staging has the
-    /// shape of a load from the page cache; a load that reads from disk sets up its own larger slots, a few
-    /// milliseconds beside its seconds of reading. Every device load and stream calls this first; a front end that
-    /// knows a load is coming calls it sooner.
-    pub fn begin_prepare(&self, device: Device, bytes: u64) -> bool {
-        let Device::Cuda(n) = device else { return false };
-        if bytes < self.io().warm_staging_bytes(true) || lock(&self.begun).contains(&n) {
-            return false;
-        }
-        let opened = weightlift_cuda::available()
-            .ok()
-            .filter(|d| n < d.devices)
-            .and_then(|_| Some((self.gpu(n).ok()?, self.gpu_path(n).ok()?)));
-        match opened {
-            Some((gpu, path)) => self.begin_device_staging(n, &gpu, &path, bytes),
-            None => false,
-        }
-    }
-
-    /// [`Engine::begin_prepare`] for GPU `n`, opened, whose data path is `path`.
-    pub(crate) fn begin_device_staging(&self, n: u32, gpu: &Gpu, path: &ResolvedPath, bytes: u64) -> bool {
-        if path.kind != PathKind::Pipeline || bytes < self.io().warm_staging_bytes(true) {
-            return false;
-        }
-        {
-            let mut begun = lock(&self.begun);
-            if begun.contains(&n) {
-                return false;
-            }
-            begun.push(n);
-        }
-        let pinner: std::sync::Arc<dyn Pinner> = std::sync::Arc::new(CudaPinner::new(gpu));
-        let asked = self.io().begin_staging(true, Some(pinner));
-        tracing::debug!(device = n, asked, "staging begun");
-        asked
     }
 
     /// [`Engine::prepare`], giving up with `Error::Io(IoError::Cancelled)` once `cancel` is set (while it waits for

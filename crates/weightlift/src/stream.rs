@@ -307,7 +307,6 @@ impl Engine {
                 let _restore = weightlift_cuda::ContextRestore::save(); // the caller's thread keeps its device
                 gpu.bind()?;
                 let path = self.gpu_path(o)?;
-                self.begin_device_staging(o, &gpu, &path, lens.iter().sum());
                 Memory::Device { gpu, path, targets: Targets::lazy(n), buffers: Arc::new(Mutex::new(vec![None; n])) }
             }
             Device::Cpu => Memory::Host(

@@ -142,24 +142,6 @@ fn prepare_for_a_missing_device_fails_and_sets_up_nothing() {
     assert_eq!(host.lanes_set_up, host.lanes, "{host:?}");
 }
 
-/// Beginning to prepare asks nothing for host memory (a host load reads in place), nothing for a device that is not
-/// there (the load reports it), and nothing for a load smaller than the lanes' staging: the lanes hold no staging
-/// afterwards.
-#[test]
-fn begin_prepare_asks_nothing_for_host_memory_a_missing_device_or_a_small_load() {
-    let engine = Engine::new(Settings::default()).unwrap();
-    let all = engine.io().warm_staging_bytes(true);
-    assert!(!engine.begin_prepare(Device::Cpu, u64::MAX));
-    assert!(!engine.begin_prepare(Device::PinnedCpu, u64::MAX));
-    assert!(!engine.begin_prepare(Device::Cuda(999), u64::MAX));
-    if weightlift::cuda::available().is_err() {
-        assert!(!engine.begin_prepare(Device::Cuda(0), u64::MAX));
-    }
-    assert!(!engine.begin_prepare(Device::Cuda(0), all - 1));
-    let host = engine.io().prepare_staging(false, None, None).unwrap();
-    assert_eq!(host.lanes_set_up, host.lanes, "{host:?}");
-}
-
 /// `tensor_align` must be a power of two up to 256 (what device allocations guarantee): anything else is refused
 /// before a file or a device is touched, whatever the destination; a valid one leaves host loads as they were.
 #[test]
