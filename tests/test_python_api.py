@@ -222,6 +222,41 @@ def test_process_stream_is_one_stream_per_device_or_a_cuda_error(files):
         assert _core._side_streams[0].cuda_stream == a
 
 
+def test_a_forked_child_grows_its_own_descriptor_table():
+    """A child made by fork gets a descriptor table only as large as the parent's highest open descriptor, however
+    large the parent's had grown: its first engine grows the child's own (at once, the child having one thread), so
+    that no open inside its loads waits for the kernel to grow it (see weightlift::io::fdtable)."""
+    code = (
+        "import os, resource, sys, time, weightlift\n"
+        "def fd_slots():\n"
+        "    return next(int(l.split()[1]) for l in open('/proc/self/status') if l.startswith('FDSize:'))\n"
+        "want = min(1024, resource.getrlimit(resource.RLIMIT_NOFILE)[0])\n"
+        "if want <= 64:\n"
+        "    print('skip: descriptor limit', want); sys.exit(0)\n"
+        "t = time.monotonic()\n"
+        "while fd_slots() < want and time.monotonic() - t < 5:\n"
+        "    time.sleep(0.005)  # grown at import, on a thread of its own where the process has several\n"
+        "print('parent', fd_slots(), flush=True)\n"
+        "pid = os.fork()\n"
+        "if pid == 0:\n"
+        "    before = fd_slots()\n"
+        "    weightlift._core.new_engine()\n"
+        "    print('child', before, fd_slots(), want, flush=True)\n"
+        "    os._exit(0)\n"
+        "os.waitpid(pid, 0)\n"
+    )
+    out = subprocess.run([sys.executable, "-W", "ignore", "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    if out.stdout.startswith("skip"):
+        pytest.skip(out.stdout.strip())
+    lines = dict(line.split(" ", 1) for line in out.stdout.splitlines())
+    parent = int(lines["parent"])
+    before, after, want = (int(x) for x in lines["child"].split())
+    assert parent >= want, out.stdout
+    assert before < want, f"the child inherited a table of {before} slots: nothing to test ({out.stdout})"
+    assert after >= want, out.stdout
+
+
 def test_prepare_refuses_what_it_cannot_set_up():
     with pytest.raises(weightlift.InvalidArgumentError):
         weightlift.prepare("tpu:0")
