@@ -95,44 +95,59 @@ pub fn flush(py: Python<'_>) {
     }
     let Ok(logging) = py.import("logging") else { return };
     let Ok(logger) = logging.call_method1("getLogger", ("weightlift",)) else { return };
+    // Looked up once per hand-over, not per record: whether each level is enabled, the logger's name and logging's
+    // start time (None where they cannot be had: the records then go undated).
+    let mut enabled: [Option<bool>; 6] = [None; 6];
+    let dating = Dating::of(&logging, &logger).ok();
     for q in records {
-        if !logger.call_method1("isEnabledFor", (q.level,)).and_then(|b| b.is_truthy()).unwrap_or(false) {
+        let slot = &mut enabled[usize::from(q.level / 10).min(5)];
+        let on = *slot.get_or_insert_with(|| {
+            logger.call_method1("isEnabledFor", (q.level,)).and_then(|b| b.is_truthy()).unwrap_or(false)
+        });
+        if !on {
             continue;
         }
-        match dated_record(&logging, &logger, &q) {
+        match dating.as_ref().map(|d| d.record(&logger, &q)) {
             // As `Logger.log` does after making its record; what a handler or filter raises is not the load's.
-            Ok(record) => drop(logger.call_method1("handle", (record,))),
+            Some(Ok(record)) => drop(logger.call_method1("handle", (record,))),
             // The record could not be made with its time: handed over undated rather than lost.
-            Err(_) => drop(logger.call_method1("log", (q.level, q.message))),
+            _ => drop(logger.call_method1("log", (q.level, q.message))),
         }
     }
 }
 
-/// The record `Logger.log` would make for `q` (the Rust source file, line and module as its path, line and function), dated when
-/// its event happened: `created`, `msecs` and `relativeCreated` computed as `LogRecord` computes them from the
-/// time it is made. (A record factory set with `logging.setLogRecordFactory` is used, but sees the time of the
-/// hand-over, as it would have before the dating.)
-fn dated_record<'py>(
-    logging: &Bound<'py, PyModule>,
-    logger: &Bound<'py, PyAny>,
-    q: &Queued,
-) -> PyResult<Bound<'py, PyAny>> {
-    let py = logger.py();
-    let name = logger.getattr("name")?;
-    let args = pyo3::types::PyTuple::empty(py);
-    let record =
-        logger.call_method1("makeRecord", (name, q.level, q.file, q.line, &q.message, args, py.None(), q.module))?;
-    let ns = q.when_ns;
-    record.setattr("created", ns as f64 / 1e9)?;
-    record.setattr("msecs", ((ns % 1_000_000_000) / 1_000_000) as f64)?;
-    // Float seconds before Python 3.13, integer nanoseconds from 3.13 on.
-    let start = logging.getattr("_startTime")?;
-    let start_ns: u128 = match start.extract::<u128>() {
-        Ok(n) => n,
-        Err(_) => (start.extract::<f64>()? * 1e9) as u128,
-    };
-    record.setattr("relativeCreated", (ns as f64 - start_ns as f64) / 1e6)?;
-    Ok(record)
+/// What dating a record needs from `logging`: the logger's name and the time `logging` was imported.
+struct Dating<'py> {
+    name: Bound<'py, PyAny>,
+    start_ns: u128,
+}
+
+impl<'py> Dating<'py> {
+    fn of(logging: &Bound<'py, PyModule>, logger: &Bound<'py, PyAny>) -> PyResult<Dating<'py>> {
+        // Float seconds before Python 3.13, integer nanoseconds from 3.13 on.
+        let start = logging.getattr("_startTime")?;
+        let start_ns: u128 = match start.extract::<u128>() {
+            Ok(n) => n,
+            Err(_) => (start.extract::<f64>()? * 1e9) as u128,
+        };
+        Ok(Dating { name: logger.getattr("name")?, start_ns })
+    }
+
+    /// The record `Logger.log` would make for `q` (the Rust source file, line and module as its path, line and
+    /// function), dated when its event happened: `created`, `msecs` and `relativeCreated` computed as `LogRecord`
+    /// computes them from the time it is made. (A record factory set with `logging.setLogRecordFactory` is used,
+    /// but sees the time of the hand-over, as it would have before the dating.)
+    fn record(&self, logger: &Bound<'py, PyAny>, q: &Queued) -> PyResult<Bound<'py, PyAny>> {
+        let py = logger.py();
+        let args = pyo3::types::PyTuple::empty(py);
+        let record = logger
+            .call_method1("makeRecord", (&self.name, q.level, q.file, q.line, &q.message, args, py.None(), q.module))?;
+        let ns = q.when_ns;
+        record.setattr("created", ns as f64 / 1e9)?;
+        record.setattr("msecs", ((ns % 1_000_000_000) / 1_000_000) as f64)?;
+        record.setattr("relativeCreated", (ns as f64 - self.start_ns as f64) / 1e6)?;
+        Ok(record)
+    }
 }
 
 /// Runs `work` without the GIL on a thread of its own, while the calling thread checks for signals every 50 ms:
