@@ -15,9 +15,12 @@ Case families (`--cases`, comma-separated; default: all):
   then ``.to(device)`` (raw bytes).
 - ``restart``: a new process loads the file after the page cache was dropped; then another new process loads it
   again, and only that second load is the figure (how the first load left the page cache decides it; the share of
-  the file left resident is reported). Methods: weightlift and safetensors ``load_file``, ``torch.load``.
+  the file left resident is reported). Methods: weightlift and safetensors ``load_file``, ``torch.load``, and on a
+  GPU weightlift ``load_file`` through a load server (``weightlift.load_file (load server)``: a
+  ``python -m weightlift serve`` started for the family and stopped after it; both processes' loads go through it).
 - ``first-load``: a fresh process times CUDA context creation (``torch.zeros(1, device=...)``), then weightlift's
-  first load and a second load of the warm file; both and their ratio.
+  first load and a second load of the warm file; both and their ratio. On a GPU, also through a load server, as for
+  ``restart``. The processes without a server run with ``WEIGHTLIFT_SERVER=off``.
 - ``cli``: ``weightlift load --json --no-ceiling --device D FILE`` as a subprocess (``--weightlift-bin``), warm:
   wall time and the fixed costs its report gives; one more untimed run with ``--verify`` checks its bytes.
 - ``sharded``: the same tensors written by transformers' ``save_pretrained`` (shards + index): weightlift
@@ -558,10 +561,13 @@ def methods() -> list:
 
 
 NP_FROMFILE = Method("np.fromfile", True, _np_fromfile, _one_file, note="the whole file into fresh host memory")
+WL_SERVER = Method("weightlift.load_file (load server)", False, _wl_load_file,
+                   _all(_importable("weightlift"), _cuda_only),
+                   note="read by a load server (python -m weightlift serve) into the process's memory")
 
 
 def method_named(name: str) -> Method:
-    for m in methods() + [NP_FROMFILE]:
+    for m in methods() + [NP_FROMFILE, WL_SERVER]:
         if m.name == name:
             return m
     raise KeyError(name)
@@ -573,7 +579,7 @@ def method_named(name: str) -> Method:
 
 REPORT_KEYS = ("backend", "backend_reason", "direct_bytes", "buffered_bytes", "resident_bytes", "seconds", "gbps",
                "direct_policy", "lanes", "queue_depth", "peak_staging_bytes", "times",
-               "device_memory")
+               "device_memory", "server")
 REPORT_WORDS = ("cache", "prefetch", "read_ahead", "wasted", "fixed", "cufile", "startup", "setup", "decision",
                 "populate")
 
@@ -719,9 +725,11 @@ def family_sharded(run: Run, target: Optional[Target], why_not: Optional[str], c
 
 
 def child(spec: dict) -> dict:
-    """Runs this script in a new Python process for one `spec` (see child_main) and returns its JSON answer."""
+    """Runs this script in a new Python process for one `spec` (see child_main) and returns its JSON answer. Its
+    weightlift uses the load server at ``spec["server"]``, or none."""
+    env = dict(os.environ, WEIGHTLIFT_SERVER=spec.get("server") or "off")
     p = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", json.dumps(spec)],
-                       capture_output=True, text=True, timeout=600)
+                       capture_output=True, text=True, timeout=600, env=env)
     lines = [ln for ln in p.stdout.splitlines() if ln.startswith("{")]
     if p.returncode != 0 or not lines:
         raise RuntimeError(f"child process exited {p.returncode}: {p.stderr.strip()[-600:]}")
@@ -737,27 +745,83 @@ def child_spec(run: Run, op: str, m: Method, t: Target, ref_file: str) -> dict:
             "kvikio_threads": run.opts.kvikio_threads}
 
 
+class LoadServer:
+    """``python -m weightlift serve`` on a socket of its own, for the processes of one family."""
+
+    def __init__(self, dev: str):
+        import socket as so
+        import tempfile
+
+        self.dir = tempfile.mkdtemp(prefix="wl-serve-")
+        self.path = os.path.join(self.dir, "server.sock")
+        self.log = open(os.path.join(self.dir, "server.log"), "w+")
+        self.proc = subprocess.Popen([sys.executable, "-m", "weightlift", "serve", "--socket", self.path,
+                                      "--prepare", dev], stdout=self.log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 120
+        while True:
+            if self.proc.poll() is not None:
+                self.log.seek(0)
+                raise RuntimeError(f"the load server exited {self.proc.returncode}: {self.log.read()[-600:]}")
+            try:
+                with so.socket(so.AF_UNIX) as c:
+                    c.connect(self.path)
+                self.log.seek(0)
+                if "listening" in self.log.read():
+                    break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                self.close()
+                raise RuntimeError("the load server did not start within 120 s")
+            time.sleep(0.05)
+
+    def close(self) -> None:
+        import signal
+
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def server_for(m: Method, run: Run) -> Optional[LoadServer]:
+    return LoadServer(run.dev) if m is WL_SERVER else None
+
+
 def family_restart(run: Run, t: Target, ref_file: str, cold_ok: Optional[str]) -> None:
     names = ("weightlift.load_file", "safetensors.load_file", "torch.load(mmap=True) .to(device)")
-    for m in (m for m in methods() if m.name in names and run.wanted(m)):
+    for m in [m for m in methods() if m.name in names] + [WL_SERVER]:
+        if not run.wanted(m):
+            continue
         why = cold_ok or m.needs(t, run.dev)
         if why:
             run.skip(m.name, "restart", why)
             continue
         rates, secs, first, resident = [], [], [], []
         answer: dict = {}
+        server = None
         try:
+            server = server_for(m, run)
             for _ in range(run.runs):
                 drop_caches(m.files(t), run.cold)
-                a = child(child_spec(run, "load", m, t, ref_file))
+                spec = dict(child_spec(run, "load", m, t, ref_file), server=server and server.path)
+                a = child(spec)
                 resident.append(resident_fraction(m.files(t)))
-                answer = child(child_spec(run, "load", m, t, ref_file))
+                answer = child(spec)
                 first.append(round(t.ckpt.tensor_bytes / a["seconds"] / 1e9, 4))
                 rates.append(t.ckpt.tensor_bytes / answer["seconds"] / 1e9)
                 secs.append(answer["seconds"])
         except Exception as e:
             run.skip(m.name, "restart", f"failed: {type(e).__name__}: {e}")
             continue
+        finally:
+            if server is not None:
+                server.close()
         extra = {"first_process_cold_gbps": first, "resident_after_first_process": resident,
                  "cuda_context_s": answer.get("cuda_context_s")}
         if answer.get("report") is not None:
@@ -766,19 +830,24 @@ def family_restart(run: Run, t: Target, ref_file: str, cold_ok: Optional[str]) -
 
 
 def family_first_load(run: Run, t: Target, ref_file: str) -> None:
-    m = method_named("weightlift.load_file")
-    if not run.wanted(m):
-        return
+    for m in (method_named("weightlift.load_file"), WL_SERVER):
+        if run.wanted(m):
+            first_load_of(run, t, ref_file, m)
+
+
+def first_load_of(run: Run, t: Target, ref_file: str, m: Method) -> None:
     why = m.needs(t, run.dev)
     if why:
         run.skip(m.name, "first-load", why)
         return
     firsts, seconds, ctx, imports = [], [], [], []
     answer: dict = {}
+    server = None
     try:
+        server = server_for(m, run)
         for _ in range(run.runs):
             warm(t.ckpt.files)
-            answer = child(child_spec(run, "first-load", m, t, ref_file))
+            answer = child(dict(child_spec(run, "first-load", m, t, ref_file), server=server and server.path))
             firsts.append(answer["first_s"])
             seconds.append(answer["second_s"])
             ctx.append(answer["cuda_context_s"])
@@ -786,6 +855,9 @@ def family_first_load(run: Run, t: Target, ref_file: str) -> None:
     except Exception as e:
         run.skip(m.name, "first-load", f"failed: {type(e).__name__}: {e}")
         return
+    finally:
+        if server is not None:
+            server.close()
     n = t.ckpt.tensor_bytes
     ratios = [a / b for a, b in zip(firsts, seconds)]
     run.add(m, "first-load (fresh process, warm file)", [n / s / 1e9 for s in firsts], firsts, n,

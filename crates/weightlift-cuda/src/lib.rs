@@ -11,6 +11,7 @@ mod driver;
 mod error;
 pub mod gate;
 mod gpu;
+pub mod ipc;
 mod memory;
 pub mod nvcomp;
 pub mod nvrtc;

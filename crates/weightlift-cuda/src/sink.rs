@@ -106,6 +106,16 @@ impl Targets {
         }
     }
 
+    /// Waits until every allocation published so far has been made on its stream (for a writer outside this
+    /// process's streams, which cannot wait for the allocation events itself).
+    pub fn synchronize(&self) -> Result<(), cudarc::driver::DriverError> {
+        let s = self.lock();
+        for e in &s.events {
+            e.synchronize()?;
+        }
+        Ok(())
+    }
+
     /// Makes `stream` wait for the allocations up to `generation` (if it has not already).
     fn order(
         &self,

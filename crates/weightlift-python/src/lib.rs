@@ -559,6 +559,35 @@ fn last_report(py: Python<'_>) -> PyResult<Option<Py<PyAny>>> {
 }
 
 /// A file mode as weightlift's cuFile-style handles parse it: `(read, write, create, truncate, direct)`.
+/// Runs a load server (see `weightlift::server`) on `socket` (None: the default socket) until Ctrl-C, which
+/// raises `KeyboardInterrupt` once the server has stopped. `prepare`: devices set up before serving. `settings`:
+/// the engine's settings (its `server` setting is always off).
+#[pyfunction]
+#[pyo3(signature = (socket=None, prepare=vec!["cuda:0".to_string()], settings=None))]
+fn serve(
+    py: Python<'_>,
+    socket: Option<PathBuf>,
+    prepare: Vec<String>,
+    settings: Option<&Bound<'_, PyDict>>,
+) -> PyResult<()> {
+    let s = Settings::resolve(&overrides(settings)?).map_err(to_py)?.server(weightlift::ServerMode::Off);
+    let engine = Arc::new(Engine::new(s).map_err(to_py)?);
+    let socket = socket.unwrap_or_else(weightlift::server::default_socket);
+    let devices: Vec<Device> = prepare.iter().map(|d| parse_device(d)).collect::<PyResult<_>>()?;
+    let server = py
+        .detach(|| -> weightlift::Result<weightlift::server::Server> {
+            let server = weightlift::server::Server::bind(engine.clone(), &socket)?;
+            for &d in &devices {
+                engine.prepare(d)?;
+            }
+            Ok(server)
+        })
+        .map_err(to_py)?;
+    let names: Vec<String> = server.devices().iter().map(|(uuid, n)| format!("cuda:{n} (GPU-{uuid})")).collect();
+    eprintln!("weightlift serve: listening on {} for {}; Ctrl-C stops", server.socket().display(), names.join(", "));
+    interruptible(py, |stop| server.run(stop))?.map_err(to_py)
+}
+
 #[pyfunction]
 fn parse_file_mode(mode: &str) -> PyResult<(bool, bool, bool, bool, bool)> {
     let m = weightlift::cufile_api::FileMode::parse(mode).map_err(to_py)?;
@@ -602,6 +631,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(inspect, m)?)?;
     m.add_function(wrap_pyfunction!(save_safetensors, m)?)?;
     m.add_function(wrap_pyfunction!(probe, m)?)?;
+    m.add_function(wrap_pyfunction!(serve, m)?)?;
     m.add_function(wrap_pyfunction!(last_report, m)?)?;
     m.add_function(wrap_pyfunction!(cuda_status, m)?)?;
     m.add_function(wrap_pyfunction!(process_stream, m)?)?;

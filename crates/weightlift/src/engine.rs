@@ -483,8 +483,15 @@ impl Engine {
         report.path = outcome.path;
         report.path_reason = match &report.path {
             crate::report::PathUsed::Pipeline(_) => format!("{}; {}", report.io.read_engine_reason, path.reason),
+            crate::report::PathUsed::Server => {
+                let socket = outcome.server.as_ref().and_then(|s| s["socket"].as_str()).unwrap_or("?");
+                format!(
+                    "read by the load server at {socket} into this process's memory (CUDA IPC); its report is under server"
+                )
+            }
             _ => path.reason.clone(),
         };
+        report.server = outcome.server;
         report.copy_span_secs = outcome.copy_span_secs;
         report.nvme = outcome.nvme;
         report.gpu = Some(gpu.info().clone());

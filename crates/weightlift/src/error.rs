@@ -36,6 +36,9 @@ pub enum Error {
     /// A region table has no range of this kind.
     #[error("no region of kind {kind:?} (known: {known:?})")]
     UnknownKind { kind: String, known: Vec<String> },
+    /// A load server could not start or serve (see [`crate::server`]).
+    #[error("load server: {0}")]
+    Server(String),
     /// Loaded bytes differ from the file (only when verification was asked for).
     #[error("verification failed: {0}")]
     Verify(String),

@@ -82,7 +82,7 @@ impl GpuPath for CufilePath {
         report.lanes = io.params().threads as usize;
         report.io_secs = t0.elapsed().as_secs_f64();
         report.direct_reason = "cuFile reads (O_DIRECT descriptors where the filesystem allows)".into();
-        Ok(PathOutcome { path: PathUsed::Cufile, io: report, copy_span_secs: None, nvme: None })
+        Ok(PathOutcome { path: PathUsed::Cufile, io: report, copy_span_secs: None, nvme: None, server: None })
     }
 }
 

@@ -81,6 +81,6 @@ impl GpuPath for NvmePath {
         report.ops = stats.commands;
         report.io_secs = t0.elapsed().as_secs_f64();
         report.direct_reason = "the software controller reads its backing file with pread".into();
-        Ok(PathOutcome { path: PathUsed::NvmeSim, io: report, copy_span_secs: None, nvme: Some(stats) })
+        Ok(PathOutcome { path: PathUsed::NvmeSim, io: report, copy_span_secs: None, nvme: Some(stats), server: None })
     }
 }

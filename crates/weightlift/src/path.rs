@@ -71,6 +71,8 @@ pub(crate) struct PathOutcome {
     pub io: IoReport,
     pub copy_span_secs: Option<f64>,
     pub nvme: Option<crate::nvme_sim::NvmeStats>,
+    /// Where a load server was set: whether it served the read, and why not (see `Report::server`).
+    pub server: Option<serde_json::Value>,
 }
 
 /// One data path into GPU memory.
@@ -160,6 +162,12 @@ pub(crate) fn resolve(settings: &Settings) -> Result<ResolvedPath> {
         (PathKind::NvmeSim, _) => Box::new(crate::nvme_sim::NvmePath),
         _ => Box::new(Pipeline),
     };
+    // A load server takes the reads it can serve; the path decided above takes the others.
+    // (Only in front of the pipeline: cuFile peer-to-peer and the NVMe simulator are not the server's to replace.)
+    let imp: Box<dyn GpuPath> = match (kind, settings.server.value.socket()) {
+        (PathKind::Pipeline, Some(socket)) => Box::new(crate::server::ServerPath { socket, local: imp }),
+        _ => imp,
+    };
     let resolve_secs = t.elapsed().as_secs_f64();
     tracing::debug!(secs = resolve_secs, "data path decided");
     Ok(ResolvedPath { kind, reason, resolve_secs, imp })
@@ -201,7 +209,7 @@ impl GpuPath for Pipeline {
         allocated?;
         let io_report = loaded?;
         let path = PathUsed::Pipeline(io_report.read_engine);
-        Ok(PathOutcome { path, io: io_report, copy_span_secs: Some(sink.copy_span_secs()), nvme: None })
+        Ok(PathOutcome { path, io: io_report, copy_span_secs: Some(sink.copy_span_secs()), nvme: None, server: None })
     }
 }
 

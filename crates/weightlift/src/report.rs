@@ -18,6 +18,8 @@ pub enum PathUsed {
     Cufile,
     /// GPU-initiated NVMe commands against the software controller.
     NvmeSim,
+    /// A load server (another process) read into this process's memory.
+    Server,
 }
 
 impl fmt::Display for PathUsed {
@@ -26,6 +28,7 @@ impl fmt::Display for PathUsed {
             PathUsed::Pipeline(e) => e.fmt(f),
             PathUsed::Cufile => f.write_str("gds"),
             PathUsed::NvmeSim => f.write_str("nvme-sim"),
+            PathUsed::Server => f.write_str("server"),
         }
     }
 }
@@ -68,6 +71,9 @@ pub struct Report {
     pub pack: Option<crate::packed::PackStats>,
     /// For loads given expected checksums: what was hashed, where, and how much of it during the load.
     pub checks: Option<crate::checked::CheckStats>,
+    /// For GPU loads with a load server set (`server` setting): its socket, whether it served the load (then its
+    /// own report), and if not, why.
+    pub server: Option<serde_json::Value>,
 }
 
 impl Report {
@@ -95,6 +101,7 @@ impl Report {
             stream: None,
             pack: None,
             checks: None,
+            server: None,
         }
     }
 
@@ -172,6 +179,7 @@ impl Report {
         v["populate_refusal"] = json!(io.populate_refusal);
         v["checks"] = self.checks.as_ref().map_or(Value::Null, |c| c.to_json());
         v["device_memory"] = json!(self.device_memory);
+        v["server"] = self.server.clone().unwrap_or(Value::Null);
         v
     }
 
@@ -224,6 +232,16 @@ impl Report {
             io.stats.deliver.as_secs_f64(),
             io.stats.backpressure.as_secs_f64()
         );
+        if let Some(srv) = &self.server {
+            let socket = srv["socket"].as_str().unwrap_or("?");
+            s += &match srv["reason"].as_str() {
+                Some(why) => format!("\n  load server at {socket} not used: {why}"),
+                None => format!(
+                    "\n  read by the load server at {socket}: {:.3} s from request to answer",
+                    srv["secs"].as_f64().unwrap_or(0.0)
+                ),
+            };
+        }
         if let Some(p) = &self.pack {
             s += &format!(
                 "\n  packed: {:.2} GiB stored for {:.2} GiB raw ({:.3}), {} chunks in {} batches, every checksum checked; \
