@@ -76,6 +76,7 @@ def test_serve_without_a_gpu_says_so_and_leaves_no_socket(tmp_path):
 class Server:
     def __init__(self, path: Path):
         self.path = path
+        path.parent.mkdir(mode=0o700, exist_ok=True)
         self.log = open(path.parent / "server.log", "w+")
         self.proc = subprocess.Popen([sys.executable, "-m", "weightlift", "serve", "--socket", str(path)],
                                      stdout=self.log, stderr=subprocess.STDOUT)

@@ -84,6 +84,11 @@ impl Targets {
         self.ready.notify_all();
     }
 
+    /// Whether destination `id` has been published.
+    pub fn is_published(&self, id: u32) -> bool {
+        self.lock().dests.get(id as usize).is_some_and(Option::is_some)
+    }
+
     /// No more destinations will be published: deliveries waiting for one fail with `why`.
     pub fn fail(&self, why: String) {
         self.lock().failed.get_or_insert(why);
@@ -106,14 +111,17 @@ impl Targets {
         }
     }
 
-    /// Waits until every allocation published so far has been made on its stream (for a writer outside this
-    /// process's streams, which cannot wait for the allocation events itself).
-    pub fn synchronize(&self) -> Result<(), cudarc::driver::DriverError> {
-        let s = self.lock();
-        for e in &s.events {
-            e.synchronize()?;
+    /// Waits until the allocations up to `generation` (as [`Targets::wait`] returns it) have been made on their
+    /// stream, for a writer outside this process's streams, which cannot wait for the allocation events itself.
+    pub fn synchronize(&self, generation: usize) -> Result<(), cudarc::driver::DriverError> {
+        if generation == 0 {
+            return Ok(());
         }
-        Ok(())
+        let s = self.lock();
+        match s.events.get(generation - 1) {
+            Some(e) => e.synchronize(),
+            None => Ok(()),
+        }
     }
 
     /// Makes `stream` wait for the allocations up to `generation` (if it has not already).

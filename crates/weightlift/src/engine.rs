@@ -848,30 +848,77 @@ impl Engine {
                         }
                     }
                 }
-                let gpu = self.gpu(ordinal)?;
-                let _restore = weightlift_cuda::ContextRestore::save(); // the caller's thread keeps its device
-                gpu.bind()?;
-                let path = self.gpu_path(ordinal)?;
                 // SAFETY: the caller guarantees each pointer is device memory of `ordinal` valid for its capacity
                 // and unused by anything else until this returns.
                 let targets = unsafe { Targets::fixed(dev) };
-                let read = DeviceRead {
-                    gpu: &gpu,
-                    files,
-                    extents: &extents,
-                    dest_lens: &caps,
-                    targets: &targets,
-                    opts,
-                    observer: None,
-                };
-                let outcome = path.imp.read(&self.io, &read, &mut || Ok(()))?;
-                let mut r = self.device_report(Device::Cuda(ordinal), &gpu, &path, outcome, ranges.len(), bytes);
+                let mut r = self.read_targets(ordinal, files, &extents, &caps, &targets, opts)?;
+                r.tensors = ranges.len();
                 r.files = paths;
                 r
             }
         };
         report.seconds = start.elapsed().as_secs_f64();
         Ok(report)
+    }
+
+    /// Reads byte ranges `(file, offset, len, destination, destination offset)` of `paths` into the destinations
+    /// of `targets` on device `ordinal` (their lengths `dest_lens`), which may be published while the read runs
+    /// (by another thread): each read waits only for its own destination. Fails if `targets` fails.
+    ///
+    /// # Safety
+    /// Each destination published into `targets` must be device memory of `ordinal` valid for its length, the
+    /// destinations must not overlap, and nothing else may access them until this returns.
+    pub unsafe fn read_into_targets(
+        &self,
+        paths: &[PathBuf],
+        ranges: &[(usize, u64, u64, u32, u64)],
+        dest_lens: &[u64],
+        ordinal: u32,
+        targets: &Arc<Targets>,
+        opts: &LoadOpts<'_>,
+    ) -> Result<Report> {
+        let start = Instant::now();
+        let files: Vec<Arc<OpenFile>> = paths.iter().map(|p| self.open(p)).collect::<Result<_>>()?;
+        let mut extents = Vec::with_capacity(ranges.len());
+        for &(file, offset, len, dest, dest_offset) in ranges {
+            let f = files.get(file).ok_or_else(|| {
+                Error::InvalidArgument(format!("range ({file}, {offset}, {len}) names file {file} of {}", paths.len()))
+            })?;
+            if len > 0 && offset.checked_add(len).is_none_or(|end| end > f.len) {
+                return Err(
+                    weightlift_io::IoError::PastEnd { path: f.path.clone(), offset, len, file_len: f.len }.into()
+                );
+            }
+            if len > 0 {
+                extents.push(Extent { file: file as u32, offset, len, dest, dest_offset });
+            }
+        }
+        crate::path::check_extents(&extents, dest_lens)?;
+        let mut r = self.read_targets(ordinal, &files, &extents, dest_lens, targets, opts)?;
+        r.tensors = ranges.len();
+        r.files = paths.to_vec();
+        r.seconds = start.elapsed().as_secs_f64();
+        Ok(r)
+    }
+
+    /// The device read of [`Engine::read_scattered_into`] and [`Engine::read_into_targets`].
+    fn read_targets(
+        &self,
+        ordinal: u32,
+        files: &[Arc<OpenFile>],
+        extents: &[Extent],
+        dest_lens: &[u64],
+        targets: &Arc<Targets>,
+        opts: &LoadOpts<'_>,
+    ) -> Result<Report> {
+        let gpu = self.gpu(ordinal)?;
+        let _restore = weightlift_cuda::ContextRestore::save(); // the caller's thread keeps its device
+        gpu.bind()?;
+        let path = self.gpu_path(ordinal)?;
+        let read = DeviceRead { gpu: &gpu, files, extents, dest_lens, targets, opts, observer: None };
+        let outcome = path.imp.read(&self.io, &read, &mut || Ok(()))?;
+        let bytes = extents.iter().map(|e| e.len).sum();
+        Ok(self.device_report(Device::Cuda(ordinal), &gpu, &path, outcome, extents.len(), bytes))
     }
 
     /// Reads ranges `(file, offset, len, dest_offset)` of `paths` into a device buffer (see

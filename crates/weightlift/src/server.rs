@@ -35,14 +35,13 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
-use weightlift_cuda::ipc;
+use weightlift_cuda::{Targets, ipc};
 use weightlift_io::{IoEngine, IoReport, OpenFile};
 
 use crate::engine::Engine;
 use crate::error::{Error, Result};
 use crate::path::{DeviceRead, GpuPath, LoadOpts, PathOutcome};
 use crate::report::PathUsed;
-use crate::tensor::RawDest;
 
 /// Version of the socket protocol; a server refuses requests of another.
 pub const PROTOCOL: u32 = 1;
@@ -112,14 +111,8 @@ impl FileId {
     }
 }
 
-/// A destination: an exported allocation (64 bytes, hex) and a range of it.
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
-struct Dest {
-    handle: String,
-    offset: u64,
-    len: u64,
-}
-
+/// The request's first line: what to read, and where (destination `d` has `dest_lens[d]` bytes). The
+/// destinations follow as [`DestLine`]s, one per line, as the client allocates them; the server reads meanwhile.
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
 struct Request {
     protocol: u32,
@@ -127,7 +120,16 @@ struct Request {
     files: Vec<FileId>,
     /// `(file, offset, len, destination, destination offset)`.
     extents: Vec<(u32, u64, u64, u32, u64)>,
-    dests: Vec<Dest>,
+    dest_lens: Vec<u64>,
+}
+
+/// Destination `d`: an exported allocation (64 bytes, hex; empty for a destination of no bytes) and the offset of
+/// the destination in it.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+struct DestLine {
+    d: u32,
+    handle: String,
+    offset: u64,
 }
 
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
@@ -305,12 +307,17 @@ fn serve_one(engine: &Engine, devices: &[(String, u32)], stream: UnixStream) {
         Ok(uid) => Some(refusal(format!("the server serves only its own user; the client runs as uid {uid}"))),
         Err(e) => Some(refusal(format!("reading the client's credentials: {e}"))),
     };
-    let mut line = String::new();
+    let mut served = None;
     let reply = reply.unwrap_or_else(|| {
-        let mut reader = BufReader::new((&stream).take(MAX_REQUEST_BYTES));
-        match reader.read_line(&mut line) {
+        let mut reader = BufReader::new(&stream);
+        let mut line = String::new();
+        match (&mut reader).take(MAX_REQUEST_BYTES).read_line(&mut line) {
             Ok(_) if line.ends_with('\n') => match serde_json::from_str::<Request>(&line) {
-                Ok(req) => execute(engine, devices, &stream, &req),
+                Ok(req) => {
+                    let reply = execute(engine, devices, &stream, reader, &req);
+                    served = devices.iter().find(|(u, _)| *u == req.device_uuid).map(|&(_, n)| n);
+                    reply
+                }
                 Err(e) => refusal(format!("a malformed request: {e}")),
             },
             Ok(_) => refusal("the request ended before its end of line (or passed 256 MiB)".into()),
@@ -323,6 +330,14 @@ fn serve_one(engine: &Engine, devices: &[(String, u32)], stream: UnixStream) {
         tracing::debug!("answering a client: {e}");
     }
     let _ = stream.shutdown(std::net::Shutdown::Both);
+    // A load of cold pages sets up larger staging slots; the next client's warm load should not have to set the
+    // usual ones up again (it did, at 15 ms a lane, in bench/results/2026-11-25-h100-zo). Cheap when nothing
+    // changed; after the reply, so that no client waits for it.
+    if let Some(n) = served {
+        if let Err(e) = engine.prepare(crate::Device::Cuda(n)) {
+            tracing::warn!(device = n, "setting the staging up again after a load: {e}");
+        }
+    }
 }
 
 fn refusal(why: String) -> Reply {
@@ -330,48 +345,86 @@ fn refusal(why: String) -> Reply {
     Reply { ok: false, error: Some(why), cancelled: false, report: None }
 }
 
-/// Runs one request while a watcher thread turns the client's end of the connection (a cancellation, or its
-/// exit) into the load's cancel flag.
-fn execute(engine: &Engine, devices: &[(String, u32)], stream: &UnixStream, req: &Request) -> Reply {
+/// Runs one request. The read starts at once; a receiving thread opens each destination the client sends and
+/// publishes it to the read's lanes (a lane waits only for its own destination), then watches the connection: the
+/// client's end of it (a cancellation, or its exit) cancels the read.
+fn execute<R: BufRead + Send>(
+    engine: &Engine,
+    devices: &[(String, u32)],
+    stream: &UnixStream,
+    lines: R,
+    req: &Request,
+) -> Reply {
+    let checked = check_request(devices, req);
+    let ordinal = match checked {
+        Ok(n) => n,
+        Err(e) => return refusal(e.to_string()),
+    };
+    let gpu = match engine.gpu(ordinal) {
+        Ok(g) => g,
+        Err(e) => return refusal(e.to_string()),
+    };
+    let targets = Targets::lazy(req.dest_lens.len());
     let cancel = AtomicBool::new(false);
     let done = AtomicBool::new(false);
-    let watcher = match stream.try_clone() {
-        Ok(s) => s,
-        Err(e) => return refusal(format!("watching the connection: {e}")),
-    };
-    std::thread::scope(|scope| {
-        let (cancel, done) = (&cancel, &done);
-        scope.spawn(move || {
-            // Any byte, the end of the stream or an error: the client gave up. Woken by the shutdown below.
-            let _ = (&watcher).read(&mut [0u8; 1]);
+    let opened: std::sync::Mutex<Vec<ipc::Imported>> = std::sync::Mutex::new(Vec::new());
+    let t = Instant::now();
+    let (result, refused) = std::thread::scope(|scope| {
+        let (targets, cancel, done, opened, gpu) = (&targets, &cancel, &done, &opened, &gpu);
+        let receiver = scope.spawn(move || {
+            // A failure once the read has ended (which shuts the connection's reading side) is not the reason.
+            let mut open = |h: &[u8; ipc::HANDLE_BYTES]| {
+                let imported = ipc::Imported::open(gpu, h).map_err(|e| e.to_string())?;
+                let v = (imported.ptr(), imported.len());
+                opened.lock().unwrap_or_else(|p| p.into_inner()).push(imported);
+                Ok(v)
+            };
+            let refused =
+                receive_dests(lines, req, ordinal, targets, &mut open).err().filter(|_| !done.load(Ordering::Acquire));
+            if let Some(why) = &refused {
+                targets.fail(why.clone());
+                return refused;
+            }
+            // Then the end of the connection: the client gave up (woken by the shutdown below once done).
+            let _ = (&*stream).read(&mut [0u8; 1]);
             if !done.load(Ordering::Acquire) {
                 cancel.store(true, Ordering::Release);
+                targets.fail("the client ended the connection".into());
             }
+            None
         });
-        let t = Instant::now();
-        let r = read_request(engine, devices, req, cancel);
+        let paths: Vec<PathBuf> = req.files.iter().map(|f| f.path.clone()).collect();
+        let ranges: Vec<(usize, u64, u64, u32, u64)> =
+            req.extents.iter().map(|&(f, o, l, d, od)| (f as usize, o, l, d, od)).collect();
+        let opts = LoadOpts { cancel: Some(cancel), ..LoadOpts::default() };
+        // SAFETY: each destination is published only once opened and checked to lie inside its allocation; the
+        // client keeps the allocations alive and untouched until it has this reply, and the opened mappings are
+        // closed only after the read has returned (every copy done).
+        let result = unsafe { engine.read_into_targets(&paths, &ranges, &req.dest_lens, ordinal, targets, &opts) };
         done.store(true, Ordering::Release);
         let _ = stream.shutdown(std::net::Shutdown::Read);
-        match r {
-            Ok(mut report) => {
-                tracing::info!(
-                    bytes = req.extents.iter().map(|e| e.2).sum::<u64>(),
-                    secs = t.elapsed().as_secs_f64(),
-                    "served"
-                );
-                report["served_secs"] = json!(t.elapsed().as_secs_f64());
-                Reply { ok: true, error: None, cancelled: false, report: Some(report) }
-            }
-            Err(e) => {
-                let cancelled = e.is_cancelled();
-                tracing::info!("load server: a request failed: {e}");
-                Reply { ok: false, error: Some(e.to_string()), cancelled, report: None }
-            }
+        (result, receiver.join().unwrap_or_else(|_| Some("the receiving thread panicked".into())))
+    });
+    drop(opened);
+    match (result, refused) {
+        (Ok(report), _) => {
+            let mut report = report.to_json();
+            tracing::info!(bytes = report["bytes"].as_u64(), secs = t.elapsed().as_secs_f64(), "served");
+            report["served_secs"] = json!(t.elapsed().as_secs_f64());
+            Reply { ok: true, error: None, cancelled: false, report: Some(report) }
         }
-    })
+        // A destination the server could not use is the reason the read failed.
+        (Err(_), Some(why)) => refusal(why),
+        (Err(e), None) => {
+            let cancelled = e.is_cancelled() || cancel.load(Ordering::Acquire);
+            tracing::info!("load server: a request failed: {e}");
+            Reply { ok: false, error: Some(e.to_string()), cancelled, report: None }
+        }
+    }
 }
 
-fn read_request(engine: &Engine, devices: &[(String, u32)], req: &Request, cancel: &AtomicBool) -> Result<Value> {
+/// The device a request names, once its protocol and files check out.
+fn check_request(devices: &[(String, u32)], req: &Request) -> Result<u32> {
     if req.protocol != PROTOCOL {
         return Err(Error::Server(format!("protocol {} asked, the server speaks {PROTOCOL}", req.protocol)));
     }
@@ -382,40 +435,61 @@ fn read_request(engine: &Engine, devices: &[(String, u32)], req: &Request, cance
     for f in &req.files {
         f.check().map_err(Error::Server)?;
     }
-    let gpu = engine.gpu(ordinal)?;
-    let _restore = weightlift_cuda::ContextRestore::save();
-    let mut opened: HashMap<&str, ipc::Imported> = HashMap::new();
-    let mut dests = Vec::with_capacity(req.dests.len());
-    for d in &req.dests {
-        if d.len == 0 {
-            dests.push((RawDest::Device { ordinal, ptr: 0 }, 0));
+    Ok(ordinal)
+}
+
+/// Opens an exported allocation: its address here and its length.
+type OpenHandle<'a> = dyn FnMut(&[u8; ipc::HANDLE_BYTES]) -> std::result::Result<(u64, u64), String> + 'a;
+
+/// Reads the request's destination lines, opening each allocation once and publishing each destination as it
+/// comes; `Err(why)` for a line it cannot use or a connection that ends before every destination came.
+fn receive_dests<R: BufRead>(
+    mut lines: R,
+    req: &Request,
+    ordinal: u32,
+    targets: &Targets,
+    open: &mut OpenHandle<'_>,
+) -> std::result::Result<(), String> {
+    let n = req.dest_lens.len();
+    let mut seen = vec![false; n];
+    let mut by_handle: HashMap<String, (u64, u64)> = HashMap::new();
+    let mut line = String::new();
+    for _ in 0..n {
+        line.clear();
+        match (&mut lines).take(4096).read_line(&mut line) {
+            Ok(_) if line.ends_with('\n') => {}
+            Ok(_) => return Err("the client ended the connection before sending every destination".into()),
+            Err(e) => return Err(format!("reading a destination: {e}")),
+        }
+        let dl: DestLine = serde_json::from_str(&line).map_err(|e| format!("a malformed destination: {e}"))?;
+        let d = dl.d as usize;
+        if d >= n || std::mem::replace(&mut seen[d], true) {
+            return Err(format!("destination {d} sent twice or past the {n} the request has"));
+        }
+        let len = req.dest_lens[d];
+        if len == 0 {
+            // SAFETY: no bytes.
+            unsafe { targets.publish(&[(dl.d, 0, 0)], None) };
             continue;
         }
-        if !opened.contains_key(d.handle.as_str()) {
-            let handle = unhex(&d.handle).map_err(Error::Server)?;
-            opened.insert(&d.handle, ipc::Imported::open(&gpu, &handle)?);
+        let (base, alloc_len) = match by_handle.get(&dl.handle) {
+            Some(&v) => v,
+            None => {
+                let v = open(&unhex(&dl.handle)?).map_err(|e| format!("opening destination {d}: {e}"))?;
+                by_handle.insert(dl.handle.clone(), v);
+                v
+            }
+        };
+        if dl.offset.checked_add(len).is_none_or(|end| end > alloc_len) {
+            return Err(format!(
+                "destination {d} ({len} bytes at offset {}) passes the end of its {alloc_len}-byte allocation on cuda:{ordinal}",
+                dl.offset
+            ));
         }
-        let imported = &opened[d.handle.as_str()];
-        if d.offset.checked_add(d.len).is_none_or(|end| end > imported.len()) {
-            return Err(Error::Server(format!(
-                "a destination of {} bytes at offset {} passes the end of its {}-byte allocation",
-                d.len,
-                d.offset,
-                imported.len()
-            )));
-        }
-        dests.push((RawDest::Device { ordinal, ptr: imported.ptr() + d.offset }, d.len));
+        // SAFETY: a range inside an allocation opened above, which stays open until the read has returned.
+        unsafe { targets.publish(&[(dl.d, base + dl.offset, len)], None) };
     }
-    let paths: Vec<PathBuf> = req.files.iter().map(|f| f.path.clone()).collect();
-    let ranges: Vec<(usize, u64, u64, u32, u64)> =
-        req.extents.iter().map(|&(f, o, l, d, od)| (f as usize, o, l, d, od)).collect();
-    let opts = LoadOpts { cancel: Some(cancel), ..LoadOpts::default() };
-    // SAFETY: each destination is a range of an allocation opened above and checked to lie inside it; the client
-    // keeps the allocations alive and untouched until it has this reply, and the opened mappings are closed only
-    // after the read has returned (every copy done).
-    let report = unsafe { engine.read_scattered_into(&paths, &ranges, &dests, &opts) }?;
-    drop(opened);
-    Ok(report.to_json())
+    Ok(())
 }
 
 /// The client's side: a GPU path that hands the reads to a server, else to `local`.
@@ -425,10 +499,14 @@ pub(crate) struct ServerPath {
 }
 
 enum Declined {
-    /// The server did not (or could not) write anything it will still write: read locally.
-    Fallback(String),
+    /// Nothing was allocated yet: read locally, allocating as usual.
+    Before(String),
+    /// The destinations are allocated, and the server will not write into them any more: read locally into them.
+    After(String),
     /// The load was cancelled and the server has stopped.
     Cancelled,
+    /// Allocating the destinations failed (the server has stopped).
+    Alloc(Error),
 }
 
 impl GpuPath for ServerPath {
@@ -447,17 +525,14 @@ impl GpuPath for ServerPath {
         } else {
             None
         };
+        let not_used = |why: String| json!({"socket": self.socket, "used": false, "reason": why});
         if let Some(why) = local_reason {
             let mut out = self.local.read(io, req, allocate)?;
-            out.server = Some(json!({"socket": self.socket, "used": false, "reason": why}));
+            out.server = Some(not_used(why));
             return Ok(out);
         }
-        if let Err(e) = allocate() {
-            req.targets.fail(format!("allocating the destinations failed: {e}"));
-            return Err(e);
-        }
         let t = Instant::now();
-        match self.remote(req) {
+        match self.remote(req, allocate) {
             Ok((report, bytes)) => {
                 if let Some(p) = req.opts.progress {
                     p.fetch_add(bytes, Ordering::Relaxed);
@@ -477,11 +552,18 @@ impl GpuPath for ServerPath {
                 })
             }
             Err(Declined::Cancelled) => Err(weightlift_io::IoError::Cancelled.into()),
-            Err(Declined::Fallback(why)) => {
+            Err(Declined::Alloc(e)) => Err(e),
+            Err(Declined::Before(why)) => {
+                tracing::info!(socket = %self.socket.display(), "the load server did not serve a load: {why}");
+                let mut out = self.local.read(io, req, allocate)?;
+                out.server = Some(not_used(why));
+                Ok(out)
+            }
+            Err(Declined::After(why)) => {
                 tracing::info!(socket = %self.socket.display(), "the load server did not serve a load: {why}");
                 // The destinations are published already: the local path's allocation step has nothing to do.
                 let mut out = self.local.read(io, req, &mut || Ok(()))?;
-                out.server = Some(json!({"socket": self.socket, "used": false, "reason": why}));
+                out.server = Some(not_used(why));
                 Ok(out)
             }
         }
@@ -489,72 +571,122 @@ impl GpuPath for ServerPath {
 }
 
 impl ServerPath {
-    /// Sends the read to the server and waits for its answer: the server's report and the bytes read.
-    fn remote(&self, req: &DeviceRead<'_>) -> std::result::Result<(Value, u64), Declined> {
-        let fallback = |what: &str, e: &dyn std::fmt::Display| Declined::Fallback(format!("{what}: {e}"));
-        // The server writes outside this process's streams: the allocations must be done first.
-        req.targets.synchronize().map_err(|e| fallback("waiting for the allocations", &e))?;
-        let _restore = weightlift_cuda::ContextRestore::save();
-        req.gpu.bind().map_err(|e| fallback("binding the device", &e))?;
-        let mut dests = Vec::with_capacity(req.dest_lens.len());
-        for i in 0..req.dest_lens.len() {
-            let (ptr, len, _) = req.targets.wait(i as u32).map_err(|e| fallback("a destination", &e))?;
-            if len == 0 {
-                dests.push(Dest { handle: String::new(), offset: 0, len: 0 });
-                continue;
-            }
-            let e = ipc::export(req.gpu, ptr).map_err(|e| {
-                fallback("this memory cannot be shared with another process (the device's stream-ordered pool cannot; cuMemAlloc and torch's caching allocator can)", &e)
-            })?;
-            dests.push(Dest { handle: hex(&e.handle), offset: e.offset, len });
-        }
+    /// Sends the request, allocates the destinations (sending each to the server as it is made, while the server
+    /// reads), and waits for the server's answer: its report and the bytes read.
+    fn remote(
+        &self,
+        req: &DeviceRead<'_>,
+        allocate: &mut dyn FnMut() -> Result<()>,
+    ) -> std::result::Result<(Value, u64), Declined> {
+        let before = |what: &str, e: &dyn std::fmt::Display| Declined::Before(format!("{what}: {e}"));
         let files = req
             .files
             .iter()
-            .map(|f| FileId::of(f).map_err(|e| fallback(&format!("{}", f.path.display()), &e)))
+            .map(|f| FileId::of(f).map_err(|e| before(&format!("{}", f.path.display()), &e)))
             .collect::<std::result::Result<Vec<_>, _>>()?;
-        let device_uuid = ipc::uuid(req.gpu).map_err(|e| fallback("the device's UUID", &e))?;
+        let device_uuid = {
+            let _restore = weightlift_cuda::ContextRestore::save();
+            req.gpu.bind().map_err(|e| before("binding the device", &e))?;
+            ipc::uuid(req.gpu).map_err(|e| before("the device's UUID", &e))?
+        };
         let extents = req.extents.iter().map(|e| (e.file, e.offset, e.len, e.dest, e.dest_offset)).collect();
-        let request = Request { protocol: PROTOCOL, device_uuid, files, extents, dests };
-        let mut text = serde_json::to_string(&request).map_err(|e| fallback("encoding the request", &e))?;
+        let request = Request { protocol: PROTOCOL, device_uuid, files, extents, dest_lens: req.dest_lens.to_vec() };
+        let mut text = serde_json::to_string(&request).map_err(|e| before("encoding the request", &e))?;
         text.push('\n');
         let bytes = req.extents.iter().map(|e| e.len).sum();
-        let mut stream = UnixStream::connect(&self.socket).map_err(|e| fallback("connecting", &e))?;
-        stream.write_all(text.as_bytes()).map_err(|e| fallback("sending the request", &e))?;
-        stream.set_read_timeout(Some(CANCEL_POLL)).map_err(|e| fallback("setting a timeout", &e))?;
-        // From here the server may be writing: wait for its answer whatever happens, unless it exits.
-        let mut answer = Vec::new();
-        let mut told = false;
-        let mut buf = [0u8; 64 << 10];
-        loop {
-            match stream.read(&mut buf) {
-                Ok(0) => break,
-                Ok(n) => {
-                    answer.extend_from_slice(&buf[..n]);
-                    if answer.ends_with(b"\n") {
-                        break;
-                    }
+        let stream = UnixStream::connect(&self.socket).map_err(|e| before("connecting", &e))?;
+        (&stream).write_all(text.as_bytes()).map_err(|e| before("sending the request", &e))?;
+        // From here the server may write into what is allocated: whatever happens, wait for its answer (or its exit)
+        // before returning.
+        let (allocated, sent) = std::thread::scope(|scope| {
+            let sender = scope.spawn(|| {
+                let r = send_dests(&stream, req);
+                if r.is_err() {
+                    // The server then fails the read (a destination never comes) and answers.
+                    let _ = stream.shutdown(std::net::Shutdown::Write);
                 }
-                Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {}
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(fallback("waiting for the server", &e)),
+                r
+            });
+            let allocated = allocate();
+            if let Err(e) = &allocated {
+                req.targets.fail(format!("allocating the destinations failed: {e}"));
             }
-            if !told && req.opts.cancel.is_some_and(|c| c.load(Ordering::Relaxed)) {
-                told = true;
-                let _ = stream.shutdown(std::net::Shutdown::Write);
-            }
+            (allocated, sender.join().unwrap_or_else(|_| Err("the sending thread panicked".into())))
+        });
+        let reply = wait_reply(&stream, req.opts.cancel);
+        if let Err(e) = allocated {
+            return Err(Declined::Alloc(e));
         }
-        let reply: Reply = serde_json::from_slice(&answer)
-            .map_err(|e| fallback("the server ended the connection without a well-formed answer (did it exit?)", &e))?;
+        let (reply, told) = reply.map_err(Declined::After)?;
         match reply {
-            Reply { ok: true, report, .. } => Ok((report.unwrap_or(Value::Null), bytes)),
+            Reply { ok: true, report, .. } if sent.is_ok() => Ok((report.unwrap_or(Value::Null), bytes)),
             Reply { cancelled: true, .. } if told => Err(Declined::Cancelled),
-            Reply { error, .. } => Err(Declined::Fallback(format!(
-                "the server refused: {}",
-                error.unwrap_or_else(|| "no reason given".into())
-            ))),
+            Reply { error, .. } => Err(Declined::After(match sent {
+                Err(why) => why,
+                Ok(()) => format!("the server refused: {}", error.unwrap_or_else(|| "no reason given".into())),
+            })),
         }
     }
+}
+
+/// Sends each destination as it is published: its allocation exported once it has been made.
+fn send_dests(stream: &UnixStream, req: &DeviceRead<'_>) -> std::result::Result<(), String> {
+    req.gpu.bind().map_err(|e| format!("binding the device: {e}"))?;
+    let mut out = std::io::BufWriter::new(stream);
+    for d in 0..req.dest_lens.len() as u32 {
+        let (ptr, len, generation) = req.targets.wait(d).map_err(|e| e.to_string())?;
+        let line = if len == 0 {
+            DestLine { d, handle: String::new(), offset: 0 }
+        } else {
+            // The server writes outside this process's streams: the allocation must have been made first.
+            req.targets.synchronize(generation).map_err(|e| format!("waiting for an allocation: {e}"))?;
+            let e = ipc::export(req.gpu, ptr).map_err(|e| {
+                format!("this memory cannot be shared with another process (the device's stream-ordered pool cannot; cuMemAlloc and torch's caching allocator can): {e}")
+            })?;
+            DestLine { d, handle: hex(&e.handle), offset: e.offset }
+        };
+        let mut text = serde_json::to_string(&line).map_err(|e| e.to_string())?;
+        text.push('\n');
+        out.write_all(text.as_bytes()).map_err(|e| format!("sending destination {d}: {e}"))?;
+        // Sent at once when the next destination is not published yet: the server reads meanwhile.
+        if d as usize + 1 < req.dest_lens.len() && !req.targets.is_published(d + 1) {
+            out.flush().map_err(|e| format!("sending destination {d}: {e}"))?;
+        }
+    }
+    out.flush().map_err(|e| format!("sending the destinations: {e}"))
+}
+
+/// Waits for the server's answer line, telling the server once `cancel` is set (the client shuts its side of the
+/// connection, and the server stops and answers). `Err(why)`: no well-formed answer (the server exited).
+fn wait_reply(stream: &UnixStream, cancel: Option<&AtomicBool>) -> std::result::Result<(Reply, bool), String> {
+    stream.set_read_timeout(Some(CANCEL_POLL)).map_err(|e| format!("setting a timeout: {e}"))?;
+    let mut answer = Vec::new();
+    let mut told = false;
+    let mut buf = [0u8; 64 << 10];
+    loop {
+        match (&*stream).read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => {
+                answer.extend_from_slice(&buf[..n]);
+                if answer.ends_with(b"\n") {
+                    break;
+                }
+            }
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut | std::io::ErrorKind::Interrupted
+                ) => {}
+            Err(e) => return Err(format!("waiting for the server: {e}")),
+        }
+        if !told && cancel.is_some_and(|c| c.load(Ordering::Relaxed)) {
+            told = true;
+            let _ = stream.shutdown(std::net::Shutdown::Write);
+        }
+    }
+    let reply = serde_json::from_slice(&answer)
+        .map_err(|e| format!("the server ended the connection without a well-formed answer (did it exit?): {e}"))?;
+    Ok((reply, told))
 }
 
 #[cfg(test)]
@@ -597,13 +729,66 @@ mod tests {
             device_uuid: "ab".repeat(16),
             files: vec![FileId { path: "/x/y".into(), len: 5, dev: 1, ino: 2, mtime_ns: -3 }],
             extents: vec![(0, 8, 100, 1, 256)],
-            dests: vec![Dest { handle: "00".repeat(64), offset: 512, len: 4096 }],
+            dest_lens: vec![0, 4096],
         };
         let text = serde_json::to_string(&req).unwrap();
         assert!(!text.contains('\n'));
         assert_eq!(serde_json::from_str::<Request>(&text).unwrap(), req);
+        let d = DestLine { d: 1, handle: "00".repeat(64), offset: 512 };
+        assert_eq!(serde_json::from_str::<DestLine>(&serde_json::to_string(&d).unwrap()).unwrap(), d);
         let reply = Reply { ok: false, error: Some("no".into()), cancelled: true, report: None };
         assert_eq!(serde_json::from_str::<Reply>(&serde_json::to_string(&reply).unwrap()).unwrap(), reply);
+    }
+
+    /// Destinations arrive one line each: every allocation is opened once, each destination is published at its
+    /// offset, and a line the server cannot use stops the read with a reason.
+    #[test]
+    fn destinations_are_opened_once_and_checked() {
+        let req = |lens: Vec<u64>| Request {
+            protocol: PROTOCOL,
+            device_uuid: String::new(),
+            files: Vec::new(),
+            extents: Vec::new(),
+            dest_lens: lens,
+        };
+        let line = |d: u32, h: u8, offset: u64| {
+            let h = if h == 0 { String::new() } else { format!("{h:02x}").repeat(64) };
+            format!("{}\n", serde_json::to_string(&DestLine { d, handle: h, offset }).unwrap())
+        };
+        let mut opens = Vec::new();
+        let mut open = |h: &[u8; ipc::HANDLE_BYTES]| {
+            opens.push(h[0]);
+            Ok((u64::from(h[0]) << 32, 1 << 20))
+        };
+        let r = req(vec![4096, 0, 256, 512]);
+        let targets = Targets::lazy(4);
+        let text = line(0, 7, 0) + &line(1, 0, 0) + &line(3, 9, 4096) + &line(2, 7, 8192);
+        receive_dests(text.as_bytes(), &r, 0, &targets, &mut open).unwrap();
+        assert_eq!(opens, vec![7, 9]);
+        assert_eq!(targets.wait(0).unwrap(), (7 << 32, 4096, 0));
+        assert_eq!(targets.wait(1).unwrap(), (0, 0, 0));
+        assert_eq!(targets.wait(2).unwrap(), ((7 << 32) + 8192, 256, 0));
+        assert_eq!(targets.wait(3).unwrap(), ((9 << 32) + 4096, 512, 0));
+        let mut open = |_: &[u8; ipc::HANDLE_BYTES]| Ok((1 << 32, 4096));
+        let refuse = |lens: Vec<u64>, text: String, open: &mut OpenHandle<'_>| {
+            let n = lens.len();
+            receive_dests(text.as_bytes(), &req(lens), 0, &Targets::lazy(n), open).unwrap_err()
+        };
+        let why = refuse(vec![4096, 16], line(0, 5, 0) + &line(1, 5, 4090), &mut open);
+        assert!(why.contains("passes the end of its 4096-byte allocation"), "{why}");
+        let why = refuse(vec![16, 16], line(0, 5, 0) + &line(0, 5, 16), &mut open);
+        assert!(why.contains("sent twice"), "{why}");
+        let why = refuse(vec![16], line(3, 5, 0), &mut open);
+        assert!(why.contains("past the 1 the request has"), "{why}");
+        let why = refuse(vec![16, 16], line(0, 5, 0), &mut open);
+        assert!(why.contains("before sending every destination"), "{why}");
+        let why = refuse(vec![16], "{\"d\": 0}\n".into(), &mut open);
+        assert!(why.contains("a malformed destination"), "{why}");
+        let why = refuse(vec![16], "{\"d\":0,\"handle\":\"xy\",\"offset\":0}\n".into(), &mut open);
+        assert!(why.contains("expected 128 hex digits"), "{why}");
+        let mut failing = |_: &[u8; ipc::HANDLE_BYTES]| Err("cuIpcOpenMemHandle failed".to_string());
+        let why = refuse(vec![16], line(0, 5, 0), &mut failing);
+        assert!(why.contains("opening destination 0: cuIpcOpenMemHandle failed"), "{why}");
     }
 
     #[test]
@@ -640,7 +825,7 @@ mod tests {
             device_uuid: "cd".repeat(16),
             files: vec![id.clone()],
             extents: vec![(0, 0, 64, 0, 0)],
-            dests: vec![Dest { handle: "00".repeat(64), offset: 0, len: 64 }],
+            dest_lens: vec![64],
         };
         let r = ask(&Request { protocol: 99, ..good.clone() });
         assert!(!r.ok && r.error.as_deref().unwrap().contains("protocol 99 asked"), "{r:?}");
