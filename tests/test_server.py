@@ -122,8 +122,12 @@ def test_a_load_through_the_server_is_byte_exact(tmp_path, server):
         loaded = wst.load_file(f, device="cuda:0", engine=eng)
         rep = weightlift.last_report()
         assert rep["backend"] == "server", rep
-        assert rep["server"]["used"] is True and rep["server"]["report"]["bytes"] == sum(
-            v.numel() * v.element_size() for v in ref.values()), rep["server"]
+        # The client's report counts tensor bytes; the server's, the blocks it read (small neighbours share a block
+        # that mirrors the file, gaps included).
+        nbytes = sum(v.numel() * v.element_size() for v in ref.values())
+        assert rep["bytes"] == nbytes, rep
+        assert rep["server"]["used"] is True, rep["server"]
+        assert nbytes <= rep["server"]["report"]["bytes"] <= f.stat().st_size, rep["server"]
         assert "load server" in rep["backend_reason"]
         _same(loaded, ref)
         del loaded
