@@ -136,7 +136,7 @@ def test_a_load_through_the_server_is_byte_exact(tmp_path, server):
     ref2 = _checkpoint(f)
     _same(wst.load_file(f, device="cuda:0", engine=eng), ref2)
     assert weightlift.last_report()["backend"] == "server"
-    assert "served" in server.output()
+    assert "served" in server.output()  # python -m weightlift serve logs each load served
 
 
 @pytest.mark.skipif(not GPU, reason="needs a CUDA device")

@@ -1,4 +1,4 @@
-"""``python -m weightlift serve [--socket PATH] [--prepare cuda:N ...]``: the load server of :func:`weightlift.serve`
+"""``python -m weightlift serve [--socket PATH] [--prepare cuda:N ...] [--quiet]``: the load server of :func:`weightlift.serve`
 for installs without the ``weightlift`` command-line program."""
 
 from __future__ import annotations
@@ -14,8 +14,15 @@ def main(argv: "list[str] | None" = None) -> int:
     serve.add_argument("--socket", default=None, help="socket to listen on (default: the default socket)")
     serve.add_argument("--prepare", action="append", default=None, metavar="DEVICE",
                        help="a device to set up before serving (repeatable; default cuda:0)")
+    serve.add_argument("--quiet", action="store_true", help="log only warnings (default: each load served, at INFO)")
     args = parser.parse_args(argv)
+    import logging
+
     import weightlift
+
+    # The engine's events reach the `weightlift` logger: a server says what it served and what it refused.
+    logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO, stream=sys.stderr,
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
 
     try:
         weightlift.serve(args.socket, args.prepare or ["cuda:0"])

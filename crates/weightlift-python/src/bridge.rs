@@ -1,8 +1,8 @@
 //! What crosses between the engine's threads and Python: `tracing` events become records of Python's `logging`
 //! (logger `weightlift`), and long calls stay interruptible by Ctrl-C.
 //!
-//! Events are queued by a `tracing` layer and handed to `logging` by the thread that made the call, once it holds
-//! the GIL again: an I/O thread taking the GIL itself could deadlock against a Python thread waiting on it. Each
+//! Events are queued by a `tracing` layer and handed to `logging` by the thread that made the call, whenever it holds
+//! the GIL (every 50 ms while the call runs, and at its end): an I/O thread taking the GIL itself could deadlock against a Python thread waiting on it. Each
 //! record carries the time its event happened (`created`, `msecs`, `relativeCreated`), not the time it was handed
 //! over, so that a log of a load's events is a true timeline.
 
@@ -150,7 +150,8 @@ impl<'py> Dating<'py> {
     }
 }
 
-/// Runs `work` without the GIL on a thread of its own, while the calling thread checks for signals every 50 ms:
+/// Runs `work` without the GIL on a thread of its own, while the calling thread checks for signals (and hands queued
+/// log records over) every 50 ms:
 /// on Ctrl-C (or any signal handler raising), `cancel` is set, `work` is left to stop and drain (it must watch
 /// `cancel`), and the exception is raised once it has returned, with every resource it held released.
 pub fn interruptible<T: Send>(py: Python<'_>, work: impl FnOnce(&AtomicBool) -> T + Send) -> PyResult<T> {
@@ -175,6 +176,9 @@ pub fn interruptible<T: Send>(py: Python<'_>, work: impl FnOnce(&AtomicBool) -> 
                     break Err(crate::errors::invalid_argument("the worker thread ended without a result"));
                 }
                 Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                    // Records of a long call (a load server's, a slow load's) reach `logging` while it runs, not
+                    // only at its end (the queue keeps at most 1,000).
+                    flush(py);
                     if interrupted.is_none() {
                         if let Err(e) = py.check_signals() {
                             cancel.store(true, Ordering::Relaxed);
