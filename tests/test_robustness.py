@@ -370,3 +370,40 @@ def test_randomized_faults_on_the_python_apis(tmp_path, device, wl, monkeypatch)
 def ranges_row(t: "torch.Tensor") -> int:
     """Bytes of one row (first dimension) of `t`."""
     return t[0].numel() * t.element_size()
+
+
+def test_ctrl_c_during_the_hand_over_of_log_records_still_interrupts(tmp_path):
+    """A long call hands the engine's log records to `logging` every 50 ms while it runs; a Ctrl-C whose
+    KeyboardInterrupt is raised inside a logging handler (Python code runs there) still interrupts the call, and the
+    record it interrupted is not lost."""
+    import _thread
+    import logging
+
+    import weightlift.safetensors as wst
+
+    big, engine = _slow_load(tmp_path)
+    seen = []
+
+    class Interrupting(logging.Handler):
+        def emit(self, record):
+            seen.append(record.getMessage())
+            if len(seen) == 1:
+                _thread.interrupt_main()  # the signal's handler runs at the next bytecode: here, in this handler
+                for _ in range(1000):
+                    pass
+
+    logger = logging.getLogger("weightlift")
+    handler, level = Interrupting(level=logging.DEBUG), logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.DEBUG)
+    try:
+        t0 = time.perf_counter()
+        with pytest.raises(KeyboardInterrupt):
+            wst.load_file(big, "cpu", engine=engine)
+        took = time.perf_counter() - t0
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+    assert seen, "no record was handed over while the load ran"
+    print(f"interrupted {took:.2f} s into the load, {len(seen)} records handed over")
+    assert took < 5, took

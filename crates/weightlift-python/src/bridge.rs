@@ -87,33 +87,74 @@ pub fn install() {
 
 use tracing_subscriber::Layer as _;
 
-/// Hands queued records to `logging.getLogger("weightlift")`, each dated when its event happened.
-pub fn flush(py: Python<'_>) {
+/// Hands queued records to `logging.getLogger("weightlift")`, each dated when its event happened. Returns the
+/// `KeyboardInterrupt` (or other exception that is not an `Exception`) that a signal handler raised meanwhile, for
+/// the caller to act on (handing over runs Python code, where signal handlers run); the records not yet handed over
+/// stay queued. Other errors of `logging` are not the load's, and are dropped as `Logger.log` would let them pass.
+pub fn flush(py: Python<'_>) -> Option<PyErr> {
     let records = std::mem::take(&mut *QUEUE.lock().unwrap_or_else(|p| p.into_inner()));
     if records.is_empty() {
-        return;
+        return None;
     }
-    let Ok(logging) = py.import("logging") else { return };
-    let Ok(logger) = logging.call_method1("getLogger", ("weightlift",)) else { return };
+    let mut records = records.into_iter();
+    let stopped = hand_over(py, &mut records);
+    if stopped.is_some() {
+        let mut q = QUEUE.lock().unwrap_or_else(|p| p.into_inner());
+        let newer = std::mem::take(&mut *q);
+        q.extend(records);
+        q.extend(newer);
+        q.truncate(MAX_QUEUED);
+    }
+    stopped
+}
+
+/// An error that is not an `Exception` (`KeyboardInterrupt`, `SystemExit`): a signal handler's, not logging's.
+fn interrupt(py: Python<'_>, r: PyResult<()>) -> Option<PyErr> {
+    r.err().filter(|e| !e.is_instance_of::<pyo3::exceptions::PyException>(py))
+}
+
+fn hand_over(py: Python<'_>, records: &mut std::vec::IntoIter<Queued>) -> Option<PyErr> {
+    let logging = match py.import("logging") {
+        Ok(l) => l,
+        Err(e) => return interrupt(py, Err(e)),
+    };
+    let logger = match logging.call_method1("getLogger", ("weightlift",)) {
+        Ok(l) => l,
+        Err(e) => return interrupt(py, Err(e)),
+    };
     // Looked up once per hand-over, not per record: whether each level is enabled, the logger's name and logging's
     // start time (None where they cannot be had: the records then go undated).
     let mut enabled: [Option<bool>; 6] = [None; 6];
     let dating = Dating::of(&logging, &logger).ok();
-    for q in records {
+    for q in records.by_ref() {
         let slot = &mut enabled[usize::from(q.level / 10).min(5)];
-        let on = *slot.get_or_insert_with(|| {
-            logger.call_method1("isEnabledFor", (q.level,)).and_then(|b| b.is_truthy()).unwrap_or(false)
-        });
+        let on = match *slot {
+            Some(on) => on,
+            None => match logger.call_method1("isEnabledFor", (q.level,)).and_then(|b| b.is_truthy()) {
+                Ok(on) => *slot.insert(on),
+                Err(e) => {
+                    if let Some(stop) = interrupt(py, Err(e)) {
+                        return Some(stop);
+                    }
+                    *slot.insert(false)
+                }
+            },
+        };
         if !on {
             continue;
         }
-        match dating.as_ref().map(|d| d.record(&logger, &q)) {
+        let handed = match dating.as_ref().map(|d| d.record(&logger, &q)) {
             // As `Logger.log` does after making its record; what a handler or filter raises is not the load's.
-            Some(Ok(record)) => drop(logger.call_method1("handle", (record,))),
+            Some(Ok(record)) => logger.call_method1("handle", (record,)).map(drop),
+            Some(Err(e)) if interrupt(py, Err(e.clone_ref(py))).is_some() => Err(e),
             // The record could not be made with its time: handed over undated rather than lost.
-            _ => drop(logger.call_method1("log", (q.level, q.message))),
+            _ => logger.call_method1("log", (q.level, q.message)).map(drop),
+        };
+        if let Some(stop) = interrupt(py, handed) {
+            return Some(stop);
         }
     }
+    None
 }
 
 /// What dating a record needs from `logging`: the logger's name and the time `logging` was imported.
@@ -177,10 +218,11 @@ pub fn interruptible<T: Send>(py: Python<'_>, work: impl FnOnce(&AtomicBool) -> 
                 }
                 Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
                     // Records of a long call (a load server's, a slow load's) reach `logging` while it runs, not
-                    // only at its end (the queue keeps at most 1,000).
-                    flush(py);
+                    // only at its end (the queue keeps at most 1,000). A Ctrl-C may surface there, as Python code
+                    // runs handing them over.
+                    let stop = flush(py);
                     if interrupted.is_none() {
-                        if let Err(e) = py.check_signals() {
+                        if let Some(e) = stop.or_else(|| py.check_signals().err()) {
                             cancel.store(true, Ordering::Relaxed);
                             interrupted = Some(e);
                         }
@@ -189,8 +231,10 @@ pub fn interruptible<T: Send>(py: Python<'_>, work: impl FnOnce(&AtomicBool) -> 
             }
         }
     });
-    flush(py);
+    let late = flush(py);
     let (value, interrupted) = result?;
+    // A Ctrl-C that came while the last records were handed over still interrupts (the work has ended).
+    let interrupted = interrupted.or(late);
     match interrupted {
         Some(e) => Err(e),
         None => Ok(value),
