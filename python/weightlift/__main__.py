@@ -24,6 +24,10 @@ def main(argv: "list[str] | None" = None) -> int:
     logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
 
+    import signal
+
+    # SIGTERM stops the server as Ctrl-C does (its socket removed), instead of ending the process where it stands.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
         weightlift.serve(args.socket, args.prepare or ["cuda:0"])
     except KeyboardInterrupt:

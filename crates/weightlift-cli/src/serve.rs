@@ -29,16 +29,17 @@ pub fn run(args: &Args) -> Result<()> {
     let settings = Settings::resolve(&args.settings.0)?.server(ServerMode::Off);
     let engine = Arc::new(Engine::new(settings)?);
     let socket = args.socket.clone().unwrap_or_else(weightlift::server::default_socket);
+    // Before the socket exists, so that a signal from then on stops the server and removes it.
+    let stop = Arc::new(AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        signal_hook::flag::register(sig, stop.clone()).context("installing a signal handler")?;
+    }
     let server = weightlift::server::Server::bind(engine.clone(), &socket)?;
     for d in &args.prepare {
         let device: Device = d.parse().map_err(anyhow::Error::msg)?;
         let t = Instant::now();
         engine.prepare(device).with_context(|| format!("setting {device} up"))?;
         eprintln!("weightlift serve: {device} set up in {:.3} s", t.elapsed().as_secs_f64());
-    }
-    let stop = Arc::new(AtomicBool::new(false));
-    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
-        signal_hook::flag::register(sig, stop.clone()).context("installing a signal handler")?;
     }
     let devices: Vec<String> = server.devices().iter().map(|(uuid, n)| format!("cuda:{n} (GPU-{uuid})")).collect();
     println!("weightlift serve: listening on {} for {}; Ctrl-C stops", server.socket().display(), devices.join(", "));

@@ -117,11 +117,14 @@ impl Targets {
         if generation == 0 {
             return Ok(());
         }
-        let s = self.lock();
-        match s.events.get(generation - 1) {
-            Some(e) => e.synchronize(),
-            None => Ok(()),
-        }
+        // The event's handle, waited on outside the lock (publishing goes on meanwhile). Events are only ever
+        // added while the targets live, so the handle stays valid.
+        let event = match self.lock().events.get(generation - 1) {
+            Some(e) => e.cu_event(),
+            None => return Ok(()),
+        };
+        // SAFETY: a live event of these targets (see above).
+        unsafe { sys::cuEventSynchronize(event) }.result()
     }
 
     /// Makes `stream` wait for the allocations up to `generation` (if it has not already).

@@ -89,8 +89,9 @@ use tracing_subscriber::Layer as _;
 
 /// Hands queued records to `logging.getLogger("weightlift")`, each dated when its event happened. Returns the
 /// `KeyboardInterrupt` (or other exception that is not an `Exception`) that a signal handler raised meanwhile, for
-/// the caller to act on (handing over runs Python code, where signal handlers run); the records not yet handed over
-/// stay queued. Other errors of `logging` are not the load's, and are dropped as `Logger.log` would let them pass.
+/// the caller to act on (handing over runs Python code, where signal handlers run). The record being handed over
+/// when it came is not retried (some of its handlers may have seen it); the records after it stay queued. Other
+/// errors of `logging` are not the load's, and are dropped as `Logger.log` would let them pass.
 pub fn flush(py: Python<'_>) -> Option<PyErr> {
     let records = std::mem::take(&mut *QUEUE.lock().unwrap_or_else(|p| p.into_inner()));
     if records.is_empty() {

@@ -558,7 +558,6 @@ fn last_report(py: Python<'_>) -> PyResult<Option<Py<PyAny>>> {
     r.map(|v| json_to_py(py, &v)).transpose()
 }
 
-/// A file mode as weightlift's cuFile-style handles parse it: `(read, write, create, truncate, direct)`.
 /// Runs a load server (see `weightlift::server`) on `socket` (None: the default socket) until Ctrl-C, which
 /// raises `KeyboardInterrupt` once the server has stopped. `prepare`: devices set up before serving. `settings`:
 /// the engine's settings (its `server` setting is always off).
@@ -588,6 +587,7 @@ fn serve(
     interruptible(py, |stop| server.run(stop))?.map_err(to_py)
 }
 
+/// A file mode as weightlift's cuFile-style handles parse it: `(read, write, create, truncate, direct)`.
 #[pyfunction]
 fn parse_file_mode(mode: &str) -> PyResult<(bool, bool, bool, bool, bool)> {
     let m = weightlift::cufile_api::FileMode::parse(mode).map_err(to_py)?;

@@ -512,6 +512,33 @@ impl Engine {
     }
 }
 
+/// The extents of byte ranges `(file, offset, len, destination, destination offset)` of `files` into `dests`
+/// destinations (empty ranges dropped), each checked to name a file and a destination and to lie inside its file.
+fn extents_of_ranges(
+    files: &[Arc<OpenFile>],
+    ranges: &[(usize, u64, u64, u32, u64)],
+    dests: usize,
+) -> Result<Vec<Extent>> {
+    let mut extents = Vec::with_capacity(ranges.len());
+    for &(file, offset, len, dest, dest_offset) in ranges {
+        let f = files.get(file).ok_or_else(|| {
+            Error::InvalidArgument(format!("range ({file}, {offset}, {len}) names file {file} of {}", files.len()))
+        })?;
+        if len > 0 && offset.checked_add(len).is_none_or(|end| end > f.len) {
+            return Err(weightlift_io::IoError::PastEnd { path: f.path.clone(), offset, len, file_len: f.len }.into());
+        }
+        if dest as usize >= dests {
+            return Err(Error::InvalidArgument(format!(
+                "range ({file}, {offset}, {len}) names destination {dest} of {dests}"
+            )));
+        }
+        if len > 0 {
+            extents.push(Extent { file: file as u32, offset, len, dest, dest_offset });
+        }
+    }
+    Ok(extents)
+}
+
 /// Validates `checks` against the tensors of a load; each tensor's name and file, for error messages.
 fn check_names(checks: &Checks, index: &TensorIndex, entries: &[&TensorEntry]) -> Result<Vec<(String, PathBuf)>> {
     if checks.tensors.len() != entries.len() {
@@ -794,26 +821,7 @@ impl Engine {
         }
         let start = Instant::now();
         let paths: Vec<PathBuf> = files.iter().map(|f| f.path.clone()).collect();
-        let mut extents = Vec::with_capacity(ranges.len());
-        for &(file, offset, len, dest, dest_offset) in ranges {
-            let f = files.get(file).ok_or_else(|| {
-                Error::InvalidArgument(format!("range ({file}, {offset}, {len}) names file {file} of {}", paths.len()))
-            })?;
-            if len > 0 && offset.checked_add(len).is_none_or(|end| end > f.len) {
-                return Err(
-                    weightlift_io::IoError::PastEnd { path: f.path.clone(), offset, len, file_len: f.len }.into()
-                );
-            }
-            if dest as usize >= dests.len() {
-                return Err(Error::InvalidArgument(format!(
-                    "range ({file}, {offset}, {len}) names destination {dest} of {}",
-                    dests.len()
-                )));
-            }
-            if len > 0 {
-                extents.push(Extent { file: file as u32, offset, len, dest, dest_offset });
-            }
-        }
+        let extents = extents_of_ranges(files, ranges, dests.len())?;
         let caps: Vec<u64> = dests.iter().map(|d| d.1).collect();
         crate::path::check_extents(&extents, &caps)?;
         let bytes = ranges.iter().map(|r| r.2).sum();
@@ -879,20 +887,7 @@ impl Engine {
     ) -> Result<Report> {
         let start = Instant::now();
         let files: Vec<Arc<OpenFile>> = paths.iter().map(|p| self.open(p)).collect::<Result<_>>()?;
-        let mut extents = Vec::with_capacity(ranges.len());
-        for &(file, offset, len, dest, dest_offset) in ranges {
-            let f = files.get(file).ok_or_else(|| {
-                Error::InvalidArgument(format!("range ({file}, {offset}, {len}) names file {file} of {}", paths.len()))
-            })?;
-            if len > 0 && offset.checked_add(len).is_none_or(|end| end > f.len) {
-                return Err(
-                    weightlift_io::IoError::PastEnd { path: f.path.clone(), offset, len, file_len: f.len }.into()
-                );
-            }
-            if len > 0 {
-                extents.push(Extent { file: file as u32, offset, len, dest, dest_offset });
-            }
-        }
+        let extents = extents_of_ranges(&files, ranges, dest_lens.len())?;
         crate::path::check_extents(&extents, dest_lens)?;
         let mut r = self.read_targets(ordinal, &files, &extents, dest_lens, targets, opts)?;
         r.tensors = ranges.len();

@@ -2,29 +2,32 @@
 //! checkpoints into other processes' device memory.
 //!
 //! A process's first load onto a GPU sets up its lanes' staging (faulted in and pinned) while it runs, and that
-//! made the first load of a fresh process 1.4-1.9× its second on the H100 machine (bench/results). The server
+//! made the first load of a fresh process 1.3-1.9× its second on the H100 machine (bench/results). The server
 //! keeps that staging for every process on the machine: a client allocates its tensors' memory as usual, exports
-//! the allocations through CUDA IPC, and sends the server the byte ranges to read into them over a Unix socket;
-//! the server opens the allocations, reads through its own engine, and answers when the bytes are in place.
+//! each allocation through CUDA IPC as it is made, and sends the server the byte ranges to read into them over a
+//! Unix socket; the server reads meanwhile, opening each allocation as it comes, and answers when the bytes are in
+//! place.
 //!
 //! ```text
-//!   client (fresh process)                          server (weightlift serve)
-//!   allocate blocks (torch / cuMemAlloc)
-//!   export each allocation (cuIpcGetMemHandle) ──▶  check the files are the same (dev, inode, size, mtime)
-//!   ranges + handles, one JSON line                  open the allocations (cuIpcOpenMemHandle)
-//!                                                    read through its warm lanes into them
-//!   tensors ready  ◀── one JSON line ────────────── close the allocations, answer with its report
+//!   client (fresh process)                              server (weightlift serve)
+//!   request: files (dev, inode, size, mtime),  ───────▶  check the files are the same; start reading
+//!            ranges, destination sizes                   (each lane waits only for its destination)
+//!   allocate blocks (torch / cuMemAlloc); per block:
+//!   cuIpcGetMemHandle, one line  ─────────────────────▶  cuIpcOpenMemHandle, publish to the lanes
+//!   tensors ready  ◀── one line: ok and its report ───  every copy done; close the allocations
 //! ```
 //!
 //! The client falls back to its own data path, saying why in its report, whenever the server cannot serve a load:
 //! no server listening, memory that cannot be exported (the stream-ordered pool's), a file the server sees
 //! differently (another mount namespace), a server error or the server's exit. Only a cancellation is not
 //! retried: the server is told (the client shuts its side of the socket), stops, and answers before the client
-//! frees anything. The socket lives in a directory only its user can enter, and the server serves only processes
-//! of its own user (`SO_PEERCRED`).
+//! frees anything. The default socket lives in a directory only its user can enter (checked, not assumed), the
+//! server serves only processes of its own user, and a client talks only to a server of its own user (both by
+//! `SO_PEERCRED`). Writes to the socket never raise SIGPIPE (`MSG_NOSIGNAL`): a host program that keeps SIGPIPE's
+//! default is not killed by a peer that went away.
 
 use std::collections::HashMap;
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufRead, BufReader, Read};
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt, PermissionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -43,12 +46,18 @@ use crate::error::{Error, Result};
 use crate::path::{DeviceRead, GpuPath, LoadOpts, PathOutcome};
 use crate::report::PathUsed;
 
+/// The server's reason when a client stops sending destinations (the client's own reason is the one to report).
+const CLIENT_STOPPED: &str = "the client ended the connection before sending every destination";
+
 /// Version of the socket protocol; a server refuses requests of another.
 pub const PROTOCOL: u32 = 1;
 /// Largest request line a server reads (a checkpoint of a million tensors needs a few tens of MB).
 const MAX_REQUEST_BYTES: u64 = 256 << 20;
 /// How often a server's accept loop looks at its stop flag.
 const STOP_POLL_MS: i32 = 200;
+/// Longest wait of a server for a client's next destination: past it the read fails (a stalled client would
+/// otherwise hold the server's lanes, which every client shares).
+const DEST_TIMEOUT: Duration = Duration::from_secs(30);
 /// How often a waiting client looks at its cancel flag.
 const CANCEL_POLL: Duration = Duration::from_millis(50);
 
@@ -176,6 +185,41 @@ fn peer_uid(stream: &UnixStream) -> std::io::Result<u32> {
     Ok(cred.uid)
 }
 
+/// Writes all of `bytes` to `stream` without raising SIGPIPE if the peer has gone (`MSG_NOSIGNAL`).
+fn send_all(stream: &UnixStream, mut bytes: &[u8]) -> std::io::Result<()> {
+    while !bytes.is_empty() {
+        // SAFETY: a valid descriptor and a buffer of `bytes.len()` readable bytes.
+        let n = unsafe { libc::send(stream.as_raw_fd(), bytes.as_ptr().cast(), bytes.len(), libc::MSG_NOSIGNAL) };
+        if n < 0 {
+            let e = std::io::Error::last_os_error();
+            if e.kind() == std::io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        bytes = &bytes[n as usize..];
+    }
+    Ok(())
+}
+
+/// Checks that `dir` belongs to this user and that no one else may enter or change it.
+fn check_private_dir(dir: &Path) -> Result<()> {
+    let m = std::fs::symlink_metadata(dir).map_err(|e| server_err(dir, "reading the socket's directory", e))?;
+    // SAFETY: getuid cannot fail.
+    let uid = unsafe { libc::getuid() };
+    if !m.is_dir() || m.uid() != uid || m.mode() & 0o077 != 0 {
+        return Err(Error::Server(format!(
+            "{}: the default socket's directory must be a directory of uid {uid} that only it may use (mode 700); it \
+             is {} of uid {} with mode {:o}",
+            dir.display(),
+            if m.is_dir() { "a directory" } else { "not a directory" },
+            m.uid(),
+            m.mode() & 0o7777
+        )));
+    }
+    Ok(())
+}
+
 /// A bound server. [`Server::run`] serves until its stop flag is set; dropping it removes its socket.
 pub struct Server {
     engine: Arc<Engine>,
@@ -195,8 +239,9 @@ impl std::fmt::Debug for Server {
 
 impl Server {
     /// Binds `socket` (its directory made, only for its user, if missing) for `engine`, whose `server` setting must
-    /// be `off` (a server does not send its loads to a server). Fails if CUDA is unavailable, or if a server
-    /// already listens there; a socket file nobody listens on is replaced.
+    /// be `off` (a server does not send its loads to a server). Fails if CUDA is unavailable, if a server already
+    /// listens there, or if the socket is the default one and its directory is not this user's alone; a socket
+    /// file nobody listens on is replaced.
     pub fn bind(engine: Arc<Engine>, socket: &Path) -> Result<Server> {
         if engine.settings().server.value != crate::settings::ServerMode::Off {
             return Err(Error::InvalidArgument("a load server's engine needs the setting server=off".into()));
@@ -210,6 +255,9 @@ impl Server {
                     .mode(0o700)
                     .create(dir)
                     .map_err(|e| server_err(dir, "creating the socket's directory", e))?;
+            }
+            if std::path::absolute(default_socket()).ok().as_deref() == Some(socket.as_path()) {
+                check_private_dir(dir)?;
             }
         }
         match std::fs::symlink_metadata(&socket) {
@@ -315,7 +363,9 @@ fn serve_one(engine: &Engine, devices: &[(String, u32)], stream: UnixStream) {
             Ok(_) if line.ends_with('\n') => match serde_json::from_str::<Request>(&line) {
                 Ok(req) => {
                     let reply = execute(engine, devices, &stream, reader, &req);
-                    served = devices.iter().find(|(u, _)| *u == req.device_uuid).map(|&(_, n)| n);
+                    if reply.ok {
+                        served = devices.iter().find(|(u, _)| *u == req.device_uuid).map(|&(_, n)| n);
+                    }
                     reply
                 }
                 Err(e) => refusal(format!("a malformed request: {e}")),
@@ -326,7 +376,7 @@ fn serve_one(engine: &Engine, devices: &[(String, u32)], stream: UnixStream) {
     });
     let mut text = serde_json::to_string(&reply).unwrap_or_else(|e| format!("{{\"ok\":false,\"error\":\"{e}\"}}"));
     text.push('\n');
-    if let Err(e) = (&stream).write_all(text.as_bytes()) {
+    if let Err(e) = send_all(&stream, text.as_bytes()) {
         tracing::debug!("answering a client: {e}");
     }
     let _ = stream.shutdown(std::net::Shutdown::Both);
@@ -379,14 +429,20 @@ fn execute<R: BufRead + Send>(
                 opened.lock().unwrap_or_else(|p| p.into_inner()).push(imported);
                 Ok(v)
             };
+            let _ = stream.set_read_timeout(Some(DEST_TIMEOUT));
             let refused =
                 receive_dests(lines, req, ordinal, targets, &mut open).err().filter(|_| !done.load(Ordering::Acquire));
+            let _ = stream.set_read_timeout(None);
             if let Some(why) = &refused {
                 targets.fail(why.clone());
                 return refused;
             }
             // Then the end of the connection: the client gave up (woken by the shutdown below once done).
-            let _ = (&*stream).read(&mut [0u8; 1]);
+            while let Err(e) = (&*stream).read(&mut [0u8; 1]) {
+                if e.kind() != std::io::ErrorKind::Interrupted {
+                    break;
+                }
+            }
             if !done.load(Ordering::Acquire) {
                 cancel.store(true, Ordering::Release);
                 targets.fail("the client ended the connection".into());
@@ -458,7 +514,10 @@ fn receive_dests<R: BufRead>(
         line.clear();
         match (&mut lines).take(4096).read_line(&mut line) {
             Ok(_) if line.ends_with('\n') => {}
-            Ok(_) => return Err("the client ended the connection before sending every destination".into()),
+            Ok(_) => return Err(CLIENT_STOPPED.into()),
+            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
+                return Err(format!("the client sent no destination for {} s", DEST_TIMEOUT.as_secs()));
+            }
             Err(e) => return Err(format!("reading a destination: {e}")),
         }
         let dl: DestLine = serde_json::from_str(&line).map_err(|e| format!("a malformed destination: {e}"))?;
@@ -518,6 +577,13 @@ impl GpuPath for ServerPath {
     ) -> Result<PathOutcome> {
         let local_reason = if !self.socket.exists() {
             Some("no load server listens there".to_string())
+        } else if req.dest_lens.is_empty() {
+            Some("nothing to read".to_string())
+        } else if req.opts.device_alloc.is_none() && !req.targets.is_published(0) {
+            // The engine allocates this load's memory itself, from the pool: no server could open it.
+            Some("this load's memory comes from the device's stream-ordered pool, which cannot be shared with another process (cuMemAlloc and torch's caching allocator can)".to_string())
+        } else if let Some(why) = unshareable_fixed_memory(req) {
+            Some(why)
         } else if req.observer.is_some() {
             Some("checksums are checked as bytes land, which only a local read can watch".to_string())
         } else if req.opts.faults.is_some() {
@@ -595,7 +661,14 @@ impl ServerPath {
         text.push('\n');
         let bytes = req.extents.iter().map(|e| e.len).sum();
         let stream = UnixStream::connect(&self.socket).map_err(|e| before("connecting", &e))?;
-        (&stream).write_all(text.as_bytes()).map_err(|e| before("sending the request", &e))?;
+        // SAFETY: getuid cannot fail.
+        let uid = unsafe { libc::getuid() };
+        match peer_uid(&stream) {
+            Ok(u) if u == uid => {}
+            Ok(u) => return Err(Declined::Before(format!("the server runs as uid {u}, not as this process's {uid}"))),
+            Err(e) => return Err(before("reading the server's credentials", &e)),
+        }
+        send_all(&stream, text.as_bytes()).map_err(|e| before("sending the request", &e))?;
         // From here the server may write into what is allocated: whatever happens, wait for its answer (or its exit)
         // before returning.
         let (allocated, sent) = std::thread::scope(|scope| {
@@ -607,32 +680,57 @@ impl ServerPath {
                 }
                 r
             });
-            let allocated = allocate();
-            if let Err(e) = &allocated {
-                req.targets.fail(format!("allocating the destinations failed: {e}"));
+            // A panic of the allocation is held until the server has answered (it may be writing meanwhile).
+            let allocated = std::panic::catch_unwind(std::panic::AssertUnwindSafe(&mut *allocate));
+            match &allocated {
+                Ok(Err(e)) => req.targets.fail(format!("allocating the destinations failed: {e}")),
+                Err(_) => req.targets.fail("allocating the destinations panicked".into()),
+                Ok(Ok(())) => {}
             }
             (allocated, sender.join().unwrap_or_else(|_| Err("the sending thread panicked".into())))
         });
         let reply = wait_reply(&stream, req.opts.cancel);
+        let allocated = allocated.unwrap_or_else(|panic| std::panic::resume_unwind(panic));
         if let Err(e) = allocated {
             return Err(Declined::Alloc(e));
         }
         let (reply, told) = reply.map_err(Declined::After)?;
         match reply {
-            Reply { ok: true, report, .. } if sent.is_ok() => Ok((report.unwrap_or(Value::Null), bytes)),
+            // (A destination the server no longer needed may have failed to send: the load is done all the same.)
+            Reply { ok: true, report, .. } => Ok((report.unwrap_or(Value::Null), bytes)),
             Reply { cancelled: true, .. } if told => Err(Declined::Cancelled),
-            Reply { error, .. } => Err(Declined::After(match sent {
-                Err(why) => why,
-                Ok(()) => format!("the server refused: {}", error.unwrap_or_else(|| "no reason given".into())),
+            // The server's reason, unless it only saw the client stop sending: then the client's.
+            Reply { error, .. } => Err(Declined::After(match (error, sent) {
+                (Some(e), Err(why)) if e.contains(CLIENT_STOPPED) => why,
+                (Some(e), _) => format!("the server refused: {e}"),
+                (None, Err(why)) => why,
+                (None, Ok(())) => "the server refused without a reason".into(),
             })),
         }
     }
 }
 
+/// For a read into memory the caller allocated already: why the server could not open it, if it could not (its first
+/// destination tried).
+fn unshareable_fixed_memory(req: &DeviceRead<'_>) -> Option<String> {
+    if !req.targets.is_published(0) {
+        return None;
+    }
+    let (ptr, len, _) = req.targets.wait(0).ok()?;
+    if len == 0 {
+        return None;
+    }
+    let _restore = weightlift_cuda::ContextRestore::save();
+    let exported =
+        req.gpu.bind().map_err(|e| e.to_string()).and_then(|()| ipc::export(req.gpu, ptr).map_err(|e| e.to_string()));
+    exported.err().map(|e| {
+        format!("this memory cannot be shared with another process (cuMemAlloc and torch's caching allocator can): {e}")
+    })
+}
+
 /// Sends each destination as it is published: its allocation exported once it has been made.
 fn send_dests(stream: &UnixStream, req: &DeviceRead<'_>) -> std::result::Result<(), String> {
     req.gpu.bind().map_err(|e| format!("binding the device: {e}"))?;
-    let mut out = std::io::BufWriter::new(stream);
     for d in 0..req.dest_lens.len() as u32 {
         let (ptr, len, generation) = req.targets.wait(d).map_err(|e| e.to_string())?;
         let line = if len == 0 {
@@ -647,19 +745,17 @@ fn send_dests(stream: &UnixStream, req: &DeviceRead<'_>) -> std::result::Result<
         };
         let mut text = serde_json::to_string(&line).map_err(|e| e.to_string())?;
         text.push('\n');
-        out.write_all(text.as_bytes()).map_err(|e| format!("sending destination {d}: {e}"))?;
-        // Sent at once when the next destination is not published yet: the server reads meanwhile.
-        if d as usize + 1 < req.dest_lens.len() && !req.targets.is_published(d + 1) {
-            out.flush().map_err(|e| format!("sending destination {d}: {e}"))?;
-        }
+        // One write per destination, so that the server can use each as soon as it is made.
+        send_all(stream, text.as_bytes()).map_err(|e| format!("sending destination {d}: {e}"))?;
     }
-    out.flush().map_err(|e| format!("sending the destinations: {e}"))
+    Ok(())
 }
 
 /// Waits for the server's answer line, telling the server once `cancel` is set (the client shuts its side of the
 /// connection, and the server stops and answers). `Err(why)`: no well-formed answer (the server exited).
 fn wait_reply(stream: &UnixStream, cancel: Option<&AtomicBool>) -> std::result::Result<(Reply, bool), String> {
-    stream.set_read_timeout(Some(CANCEL_POLL)).map_err(|e| format!("setting a timeout: {e}"))?;
+    // Without a timeout (should setting one fail) the wait still ends with the answer, only deaf to `cancel`.
+    let _ = stream.set_read_timeout(Some(CANCEL_POLL));
     let mut answer = Vec::new();
     let mut told = false;
     let mut buf = [0u8; 64 << 10];
@@ -691,6 +787,8 @@ fn wait_reply(stream: &UnixStream, cancel: Option<&AtomicBool>) -> std::result::
 
 #[cfg(test)]
 mod tests {
+    use std::io::Write;
+
     use super::*;
 
     #[test]
@@ -789,6 +887,29 @@ mod tests {
         let mut failing = |_: &[u8; ipc::HANDLE_BYTES]| Err("cuIpcOpenMemHandle failed".to_string());
         let why = refuse(vec![16], line(0, 5, 0), &mut failing);
         assert!(why.contains("opening destination 0: cuIpcOpenMemHandle failed"), "{why}");
+    }
+
+    #[test]
+    fn the_default_sockets_directory_must_be_this_users_alone() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path().join("weightlift");
+        std::fs::DirBuilder::new().mode(0o700).create(&d).unwrap();
+        check_private_dir(&d).unwrap();
+        std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let why = check_private_dir(&d).unwrap_err().to_string();
+        assert!(why.contains("only it may use (mode 700)") && why.contains("mode 755"), "{why}");
+        let f = dir.path().join("file");
+        std::fs::write(&f, b"x").unwrap();
+        std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o700)).unwrap();
+        assert!(check_private_dir(&f).unwrap_err().to_string().contains("not a directory"));
+    }
+
+    #[test]
+    fn writes_to_a_peer_that_went_away_fail_instead_of_signalling() {
+        let (a, b) = UnixStream::pair().unwrap();
+        drop(b);
+        let e = send_all(&a, b"hello\n").unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::BrokenPipe);
     }
 
     #[test]
