@@ -19,8 +19,6 @@ pub const HANDLE_BYTES: usize = 64;
 pub struct Exported {
     pub handle: [u8; HANDLE_BYTES],
     pub offset: u64,
-    /// Bytes of the whole allocation.
-    pub allocation_len: u64,
 }
 
 /// Exports the allocation holding `ptr` on `gpu` (whose context must be current on this thread).
@@ -43,7 +41,7 @@ pub fn export(gpu: &Gpu, ptr: u64) -> Result<Exported, CudaError> {
     for (out, &b) in handle.iter_mut().zip(h.reserved.iter()) {
         *out = b as u8;
     }
-    Ok(Exported { handle, offset: ptr - base, allocation_len: size as u64 })
+    Ok(Exported { handle, offset: ptr - base })
 }
 
 /// Another process's allocation, opened in this one; closed on drop.

@@ -289,11 +289,6 @@ impl Server {
         &self.socket
     }
 
-    /// The engine serving the loads (to prepare its devices).
-    pub fn engine(&self) -> &Arc<Engine> {
-        &self.engine
-    }
-
     /// `(uuid, ordinal)` of each device served.
     pub fn devices(&self) -> &[(String, u32)] {
         &self.devices
@@ -880,6 +875,15 @@ mod tests {
         assert!(why.contains("past the 1 the request has"), "{why}");
         let why = refuse(vec![16, 16], line(0, 5, 0), &mut open);
         assert!(why.contains("before sending every destination"), "{why}");
+        // A client that sends nothing while the server waits (the socket's read timeout passed).
+        struct Silent;
+        impl Read for Silent {
+            fn read(&mut self, _: &mut [u8]) -> std::io::Result<usize> {
+                Err(std::io::ErrorKind::WouldBlock.into())
+            }
+        }
+        let why = receive_dests(BufReader::new(Silent), &req(vec![16]), 0, &Targets::lazy(1), &mut open).unwrap_err();
+        assert!(why.contains("sent no destination for 30 s"), "{why}");
         let why = refuse(vec![16], "{\"d\": 0}\n".into(), &mut open);
         assert!(why.contains("a malformed destination"), "{why}");
         let why = refuse(vec![16], "{\"d\":0,\"handle\":\"xy\",\"offset\":0}\n".into(), &mut open);
