@@ -35,7 +35,18 @@ Every load of every method is checked after its clock stopped: each tensor's dty
 (positional sums on a GPU, CRC-32 on the host) are compared with those computed from a plain read of the upstream
 file; every copy (tmpfs, ``.pt``, shards) must hold the same tensors. A method that is absent, does not apply, or
 fails is listed under ``skipped`` with the reason. ``--methods`` keeps only methods whose name holds one of the
-given substrings.
+given substrings. Each weightlift result names the best peer of its case (``best_peer``: best over best, median
+over median).
+
+Before the loads, the run measures its ceilings (``ceilings``): on a GPU the pinned copy (one host→device copy of
+the checkpoint's size from pinned memory, best and median of ``max(5, --runs)``); with a cold case the disk (16
+parallel ``dd bs=16M iflag=direct`` over stripes of the file); with a warm, restart or host case the page cache
+(one ``dd bs=16M`` of the warm file, and 16 in parallel). ``goals`` then judges each goal of the bar in DESIGN.md
+by this run's figures alone: warm and tmpfs ``load_file`` ≥ 0.92 of the pinned copy, cold ≥ 0.97 of the disk
+(best over best); ``safe_open`` per key ≥ 0.9 of ``load_file`` in file order and ≥ 0.8 in random order, warm and
+cold; a restart ≥ 0.9 of the warm rate (median over median); a fresh process's first load ≤ 1.2× its second
+(median of the processes' ratios), each of these two without and with a load server; host loads ≥ 1.0×
+``np.fromfile`` (median of the pairs). A goal whose cases were not run says what it lacked.
 
 ``--make-upstream PATH --size 4GiB`` writes (or reuses, when its tensors already match) a llama-shaped checkpoint
 of random bf16 tensors with ``safetensors.torch.save_file``: upstream layout, tensor offsets not 4 KiB aligned.
@@ -635,6 +646,7 @@ class Run:
     results: list = field(default_factory=list)
     skipped: list = field(default_factory=list)
     method_filter: Optional[list] = None
+    ceilings: dict = field(default_factory=dict)
 
     def wanted(self, m: Method) -> bool:
         return not self.method_filter or any(w in m.name for w in self.method_filter)
@@ -1224,9 +1236,175 @@ def prepare_files(args: argparse.Namespace, families: list, ckpt: Checkpoint) ->
     return files
 
 
+# ---------------------------------------------------------------------------------------------------------------
+# Ceilings, measured in the same run, and the goals of the benchmark judged against them
+
+DD_BLOCK = 16 << 20
+
+
+def dd_rate(path: str, streams: int, direct: bool, runs: int) -> Optional[dict]:
+    """GB/s of `streams` parallel `dd bs=16M` over stripes of `path` (the whole file, to /dev/null), `runs` times:
+    with `direct`, `iflag=direct` (the disk, whatever the page cache holds); without, the page cache's read rate
+    (the file warmed first). None when dd is absent or refuses (O_DIRECT on a filesystem without it)."""
+    dd = shutil.which("dd")
+    if dd is None:
+        return None
+    size = os.path.getsize(path)
+    blocks = -(-size // DD_BLOCK)
+    per = -(-blocks // streams)
+    rates = []
+    for _ in range(runs):
+        if not direct:
+            warm([path])
+        t0 = time.perf_counter()
+        procs = [subprocess.Popen([dd, f"if={path}", "of=/dev/null", f"bs={DD_BLOCK}", f"skip={k * per}",
+                                   f"count={per}"] + (["iflag=direct"] if direct else []),
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                 for k in range(streams) if k * per < blocks]
+        errors = [p.communicate()[1] for p in procs]  # waits for each
+        dt = time.perf_counter() - t0
+        failed = [e for p, e in zip(procs, errors) if p.returncode != 0]
+        if failed:
+            log(f"  dd failed: {failed[0].decode(errors='replace').strip()}")
+            return None
+        rates.append(size / dt / 1e9)
+    return {"streams": streams, "direct": direct, "bytes": size, **summarize(rates)}
+
+
+def pinned_copy_rate(nbytes: int, dev: str, runs: int) -> dict:
+    """GB/s of one host→device copy of `nbytes` from pinned memory into device memory (torch), after one warm-up
+    copy: what the link gives a load that has its bytes in pinned memory already."""
+    host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+    dst = torch.empty(nbytes, dtype=torch.uint8, device=dev)
+    rates = []
+    try:
+        for i in range(runs + 1):
+            torch.cuda.synchronize(dev)
+            t0 = time.perf_counter()
+            dst.copy_(host, non_blocking=True)
+            torch.cuda.synchronize(dev)
+            if i:
+                rates.append(nbytes / (time.perf_counter() - t0) / 1e9)
+    finally:
+        del host, dst
+        release(dev)
+    return {"bytes": nbytes, **summarize(rates)}
+
+
+def measure_ceilings(run: Run, families: list, files: "Files", cold_why: Optional[str]) -> dict:
+    """The ceilings the goals are judged against, measured in this run before the loads: the pinned copy (GPU runs
+    with a warm or tmpfs case), the disk (16 parallel `dd iflag=direct`, with a cold case) and the page cache (one
+    `dd`, and 16 in parallel: how fast this host's CPUs copy out of its page cache)."""
+    out: dict = {}
+    runs = max(3, run.runs)
+    path = files.disk.ckpt.path
+    if run.dev.startswith("cuda") and set(families) & {"warm", "tmpfs", "restart", "first-load", "sharded"}:
+        out["pinned_copy"] = pinned_copy_rate(files.disk.ckpt.tensor_bytes, run.dev, max(5, runs))
+        log(f"ceiling pinned copy: best {out['pinned_copy']['best']:.2f} GB/s, median {out['pinned_copy']['median']:.2f}")
+    if "cold" in families and not cold_why:
+        out["disk_direct_dd16"] = dd_rate(path, 16, True, runs)
+    if set(families) & {"warm", "restart", "host"}:
+        out["page_cache_dd1"] = dd_rate(path, 1, False, runs)
+        out["page_cache_dd16"] = dd_rate(path, 16, False, runs)
+    for k in ("disk_direct_dd16", "page_cache_dd1", "page_cache_dd16"):
+        if k in out:
+            if out[k] is None:
+                out[k] = "dd absent or refused"
+            else:
+                log(f"ceiling {k}: best {out[k]['best']:.2f} GB/s, median {out[k]['median']:.2f}")
+    return out
+
+
+def result_of(results: list, case: str, method: str) -> Optional[dict]:
+    return next((r for r in results if r["case"] == case and r["method"] == method), None)
+
+
+def best_peers(results: list) -> None:
+    """Adds to each weightlift result the best peer of the same case and the ratios to it (best over best, median
+    over median)."""
+    for r in results:
+        if r["peer"]:
+            continue
+        peers = [p for p in results if p["peer"] and p["case"] == r["case"]]
+        if not peers:
+            continue
+        top = max(peers, key=lambda p: p["best"])
+        r["best_peer"] = {"method": top["method"], "best": top["best"], "median": top["median"],
+                          "ratio_best": round(r["best"] / top["best"], 4),
+                          "ratio_median": round(r["median"] / max(p["median"] for p in peers), 4)}
+
+
+FIRST_LOAD = "first-load (fresh process, warm file)"
+HOST = "host, fresh memory, warm file (interleaved pairs)"
+
+
+def goals(results: list, ceilings: dict) -> list:
+    """Each goal of the benchmark (DESIGN.md's bar) with this run's figure, its basis, and whether it holds; a goal
+    this run did not measure says what it lacked."""
+    wl, srv = "weightlift.load_file", WL_SERVER.name
+    out = []
+
+    def goal(name: str, bar: str, figure: Optional[float], basis: str, holds: Callable[[float], bool],
+             lacking: str) -> None:
+        g: dict = {"goal": name, "bar": bar, "basis": basis}
+        if figure is None:
+            g["not_measured"] = lacking
+        else:
+            g["figure"] = round(figure, 4)
+            g["met"] = bool(holds(figure))
+        out.append(g)
+
+    def stat(case: str, method: str, key: str = "median") -> Optional[float]:
+        r = result_of(results, case, method)
+        return None if r is None else r[key]
+
+    def ratio(a: Optional[float], b: Optional[float]) -> Optional[float]:
+        return None if a is None or b is None or not b else a / b
+
+    pinned = ceilings.get("pinned_copy")
+    pinned_best = pinned["best"] if isinstance(pinned, dict) else None
+    for case in ("warm", "tmpfs"):
+        goal(f"{case}: load_file / pinned copy ceiling", ">= 0.92", ratio(stat(case, wl, "best"), pinned_best),
+             "best over the ceiling's best", lambda x: x >= 0.92, f"a {case} load_file and a pinned copy ceiling")
+    disk = ceilings.get("disk_direct_dd16")
+    goal("cold: load_file / disk ceiling (16 x dd iflag=direct)", ">= 0.97",
+         ratio(stat("cold", wl, "best"), disk["best"] if isinstance(disk, dict) else None),
+         "best over the ceiling's best", lambda x: x >= 0.97, "a cold load_file and the disk ceiling")
+    for case in ("warm", "cold"):
+        for order, bar in (("file", 0.9), ("random", 0.8)):
+            goal(f"{case}: safe_open get_tensor per key, {order} order / load_file", f">= {bar}",
+                 ratio(stat(case, f"weightlift.safe_open get_tensor {order}-order"), stat(case, wl)),
+                 "median over median", lambda x, b=bar: x >= b, f"{case} safe_open and load_file")
+    for method, label in ((wl, "own process"), (srv, "through a load server")):
+        goal(f"restart after a cold load, {label} / warm load_file", ">= 0.9",
+             ratio(stat("restart", method), stat("warm", wl)), "median over median", lambda x: x >= 0.9,
+             "a restart and a warm load_file")
+        r = result_of(results, FIRST_LOAD, method)
+        goal(f"first load of a fresh process / its second load, {label}", "<= 1.2",
+             None if r is None else r["median_first_to_second_time_ratio"], "median of the processes' time ratios",
+             lambda x: x <= 1.2, "a first-load case")
+    r = result_of(results, HOST, wl)
+    goal("host: load_file into fresh memory / np.fromfile", ">= 1.0",
+         None if r is None else r.get("median_ratio_to_np_fromfile"), "median of interleaved pairs' rate ratios",
+         lambda x: x >= 1.0, "the host case")
+    return out
+
+
+def log_goals(gs: list) -> None:
+    for g in gs:
+        if "figure" in g:
+            log(f"goal {'met    ' if g['met'] else 'NOT met'} {g['figure']:8.3f} (bar {g['bar']}, {g['basis']}): {g['goal']}")
+        else:
+            log(f"goal not measured (needs {g['not_measured']}): {g['goal']}")
+
+
 def run_families(run: Run, args: argparse.Namespace, families: list, files: Files, ref_file: str) -> dict:
     cold_why = cold_unavailable(args.cold)
     seconds = {}
+    t0 = time.perf_counter()
+    log("== ceilings")
+    run.ceilings = measure_ceilings(run, families, files, cold_why)
+    seconds["ceilings"] = round(time.perf_counter() - t0, 1)
     for fam in families:
         t0 = time.perf_counter()
         log(f"== {fam}")
@@ -1293,12 +1471,15 @@ def bench(args: argparse.Namespace, families: list) -> dict:
                 os.remove(p)
         if os.path.isdir(args.shm_dir) and not os.listdir(args.shm_dir):
             os.rmdir(args.shm_dir)
+    best_peers(run.results)
+    run_goals = goals(run.results, run.ceilings)
+    log_goals(run_goals)
     out.update({
         "runs": args.runs, "cases": families, "cold_method": args.cold, "seed": args.seed,
         "kvikio_threads": args.kvikio_threads,
         "checks": "each load's tensors: dtype, shape and checksum of the bytes against a plain read of the upstream "
                   "file, after the clock stopped",
-        "results": run.results, "skipped": run.skipped,
+        "ceilings": run.ceilings, "results": run.results, "goals": run_goals, "skipped": run.skipped,
         "elapsed_s": round(time.perf_counter() - started, 1),
     })
     return out

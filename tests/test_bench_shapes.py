@@ -94,6 +94,60 @@ def test_host_run_is_well_formed_and_verified(upstream: Path, tmp_path: Path) ->
         assert r["verified"] is True
         assert r["best"] >= r["median"] > 0 and len(r["runs_gbps"]) >= 1
     assert not (tmp_path / "shm" / upstream.name).exists(), "tmpfs copies are removed at exit"
+    # The run measured the page cache's ceiling itself (no GPU: no pinned copy), named each case's best peer, and
+    # judged the host goal by its own pairs; the goals it had no cases for say so.
+    dd1 = out["ceilings"]["page_cache_dd1"]
+    assert dd1["bytes"] == upstream.stat().st_size and dd1["best"] >= dd1["median"] > 0
+    assert "pinned_copy" not in out["ceilings"]
+    warm = next(r for r in out["results"] if (r["method"], r["case"]) == ("weightlift.load_file", "warm"))
+    assert warm["best_peer"]["method"] == "safetensors.load_file"
+    assert warm["best_peer"]["ratio_best"] == pytest.approx(warm["best"] / warm["best_peer"]["best"], rel=1e-3)
+    goals = {g["goal"]: g for g in out["goals"]}
+    host = goals["host: load_file into fresh memory / np.fromfile"]
+    pairs = next(r for r in out["results"] if r["method"] == "weightlift.load_file" and r["case"].startswith("host"))
+    assert host["figure"] == pairs["median_ratio_to_np_fromfile"] and host["met"] == (host["figure"] >= 1.0)
+    assert "not_measured" in goals["warm: load_file / pinned copy ceiling"]
+    assert "not_measured" in goals["restart after a cold load, through a load server / warm load_file"]
+
+
+def test_goals_are_judged_by_the_runs_own_figures() -> None:
+    def result(method: str, case: str, best: float, median: float, **extra: object) -> dict:
+        return {"method": method, "case": case, "peer": not method.startswith("weightlift"), "best": best,
+                "median": median, **extra}
+
+    wl = "weightlift.load_file"
+    results = [
+        result(wl, "warm", 50.0, 45.0), result(wl, "tmpfs", 40.0, 39.0), result(wl, "cold", 2.0, 1.9),
+        result("weightlift.safe_open get_tensor file-order", "warm", 44.0, 41.0),
+        result("weightlift.safe_open get_tensor random-order", "warm", 30.0, 35.0),
+        result(wl, "restart", 43.0, 40.0), result(shapes.WL_SERVER.name, "restart", 44.0, 41.0),
+        result(wl, shapes.FIRST_LOAD, 30.0, 29.0, median_first_to_second_time_ratio=1.35),
+        result(shapes.WL_SERVER.name, shapes.FIRST_LOAD, 40.0, 39.0, median_first_to_second_time_ratio=1.1),
+        result(wl, shapes.HOST, 9.0, 8.0, median_ratio_to_np_fromfile=0.97),
+        result("kvikio pread", "warm", 52.0, 40.0),
+    ]
+    ceilings = {"pinned_copy": {"best": 54.0, "median": 53.0}, "disk_direct_dd16": {"best": 1.5, "median": 1.4}}
+    got = {g["goal"]: g for g in shapes.goals(results, ceilings)}
+    expect = {
+        "warm: load_file / pinned copy ceiling": (50 / 54, True),
+        "tmpfs: load_file / pinned copy ceiling": (40 / 54, False),
+        "cold: load_file / disk ceiling (16 x dd iflag=direct)": (2.0 / 1.5, True),
+        "warm: safe_open get_tensor per key, file order / load_file": (41 / 45, True),
+        "warm: safe_open get_tensor per key, random order / load_file": (35 / 45, False),
+        "restart after a cold load, own process / warm load_file": (40 / 45, False),
+        "restart after a cold load, through a load server / warm load_file": (41 / 45, True),
+        "first load of a fresh process / its second load, own process": (1.35, False),
+        "first load of a fresh process / its second load, through a load server": (1.1, True),
+        "host: load_file into fresh memory / np.fromfile": (0.97, False),
+    }
+    for name, (figure, met) in expect.items():
+        assert got[name]["figure"] == pytest.approx(figure, abs=1e-4), name
+        assert got[name]["met"] is met, name
+    assert "not_measured" in got["cold: safe_open get_tensor per key, file order / load_file"]
+    shapes.best_peers(results)
+    assert results[0]["best_peer"] == {"method": "kvikio pread", "best": 52.0, "median": 40.0,
+                                       "ratio_best": round(50 / 52, 4), "ratio_median": round(45 / 40, 4)}
+    assert "best_peer" not in results[1]  # no peer measured tmpfs
 
 
 def test_positional_checksum_of_an_odd_start_equals_that_of_a_copy() -> None:
