@@ -172,6 +172,42 @@ def test_a_server_that_died_leaves_loads_to_this_process(tmp_path, server):
 
 
 @pytest.mark.skipif(not GPU, reason="needs a CUDA device")
+def test_a_server_at_its_limit_refuses_and_the_load_is_read_here(tmp_path, server):
+    f = tmp_path / "w.safetensors"
+    ref = _checkpoint(f)
+    eng = _core.new_engine(server=str(server.path))
+    # 64 connections that never send a request hold every slot (until they close, or for 30 s).
+    idle = []
+    try:
+        for _ in range(64):
+            c = socket.socket(socket.AF_UNIX)
+            c.connect(str(server.path))
+            idle.append(c)
+        deadline = time.monotonic() + 10
+        while True:  # the server accepts them in turn; the load after the last one accepted is refused
+            _same(wst.load_file(f, device="cuda:0", engine=eng), ref)
+            rep = weightlift.last_report()
+            if rep["backend"] != "server":
+                break
+            assert time.monotonic() < deadline, "the server never reached its limit"
+            time.sleep(0.05)
+        assert rep["server"]["used"] is False, rep["server"]
+        assert "the server is busy: 64 connections" in rep["server"]["reason"], rep["server"]
+    finally:
+        for c in idle:
+            c.close()
+    # The slots come back as those connections end: the server serves again.
+    deadline = time.monotonic() + 10
+    while True:
+        _same(wst.load_file(f, device="cuda:0", engine=eng), ref)
+        if weightlift.last_report()["backend"] == "server":
+            break
+        assert time.monotonic() < deadline, weightlift.last_report()["server"]
+        time.sleep(0.05)
+    assert server.proc.poll() is None
+
+
+@pytest.mark.skipif(not GPU, reason="needs a CUDA device")
 def test_a_second_server_on_the_same_socket_is_refused(tmp_path, server):
     p = subprocess.run([sys.executable, "-m", "weightlift", "serve", "--socket", str(server.path)],
                        capture_output=True, text=True, timeout=120)

@@ -33,7 +33,7 @@ use std::os::unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt, PermissionsExt}
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
@@ -60,6 +60,12 @@ const STOP_POLL_MS: i32 = 200;
 const DEST_TIMEOUT: Duration = Duration::from_secs(30);
 /// How often a waiting client looks at its cancel flag.
 const CANCEL_POLL: Duration = Duration::from_millis(50);
+/// Connections a server serves at once, each on a thread of its own; one past it is answered at once with a
+/// refusal (its client reads by itself), so that a crowd of clients, or of connections that never send, cannot
+/// make the server start threads without end.
+pub const MAX_REQUESTS: usize = 64;
+/// Longest wait of a server for a client's request line.
+const REQUEST_TIMEOUT: Duration = DEST_TIMEOUT;
 
 /// Where a server listens unless told otherwise: `$XDG_RUNTIME_DIR/weightlift/server.sock`, or
 /// `/tmp/weightlift-UID/server.sock` without a runtime directory.
@@ -294,9 +300,11 @@ impl Server {
         &self.devices
     }
 
-    /// Serves connections, each on a thread of its own, until `stop` is set (looked at every 200 ms).
+    /// Serves connections, each on a thread of its own (at most [`MAX_REQUESTS`] at once), until `stop` is set
+    /// (looked at every 200 ms).
     pub fn run(&self, stop: &AtomicBool) -> Result<()> {
         let fd = self.listener.as_raw_fd();
+        let admission = Admission::new(MAX_REQUESTS);
         while !stop.load(Ordering::Relaxed) {
             let mut p = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
             // SAFETY: one valid pollfd.
@@ -318,9 +326,15 @@ impl Server {
                     continue;
                 }
             };
+            let Some(admitted) = admission.admit() else {
+                refuse_busy(&stream, MAX_REQUESTS);
+                continue;
+            };
             let (engine, devices) = (self.engine.clone(), self.devices.clone());
-            let spawned =
-                std::thread::Builder::new().name("wl-serve".into()).spawn(move || serve_one(&engine, &devices, stream));
+            let spawned = std::thread::Builder::new().name("wl-serve".into()).spawn(move || {
+                let _admitted = admitted; // the slot is free again when the connection is done (or panicked)
+                serve_one(&engine, &devices, stream)
+            });
             if let Err(e) = spawned {
                 tracing::warn!("starting a thread for a connection: {e}");
             }
@@ -338,6 +352,49 @@ impl Drop for Server {
     }
 }
 
+/// Counts the connections being served, up to a limit.
+struct Admission {
+    active: Arc<AtomicUsize>,
+    limit: usize,
+}
+
+/// One admitted connection's slot, given back when dropped.
+struct Admitted(Arc<AtomicUsize>);
+
+impl Drop for Admitted {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+impl Admission {
+    fn new(limit: usize) -> Admission {
+        Admission { active: Arc::new(AtomicUsize::new(0)), limit }
+    }
+
+    /// A slot, unless `limit` connections hold one.
+    fn admit(&self) -> Option<Admitted> {
+        self.active
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < self.limit).then_some(n + 1))
+            .ok()
+            .map(|_| Admitted(self.active.clone()))
+    }
+}
+
+/// Answers a connection past the limit at once, on the accepting thread, without reading its request: the
+/// answer waits in the client's socket, which reads it even after this side has closed.
+fn refuse_busy(stream: &UnixStream, limit: usize) {
+    let reply = refusal(format!("the server is busy: {limit} connections are being served, its limit"));
+    let mut text = serde_json::to_string(&reply).unwrap_or_else(|e| format!("{{\"ok\":false,\"error\":\"{e}\"}}"));
+    text.push('\n');
+    // A fresh socket's buffer takes the line at once; the timeout only bounds a pathological peer.
+    let _ = stream.set_write_timeout(Some(Duration::from_millis(100)));
+    if let Err(e) = send_all(stream, text.as_bytes()) {
+        tracing::debug!("answering a client past the limit: {e}");
+    }
+    let _ = stream.shutdown(std::net::Shutdown::Both);
+}
+
 fn server_err(path: &Path, what: &str, e: std::io::Error) -> Error {
     Error::Server(format!("{}: {what}: {e}", path.display()))
 }
@@ -352,6 +409,8 @@ fn serve_one(engine: &Engine, devices: &[(String, u32)], stream: UnixStream) {
     };
     let mut served = None;
     let reply = reply.unwrap_or_else(|| {
+        // A client that connects and never sends would otherwise hold its thread and its slot for good.
+        let _ = stream.set_read_timeout(Some(REQUEST_TIMEOUT));
         let mut reader = BufReader::new(&stream);
         let mut line = String::new();
         match (&mut reader).take(MAX_REQUEST_BYTES).read_line(&mut line) {
@@ -663,7 +722,7 @@ impl ServerPath {
             Ok(u) => return Err(Declined::Before(format!("the server runs as uid {u}, not as this process's {uid}"))),
             Err(e) => return Err(before("reading the server's credentials", &e)),
         }
-        send_all(&stream, text.as_bytes()).map_err(|e| before("sending the request", &e))?;
+        send_request(&stream, text.as_bytes())?;
         // From here the server may write into what is allocated: whatever happens, wait for its answer (or its exit)
         // before returning.
         let (allocated, sent) = std::thread::scope(|scope| {
@@ -703,6 +762,21 @@ impl ServerPath {
             })),
         }
     }
+}
+
+/// Sends the request line. A server that refused the connection at once (busy) has closed it: its answer, waiting
+/// in the socket, is the reason rather than the broken pipe.
+fn send_request(stream: &UnixStream, text: &[u8]) -> std::result::Result<(), Declined> {
+    let Err(e) = send_all(stream, text) else {
+        return Ok(());
+    };
+    if matches!(e.kind(), std::io::ErrorKind::BrokenPipe | std::io::ErrorKind::ConnectionReset) {
+        // The peer has closed: this read ends at once, with its answer or with nothing.
+        if let Ok((Reply { error: Some(why), .. }, _)) = wait_reply(stream, None) {
+            return Err(Declined::Before(format!("the server refused: {why}")));
+        }
+    }
+    Err(Declined::Before(format!("sending the request: {e}")))
 }
 
 /// For a read into memory the caller allocated already: why the server could not open it, if it could not (its first
@@ -914,6 +988,51 @@ mod tests {
         drop(b);
         let e = send_all(&a, b"hello\n").unwrap_err();
         assert_eq!(e.kind(), std::io::ErrorKind::BrokenPipe);
+    }
+
+    #[test]
+    fn connections_past_the_limit_are_not_admitted_until_a_slot_comes_back() {
+        let admission = Admission::new(2);
+        let a = admission.admit().expect("first");
+        let b = admission.admit().expect("second");
+        assert!(admission.admit().is_none(), "a third connection past a limit of 2");
+        drop(a);
+        let c = admission.admit().expect("a slot given back is taken again");
+        assert!(admission.admit().is_none());
+        drop((b, c));
+        assert_eq!(admission.active.load(Ordering::Acquire), 0);
+        // A serving thread that panics gives its slot back too.
+        let held = admission.admit().unwrap();
+        let _ = std::thread::spawn(move || {
+            let _held = held;
+            panic!("a serving thread panics");
+        })
+        .join();
+        assert_eq!(admission.active.load(Ordering::Acquire), 0);
+    }
+
+    #[test]
+    fn a_client_refused_as_busy_reports_the_servers_reason_not_the_broken_pipe() {
+        let request = vec![b'x'; 1 << 20]; // more than the socket holds: the send meets the closed side
+        let (client, server) = UnixStream::pair().unwrap();
+        refuse_busy(&server, MAX_REQUESTS);
+        drop(server);
+        match send_request(&client, &request) {
+            Err(Declined::Before(why)) => {
+                assert!(why.starts_with("the server refused: the server is busy: 64 connections"), "{why}")
+            }
+            _ => panic!("expected a refusal before anything was sent"),
+        }
+        // A server gone without an answer: the broken pipe is the reason.
+        let (client, server) = UnixStream::pair().unwrap();
+        drop(server);
+        match send_request(&client, &request) {
+            Err(Declined::Before(why)) => assert!(why.starts_with("sending the request: "), "{why}"),
+            _ => panic!("expected the send to fail"),
+        }
+        // A request the socket takes whole while the server is there: sent.
+        let (client, _server) = UnixStream::pair().unwrap();
+        assert!(send_request(&client, b"{}\n").is_ok());
     }
 
     #[test]
