@@ -100,6 +100,7 @@ def test_host_run_is_well_formed_and_verified(upstream: Path, tmp_path: Path) ->
     assert dd1["bytes"] == upstream.stat().st_size and dd1["best"] >= dd1["median"] > 0
     read16 = out["ceilings"]["page_cache_read16"]
     assert read16["threads"] == 16 and read16["bytes"] == dd1["bytes"] and read16["best"] >= read16["median"] > 0
+    assert out["ceilings"]["tmpfs_read16"]["bytes"] == dd1["bytes"]
     assert "pinned_copy" not in out["ceilings"]
     warm = next(r for r in out["results"] if (r["method"], r["case"]) == ("weightlift.load_file", "warm"))
     assert warm["best_peer"]["method"] == "safetensors.load_file"
