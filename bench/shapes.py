@@ -43,9 +43,9 @@ the checkpoint's size from pinned memory, best and median of ``max(5, --runs)``)
 parallel ``dd bs=16M iflag=direct`` over stripes of the file); with a warm, restart or host case the page cache
 (one ``dd bs=16M`` of the warm file; 16 threads reading stripes of it in 16 MiB ``preadv`` calls into buffers of
 their own; with a tmpfs case, the same 16 threads on the tmpfs copy). ``goals`` then judges each goal of the bar
-in DESIGN.md by this run's figures alone: warm and tmpfs ``load_file`` ≥ 0.92 of the pinned copy, cold ≥ 0.97 of the disk
-(best over best); ``safe_open`` per key ≥ 0.9 of ``load_file`` in file order and ≥ 0.8 in random order, warm and
-cold; a restart ≥ 0.9 of the warm rate (median over median); a fresh process's first load ≤ 1.2× its second
+in DESIGN.md by this run's figures alone: warm and tmpfs ``load_file`` ≥ 0.92 of the pinned copy, cold ≥ 0.97
+of the disk (best over best); ``safe_open`` per key ≥ 0.9 of ``load_file`` in file order and ≥ 0.8 in random
+order, warm and cold; a restart ≥ 0.9 of the warm rate (median over median); a fresh process's first load ≤ 1.2× its second
 (median of the processes' ratios), each of these two without and with a load server; host loads ≥ 1.0×
 ``np.fromfile`` (median of the pairs). A goal whose cases were not run says what it lacked.
 
@@ -1339,7 +1339,8 @@ def measure_ceilings(run: Run, families: list, files: "Files", cold_why: Optiona
     path = files.disk.ckpt.path
     if run.dev.startswith("cuda") and set(families) & {"warm", "tmpfs", "restart", "first-load", "sharded"}:
         out["pinned_copy"] = pinned_copy_rate(files.disk.ckpt.tensor_bytes, run.dev, max(5, runs))
-        log(f"ceiling pinned copy: best {out['pinned_copy']['best']:.2f} GB/s, median {out['pinned_copy']['median']:.2f}")
+        pinned = out["pinned_copy"]
+        log(f"ceiling pinned copy: best {pinned['best']:.2f} GB/s, median {pinned['median']:.2f}")
     if "cold" in families and not cold_why:
         out["disk_direct_dd16"] = dd_rate(path, 16, True, runs)
     if set(families) & {"warm", "restart", "host"}:
@@ -1434,7 +1435,8 @@ def goals(results: list, ceilings: dict) -> list:
 def log_goals(gs: list) -> None:
     for g in gs:
         if "figure" in g:
-            log(f"goal {'met    ' if g['met'] else 'NOT met'} {g['figure']:8.3f} (bar {g['bar']}, {g['basis']}): {g['goal']}")
+            verdict = "met    " if g["met"] else "NOT met"
+            log(f"goal {verdict} {g['figure']:8.3f} (bar {g['bar']}, {g['basis']}): {g['goal']}")
         else:
             log(f"goal not measured (needs {g['not_measured']}): {g['goal']}")
 
