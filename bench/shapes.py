@@ -40,10 +40,11 @@ over median).
 
 Before the loads, the run measures its ceilings (``ceilings``): on a GPU the pinned copy (one host→device copy of
 the checkpoint's size from pinned memory, best and median of ``max(5, --runs)``); with a cold case the disk (16
-parallel ``dd bs=16M iflag=direct`` over stripes of the file); with a warm, restart or host case the page cache
+parallel ``dd bs=16M iflag=direct`` over stripes of the file, and 16 threads reading it through the page cache
+after the caches are dropped: the cold goal takes the faster); with a warm, restart or host case the page cache
 (one ``dd bs=16M`` of the warm file; 16 threads reading stripes of it in 16 MiB ``preadv`` calls into buffers of
 their own; with a tmpfs case, the same 16 threads on the tmpfs copy). ``goals`` then judges each goal of the bar
-in DESIGN.md by this run's figures alone: warm and tmpfs ``load_file`` ≥ 0.92 of the pinned copy, cold ≥ 0.97
+(the README's Performance section) by this run's figures alone: warm and tmpfs ``load_file`` ≥ 0.92 of the pinned copy, cold ≥ 0.97
 of the disk (best over best); ``safe_open`` per key ≥ 0.9 of ``load_file`` in file order and ≥ 0.8 in random
 order, warm and cold; a restart ≥ 0.9 of the warm rate (median over median); a fresh process's first load ≤ 1.2× its second
 (median of the processes' ratios), each of these two without and with a load server; host loads ≥ 1.0×
@@ -1292,10 +1293,11 @@ def pinned_copy_rate(nbytes: int, dev: str, runs: int) -> dict:
     return {"bytes": nbytes, **summarize(rates)}
 
 
-def parallel_read_rate(path: str, threads: int, runs: int) -> dict:
-    """GB/s of `threads` threads reading the warm file in 16 MiB `preadv` calls, each its own stripe into its own
-    buffer (allocated and touched before the clock): how fast this host's CPUs copy out of its page cache, the
-    host side of a warm load (dd processes would time their own start-up at these sizes)."""
+def parallel_read_rate(path: str, threads: int, runs: int, before: Optional[Callable[[], None]] = None) -> dict:
+    """GB/s of `threads` threads reading the file in 16 MiB `preadv` calls, each its own stripe into its own buffer
+    (allocated and touched before the clock), after `before()` (default: the file warmed): how fast this host's CPUs
+    copy out of its page cache, the host side of a warm load (dd processes would time their own start-up at these
+    sizes); with the caches dropped before, how fast the disk gives buffered reads. A thread's error is raised."""
     import threading
 
     size = os.path.getsize(path)
@@ -1306,23 +1308,29 @@ def parallel_read_rate(path: str, threads: int, runs: int) -> dict:
     fd = os.open(path, os.O_RDONLY)
     rates = []
     try:
-        def read(k: int) -> None:
-            view = memoryview(bufs[k])
-            off, end = k * stripe, min(size, (k + 1) * stripe)
-            while off < end:
-                n = os.preadv(fd, [view[:min(len(view), end - off)]], off)
-                if n <= 0:
-                    raise OSError(f"short read at {off} of {path}")
-                off += n
+        def read(k: int, errors: list) -> None:
+            try:
+                view = memoryview(bufs[k])
+                off, end = k * stripe, min(size, (k + 1) * stripe)
+                while off < end:
+                    n = os.preadv(fd, [view[:min(len(view), end - off)]], off)
+                    if n <= 0:
+                        raise OSError(f"short read at {off} of {path}")
+                    off += n
+            except BaseException as e:  # handed to the timing thread
+                errors.append(e)
 
         for _ in range(runs):
-            warm([path])
-            workers = [threading.Thread(target=read, args=(k,)) for k in range(threads)]
+            (before or (lambda: warm([path])))()
+            errors: list = []
+            workers = [threading.Thread(target=read, args=(k, errors)) for k in range(threads)]
             t0 = time.perf_counter()
             for w in workers:
                 w.start()
             for w in workers:
                 w.join()
+            if errors:
+                raise errors[0]
             rates.append(size / (time.perf_counter() - t0) / 1e9)
     finally:
         os.close(fd)
@@ -1331,24 +1339,25 @@ def parallel_read_rate(path: str, threads: int, runs: int) -> dict:
 
 def measure_ceilings(run: Run, families: list, files: "Files", cold_why: Optional[str]) -> dict:
     """The ceilings the goals are judged against, measured in this run before the loads: the pinned copy (GPU runs
-    with a warm or tmpfs case), the disk (16 parallel `dd iflag=direct`, with a cold case) and the page cache (one
-    `dd`, and 16 threads reading in parallel: how fast this host's CPUs copy out of its page cache; the same
-    threads on the tmpfs copy)."""
+    with a warm or tmpfs case), the disk (with a cold case: 16 parallel `dd iflag=direct`, and 16 threads reading
+    through the page cache after the caches are dropped) and the page cache (one `dd`, and 16 threads reading in
+    parallel: how fast this host's CPUs copy out of its page cache; the same threads on the tmpfs copy)."""
     out: dict = {}
     runs = max(3, run.runs)
     path = files.disk.ckpt.path
-    if run.dev.startswith("cuda") and set(families) & {"warm", "tmpfs", "restart", "first-load", "sharded"}:
+    if run.dev.startswith("cuda") and set(families) & {"warm", "tmpfs"}:
         out["pinned_copy"] = pinned_copy_rate(files.disk.ckpt.tensor_bytes, run.dev, max(5, runs))
         pinned = out["pinned_copy"]
         log(f"ceiling pinned copy: best {pinned['best']:.2f} GB/s, median {pinned['median']:.2f}")
     if "cold" in families and not cold_why:
         out["disk_direct_dd16"] = dd_rate(path, 16, True, runs)
+        out["disk_buffered_read16"] = parallel_read_rate(path, 16, runs, lambda: drop_caches([path], run.cold))
     if set(families) & {"warm", "restart", "host"}:
         out["page_cache_dd1"] = dd_rate(path, 1, False, runs)
         out["page_cache_read16"] = parallel_read_rate(path, 16, runs)
     if "tmpfs" in families and files.tmpfs is not None:
         out["tmpfs_read16"] = parallel_read_rate(files.tmpfs.ckpt.path, 16, runs)
-    for k in ("disk_direct_dd16", "page_cache_dd1", "page_cache_read16", "tmpfs_read16"):
+    for k in ("disk_direct_dd16", "disk_buffered_read16", "page_cache_dd1", "page_cache_read16", "tmpfs_read16"):
         if k in out:
             if out[k] is None:
                 out[k] = "dd absent or refused"
@@ -1362,8 +1371,8 @@ def result_of(results: list, case: str, method: str) -> Optional[dict]:
 
 
 def best_peers(results: list) -> None:
-    """Adds to each weightlift result the best peer of the same case and the ratios to it (best over best, median
-    over median)."""
+    """Adds to each weightlift result the best peer of the same case (by its best run) and the ratios: best over
+    that peer's best, median over the highest median of the case's peers (``median_method``)."""
     for r in results:
         if r["peer"]:
             continue
@@ -1371,9 +1380,11 @@ def best_peers(results: list) -> None:
         if not peers:
             continue
         top = max(peers, key=lambda p: p["best"])
+        steady = max(peers, key=lambda p: p["median"])  # the peer of the best median may be another
         r["best_peer"] = {"method": top["method"], "best": top["best"], "median": top["median"],
                           "ratio_best": round(r["best"] / top["best"], 4),
-                          "ratio_median": round(r["median"] / max(p["median"] for p in peers), 4)}
+                          "median_method": steady["method"],
+                          "ratio_median": round(r["median"] / steady["median"], 4)}
 
 
 FIRST_LOAD = "first-load (fresh process, warm file)"
@@ -1381,7 +1392,7 @@ HOST = "host, fresh memory, warm file (interleaved pairs)"
 
 
 def goals(results: list, ceilings: dict) -> list:
-    """Each goal of the benchmark (DESIGN.md's bar) with this run's figure, its basis, and whether it holds; a goal
+    """Each goal of the benchmark's bar (the README's Performance section) with this run's figure, its basis, and whether it holds; a goal
     this run did not measure says what it lacked."""
     wl, srv = "weightlift.load_file", WL_SERVER.name
     out = []
@@ -1394,6 +1405,8 @@ def goals(results: list, ceilings: dict) -> list:
         else:
             g["figure"] = round(figure, 4)
             g["met"] = bool(holds(figure))
+            if "ceiling" in name and figure > 1.0:
+                g["above_ceiling"] = "the load beat its ceiling: the ceiling understates what the machine gives"
         out.append(g)
 
     def stat(case: str, method: str, key: str = "median") -> Optional[float]:
@@ -1408,9 +1421,10 @@ def goals(results: list, ceilings: dict) -> list:
     for case in ("warm", "tmpfs"):
         goal(f"{case}: load_file / pinned copy ceiling", ">= 0.92", ratio(stat(case, wl, "best"), pinned_best),
              "best over the ceiling's best", lambda x: x >= 0.92, f"a {case} load_file and a pinned copy ceiling")
-    disk = ceilings.get("disk_direct_dd16")
-    goal("cold: load_file / disk ceiling (16 x dd iflag=direct)", ">= 0.97",
-         ratio(stat("cold", wl, "best"), disk["best"] if isinstance(disk, dict) else None),
+    disks = [c["best"] for c in (ceilings.get("disk_direct_dd16"), ceilings.get("disk_buffered_read16"))
+             if isinstance(c, dict)]
+    goal("cold: load_file / disk ceiling (the faster of 16 x dd iflag=direct and 16 buffered readers)", ">= 0.97",
+         ratio(stat("cold", wl, "best"), max(disks) if disks else None),
          "best over the ceiling's best", lambda x: x >= 0.97, "a cold load_file and the disk ceiling")
     for case in ("warm", "cold"):
         for order, bar in (("file", 0.9), ("random", 0.8)):
@@ -1436,7 +1450,8 @@ def log_goals(gs: list) -> None:
     for g in gs:
         if "figure" in g:
             verdict = "met    " if g["met"] else "NOT met"
-            log(f"goal {verdict} {g['figure']:8.3f} (bar {g['bar']}, {g['basis']}): {g['goal']}")
+            suspect = " (above its ceiling: the ceiling understates)" if "above_ceiling" in g else ""
+            log(f"goal {verdict} {g['figure']:8.3f} (bar {g['bar']}, {g['basis']}): {g['goal']}{suspect}")
         else:
             log(f"goal not measured (needs {g['not_measured']}): {g['goal']}")
 

@@ -1,7 +1,7 @@
 #!/bin/bash
 # run.sh OUTDIR: gpu-check tests at HEAD; then cold loads of a 1.25 GB upstream file under several settings
-# (queue depth, chunk size, cache policy, lanes) beside fastsafetensors, alternating, and the disk's parallel
-# O_DIRECT dd rate at 8, 16, 32 and 64 streams.
+# (queue depth, chunk size, cache policy) beside fastsafetensors, alternating, and the disk's parallel
+# O_DIRECT dd rate at 16 and 64 streams.
 B=$(cd "$(dirname "$0")" && pwd); O=$1; mkdir -p "$O/logs"
 S=/root/wl-scratch; mkdir -p $S
 echo "== tests $(date +%T)"

@@ -8,4 +8,5 @@ python3 -m pip install -q --no-index --no-deps --target $site $B/wheels/weightli
 f1=$S/upstream-1GiB.safetensors
 PYTHONPATH=$site timeout 90 python3 $B/bench/shapes.py --make-upstream $f1 --size 1GiB --make-only > /dev/null 2> $O/logs/make1.log; echo "make rc=$?"
 cat $f1 > /dev/null
-PYTHONPATH=$site timeout 400 python3 $B/probe.py  # probe.py is beside this script in this folder $f1 $O 2> $O/logs/probe.log; echo "probe rc=$?"; tail -5 $O/logs/probe.log
+# probe.py is beside this script in this folder.
+PYTHONPATH=$site timeout 400 python3 $B/probe.py $f1 $O 2> $O/logs/probe.log; echo "probe rc=$?"; tail -5 $O/logs/probe.log

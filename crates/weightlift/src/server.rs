@@ -235,6 +235,8 @@ pub struct Server {
     ino: u64,
     /// Each visible device's UUID and ordinal.
     devices: Vec<(String, u32)>,
+    /// The connections being served (every call of `run` shares it).
+    admission: Admission,
 }
 
 impl std::fmt::Debug for Server {
@@ -282,7 +284,14 @@ impl Server {
         let meta = std::fs::metadata(&socket).map_err(|e| server_err(&socket, "reading back", e))?;
         std::fs::set_permissions(&socket, std::fs::Permissions::from_mode(0o600))
             .map_err(|e| server_err(&socket, "restricting to its user", e))?;
-        let mut server = Server { engine, listener, socket, ino: meta.ino(), devices: Vec::new() };
+        let mut server = Server {
+            engine,
+            listener,
+            socket,
+            ino: meta.ino(),
+            devices: Vec::new(),
+            admission: Admission::new(MAX_REQUESTS),
+        };
         for n in 0..driver.devices {
             let gpu = server.engine.gpu(n)?;
             server.devices.push((ipc::uuid(&gpu)?, n));
@@ -304,7 +313,6 @@ impl Server {
     /// (looked at every 200 ms).
     pub fn run(&self, stop: &AtomicBool) -> Result<()> {
         let fd = self.listener.as_raw_fd();
-        let admission = Admission::new(MAX_REQUESTS);
         while !stop.load(Ordering::Relaxed) {
             let mut p = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
             // SAFETY: one valid pollfd.
@@ -326,14 +334,14 @@ impl Server {
                     continue;
                 }
             };
-            let Some(admitted) = admission.admit() else {
+            let Some(admitted) = self.admission.admit() else {
                 refuse_busy(&stream, MAX_REQUESTS);
                 continue;
             };
             let (engine, devices) = (self.engine.clone(), self.devices.clone());
             let spawned = std::thread::Builder::new().name("wl-serve".into()).spawn(move || {
                 let _admitted = admitted; // the slot is free again when the connection is done (or panicked)
-                serve_one(&engine, &devices, stream)
+                serve_one(&engine, &devices, stream, REQUEST_TIMEOUT)
             });
             if let Err(e) = spawned {
                 tracing::warn!("starting a thread for a connection: {e}");
@@ -399,8 +407,8 @@ fn server_err(path: &Path, what: &str, e: std::io::Error) -> Error {
     Error::Server(format!("{}: {what}: {e}", path.display()))
 }
 
-/// One connection: one request, one reply.
-fn serve_one(engine: &Engine, devices: &[(String, u32)], stream: UnixStream) {
+/// One connection: one request (awaited for at most `request_timeout` of silence), one reply.
+fn serve_one(engine: &Engine, devices: &[(String, u32)], stream: UnixStream, request_timeout: Duration) {
     let reply = match peer_uid(&stream) {
         // SAFETY: getuid cannot fail.
         Ok(uid) if uid == unsafe { libc::getuid() } => None,
@@ -410,7 +418,7 @@ fn serve_one(engine: &Engine, devices: &[(String, u32)], stream: UnixStream) {
     let mut served = None;
     let reply = reply.unwrap_or_else(|| {
         // A client that connects and never sends would otherwise hold its thread and its slot for good.
-        let _ = stream.set_read_timeout(Some(REQUEST_TIMEOUT));
+        let _ = stream.set_read_timeout(Some(request_timeout));
         let mut reader = BufReader::new(&stream);
         let mut line = String::new();
         match (&mut reader).take(MAX_REQUEST_BYTES).read_line(&mut line) {
@@ -425,6 +433,9 @@ fn serve_one(engine: &Engine, devices: &[(String, u32)], stream: UnixStream) {
                 Err(e) => refusal(format!("a malformed request: {e}")),
             },
             Ok(_) => refusal("the request ended before its end of line (or passed 256 MiB)".into()),
+            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
+                refusal(format!("the client sent nothing for {request_timeout:?} while its request was awaited"))
+            }
             Err(e) => refusal(format!("reading the request: {e}")),
         }
     });
@@ -764,8 +775,9 @@ impl ServerPath {
     }
 }
 
-/// Sends the request line. A server that refused the connection at once (busy) has closed it: its answer, waiting
-/// in the socket, is the reason rather than the broken pipe.
+/// Sends the request line. A server that refused the connection at once (busy) has closed it. Where it did so
+/// before this send, the send fails, and the answer waiting in the socket is the reason rather than the broken
+/// pipe; where the request went into the socket first, the refusal is the answer that `wait_reply` reads.
 fn send_request(stream: &UnixStream, text: &[u8]) -> std::result::Result<(), Declined> {
     let Err(e) = send_all(stream, text) else {
         return Ok(());
@@ -1030,9 +1042,14 @@ mod tests {
             Err(Declined::Before(why)) => assert!(why.starts_with("sending the request: "), "{why}"),
             _ => panic!("expected the send to fail"),
         }
-        // A request the socket takes whole while the server is there: sent.
-        let (client, _server) = UnixStream::pair().unwrap();
+        // The usual order: the request is in the socket before the server refuses; the refusal is the answer.
+        let (client, server) = UnixStream::pair().unwrap();
         assert!(send_request(&client, b"{}\n").is_ok());
+        refuse_busy(&server, MAX_REQUESTS);
+        drop(server);
+        let (reply, told) = wait_reply(&client, None).unwrap();
+        assert!(!reply.ok && !told);
+        assert!(reply.error.unwrap().starts_with("the server is busy: 64 connections"));
     }
 
     #[test]
@@ -1059,7 +1076,7 @@ mod tests {
             let mut line = serde_json::to_string(req).unwrap();
             line.push('\n');
             (&a).write_all(line.as_bytes()).unwrap();
-            serve_one(&engine, &devices, b);
+            serve_one(&engine, &devices, b, REQUEST_TIMEOUT);
             let mut out = String::new();
             (&a).read_to_string(&mut out).unwrap();
             serde_json::from_str::<Reply>(&out).unwrap()
@@ -1081,7 +1098,7 @@ mod tests {
         // A malformed line.
         let (a, b) = UnixStream::pair().unwrap();
         (&a).write_all(b"{\"protocol\": 1}\n").unwrap();
-        serve_one(&engine, &devices, b);
+        serve_one(&engine, &devices, b, REQUEST_TIMEOUT);
         let mut out = String::new();
         (&a).read_to_string(&mut out).unwrap();
         let r: Reply = serde_json::from_str(&out).unwrap();
@@ -1090,10 +1107,19 @@ mod tests {
         let (a, b) = UnixStream::pair().unwrap();
         (&a).write_all(b"{\"protocol\"").unwrap();
         a.shutdown(std::net::Shutdown::Write).unwrap();
-        serve_one(&engine, &devices, b);
+        serve_one(&engine, &devices, b, REQUEST_TIMEOUT);
         let mut out = String::new();
         (&a).read_to_string(&mut out).unwrap();
         let r: Reply = serde_json::from_str(&out).unwrap();
         assert!(r.error.as_deref().unwrap().contains("ended before its end of line"), "{r:?}");
+        // A client that connects and sends nothing: its connection is closed after the timeout, with the reason.
+        let (a, b) = UnixStream::pair().unwrap();
+        let t = Instant::now();
+        serve_one(&engine, &devices, b, Duration::from_millis(200));
+        assert!(t.elapsed() >= Duration::from_millis(200));
+        let mut out = String::new();
+        (&a).read_to_string(&mut out).unwrap();
+        let r: Reply = serde_json::from_str(&out).unwrap();
+        assert!(r.error.as_deref().unwrap().contains("the client sent nothing for 200ms"), "{r:?}");
     }
 }
