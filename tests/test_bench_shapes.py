@@ -136,7 +136,7 @@ def test_goals_are_judged_by_the_runs_own_figures() -> None:
         result("kvikio pread", "warm", 52.0, 40.0),
     ]
     ceilings = {"pinned_copy": {"best": 54.0, "median": 53.0}, "disk_direct_dd16": {"best": 1.5, "median": 1.4},
-                "disk_buffered_read16": {"best": 1.9, "median": 1.8}}
+                "disk_buffered_read16": {"best": 1.9, "median": 1.8}, "page_cache_read16": {"best": 40.0, "median": 39.0}}
     got = {g["goal"]: g for g in shapes.goals(results, ceilings)}
     expect = {
         "warm: load_file / pinned copy ceiling": (50 / 54, True),
@@ -157,6 +157,10 @@ def test_goals_are_judged_by_the_runs_own_figures() -> None:
     # A load past its ceiling is flagged: that ceiling understates the machine.
     assert "above_ceiling" in got["cold: load_file / disk ceiling (the faster of 16 x dd iflag=direct and 16 buffered readers)"]
     assert "above_ceiling" not in got["warm: load_file / pinned copy ceiling"]
+    # Beside the pinned copy, the share of the host's own read rate (measured for the page cache, not for tmpfs).
+    assert got["warm: load_file / pinned copy ceiling"]["of_host_read_rate"] == {
+        "ceiling": "page_cache_read16", "host_best": 40.0, "ratio": 1.25}
+    assert "of_host_read_rate" not in got["tmpfs: load_file / pinned copy ceiling"]
     results.append(result("np.fromfile .to(device)", "warm", 44.0, 43.0))  # a steadier peer, slower at its best
     shapes.best_peers(results)
     assert results[0]["best_peer"] == {"method": "kvikio pread", "best": 52.0, "median": 40.0,
