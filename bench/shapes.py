@@ -1393,8 +1393,8 @@ HOST = "host, fresh memory, warm file (interleaved pairs)"
 
 
 def goals(results: list, ceilings: dict) -> list:
-    """Each goal of the benchmark's bar (the README's Performance section) with this run's figure, its basis, and whether it holds; a goal
-    this run did not measure says what it lacked."""
+    """Each goal of the benchmark's bar (the README's Performance section) with this run's figure, its basis, and
+    whether it holds; a goal this run did not measure says what it lacked."""
     wl, srv = "weightlift.load_file", WL_SERVER.name
     out = []
 
