@@ -36,7 +36,9 @@ Every load of every method is checked after its clock stopped: each tensor's dty
 file; every copy (tmpfs, ``.pt``, shards) must hold the same tensors. A method that is absent, does not apply, or
 fails is listed under ``skipped`` with the reason. ``--methods`` keeps only methods whose name holds one of the
 given substrings. Each weightlift result names the best peer of its case (``best_peer``: best over best, median
-over median).
+over median). A SIGTERM (from ``timeout``, say) or ``--time-limit SECONDS`` ends the measurements where they are:
+the run still writes its JSON, with what it measured, the goals judged on that, ``stopped`` saying in which family
+and why, and the families not finished under ``skipped``.
 
 Before the loads, the run measures its ceilings (``ceilings``): on a GPU the pinned copy (one host→device copy of
 the checkpoint's size from pinned memory, best and median of ``max(5, --runs)``); with a cold case the disk (16
@@ -66,6 +68,7 @@ import os
 import platform
 import random
 import shutil
+import signal
 import statistics
 import struct
 import subprocess
@@ -650,6 +653,7 @@ class Run:
     skipped: list = field(default_factory=list)
     method_filter: Optional[list] = None
     ceilings: dict = field(default_factory=dict)
+    stopped: Optional[dict] = None  # where a SIGTERM or --time-limit ended the run (run_families)
 
     def wanted(self, m: Method) -> bool:
         return not self.method_filter or any(w in m.name for w in self.method_filter)
@@ -1173,6 +1177,8 @@ def parse_args(argv: Optional[list] = None) -> argparse.Namespace:
     ap.add_argument("--seed", type=int, default=0, help="random data and random key order")
     ap.add_argument("--kvikio-threads", type=int, default=32)
     ap.add_argument("--out", help="also write the JSON here")
+    ap.add_argument("--time-limit", type=float, metavar="SECONDS",
+                    help="stop measuring this long after the start (as on SIGTERM) and report what was measured")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.device == "cuda":
@@ -1464,9 +1470,43 @@ def log_goals(gs: list) -> None:
             log(f"goal not measured (needs {g['not_measured']}): {g['goal']}")
 
 
-def run_families(run: Run, args: argparse.Namespace, families: list, files: Files, ref_file: str) -> dict:
+class OutOfTime(BaseException):
+    """Raised in the main thread by SIGTERM (``timeout`` sends it) or by ``--time-limit``'s alarm. A BaseException,
+    so that no family's ``except Exception`` takes it for a failed method: it ends the run, which still reports what
+    it measured."""
+
+
+def _out_of_time(signum: int, frame: Any) -> None:
+    raise OutOfTime(signal.Signals(signum).name)
+
+
+def run_families(run: Run, args: argparse.Namespace, families: list, files: Files, ref_file: str,
+                 time_limit: Optional[float] = None) -> dict:
+    """Each family in turn; ``seconds`` per family. A SIGTERM, or the end of ``time_limit`` seconds from now, ends
+    the family it interrupts and the rest (:class:`OutOfTime`): ``run.stopped`` says where and why, and every family
+    not finished is listed under ``skipped``."""
+    seconds: dict = {}
+    handlers = {sig: signal.signal(sig, _out_of_time) for sig in (signal.SIGTERM, signal.SIGALRM)}
+    try:
+        if time_limit is not None:
+            signal.setitimer(signal.ITIMER_REAL, max(1e-3, time_limit))
+        _families(run, args, families, files, ref_file, seconds)
+    except OutOfTime as e:
+        fam = next((f for f in ["ceilings", *families] if f not in seconds), "ceilings")
+        why = "SIGTERM" if str(e) == "SIGTERM" else f"--time-limit {args.time_limit:g} s"
+        run.stopped = {"family": fam, "by": why, "families_not_finished": [f for f in families if f not in seconds]}
+        log(f"stopped by {why} during {fam}: the families not finished are skipped; what was measured is reported")
+        for f in run.stopped["families_not_finished"]:
+            run.skip("*", f, f"not finished: the run was stopped by {why} during {fam}")
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        for sig, h in handlers.items():
+            signal.signal(sig, h)
+    return seconds
+
+
+def _families(run: Run, args: argparse.Namespace, families: list, files: Files, ref_file: str, seconds: dict) -> None:
     cold_why = cold_unavailable(args.cold)
-    seconds = {}
     t0 = time.perf_counter()
     log("== ceilings")
     run.ceilings = measure_ceilings(run, families, files, cold_why)
@@ -1489,7 +1529,6 @@ def run_families(run: Run, args: argparse.Namespace, families: list, files: File
         elif fam == "host":
             family_host(run, files.disk)
         seconds[fam] = round(time.perf_counter() - t0, 1)
-    return seconds
 
 
 def bench(args: argparse.Namespace, families: list) -> dict:
@@ -1530,7 +1569,8 @@ def bench(args: argparse.Namespace, families: list) -> dict:
         for t in (files.disk, files.tmpfs, files.sharded):
             if t:
                 run.refs[t.ckpt.path] = ref  # every copy must hold the upstream file's tensors
-        out["family_seconds"] = run_families(run, args, families, files, ref_file)
+        limit = None if args.time_limit is None else args.time_limit - (time.perf_counter() - started)
+        out["family_seconds"] = run_families(run, args, families, files, ref_file, limit)
     finally:
         for p in files.made:
             if os.path.exists(p):
@@ -1546,6 +1586,7 @@ def bench(args: argparse.Namespace, families: list) -> dict:
         "checks": "each load's tensors: dtype, shape and checksum of the bytes against a plain read of the upstream "
                   "file, after the clock stopped",
         "ceilings": run.ceilings, "results": run.results, "goals": run_goals, "skipped": run.skipped,
+        "stopped": run.stopped,
         "elapsed_s": round(time.perf_counter() - started, 1),
     })
     return out

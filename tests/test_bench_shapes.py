@@ -181,3 +181,45 @@ def test_positional_checksum_of_an_odd_start_equals_that_of_a_copy() -> None:
     changed = view.clone()
     changed[5000] ^= 1
     assert shapes.positional(changed) != shapes.positional(view)
+
+
+def test_a_stop_keeps_what_was_measured(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A SIGTERM during a family ends that family and the rest; the families before it keep their results."""
+    run = shapes.Run("cpu", "cpu", 1, shapes.Options(0, 1), "fadvise")
+    monkeypatch.setattr(shapes, "measure_ceilings", lambda *a: {"page_cache_dd1": {"best": 1.0, "median": 1.0}})
+    monkeypatch.setattr(shapes, "family_storage",
+                        lambda run, case, t, why: run.results.append({"method": "m", "case": case}))
+
+    def interrupted(*a: object) -> None:
+        raise shapes.OutOfTime("SIGTERM")
+
+    monkeypatch.setattr(shapes, "family_host", interrupted)
+    args = shapes.parse_args(["--file", "x", "--cases", "warm,host,tmpfs"])
+    files = shapes.Files(shapes.Target("disk", None))
+    files.tmpfs = shapes.Target("tmpfs", None)
+    seconds = shapes.run_families(run, args, ["warm", "host", "tmpfs"], files, "ref.json")
+    assert set(seconds) == {"ceilings", "warm"}
+    assert run.results == [{"method": "m", "case": "warm"}]
+    assert run.stopped == {"family": "host", "by": "SIGTERM", "families_not_finished": ["host", "tmpfs"]}
+    assert [(s["case"], s["reason"]) for s in run.skipped] == [
+        (f, "not finished: the run was stopped by SIGTERM during host") for f in ("host", "tmpfs")]
+
+
+def test_a_time_limit_still_writes_the_json(upstream: Path, tmp_path: Path) -> None:
+    """--time-limit (as SIGTERM from `timeout`) ends the run where it is, and the JSON still comes out, judged on
+    what was measured, with the tmpfs copy removed."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    out_file = tmp_path / "out.json"
+    cmd = [sys.executable, str(ROOT / "bench" / "shapes.py"), "--file", str(upstream), "--device", "cpu",
+           "--runs", "1", "--cases", "warm,tmpfs,host", "--shm-dir", str(tmp_path / "shm"), "--time-limit", "0",
+           "--out", str(out_file)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert json.loads(out_file.read_text()) == out
+    assert out["stopped"]["by"] == "--time-limit 0 s"
+    assert out["stopped"]["family"] == "ceilings"  # the alarm is set just before the ceilings, 1 ms ahead
+    assert out["stopped"]["families_not_finished"] == ["warm", "tmpfs", "host"]
+    assert out["results"] == []
+    assert all("not_measured" in g for g in out["goals"])
+    assert not (tmp_path / "shm" / upstream.name).exists(), "tmpfs copies are removed at exit"
