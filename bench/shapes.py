@@ -30,7 +30,9 @@ Case families (`--cases`, comma-separated; default: all):
 
 Every result (``results``: method, case, peer, runs_gbps, best, median, runs_s, bytes, verified, and per family
 more) gives GB/s (tensor bytes / seconds) of each of ``--runs`` runs, best and median; weightlift's results carry
-key figures of ``weightlift.last_report()`` after the last run (for ``safe_open``: of its last ``get_tensor``).
+key figures of ``weightlift.last_report()`` after the last run (for ``safe_open``: of its last ``get_tensor``), and
+weightlift's ``safe_open`` results the stream statistics of each run (``stream_stats``: bytes read in file order and
+on demand, reads on demand, bytes read ahead and never taken, the read-ahead window ``prefetch_bytes``).
 Every load of every method is checked after its clock stopped: each tensor's dtype, shape and a checksum of its bytes
 (positional sums on a GPU, CRC-32 on the host) are compared with those computed from a plain read of the upstream
 file; every copy (tmpfs, ``.pt``, shards) must hold the same tensors. A method that is absent, does not apply, or
@@ -408,13 +410,18 @@ def _wl_load_file(t: Target, dev: str, o: Options) -> dict:
     return weightlift.load_file(t.ckpt.path, device=dev)
 
 
+_last_stream: dict = {}  # the stream statistics of the last weightlift safe_open load (known once it is closed)
+
+
 def _wl_safe_open(order: str) -> Callable:
     def load(t: Target, dev: str, o: Options) -> dict:
         import weightlift
 
         names = key_order(t.ckpt, order, o.seed)
         with weightlift.safe_open(t.ckpt.path, framework="pt", device=dev) as f:
-            return {k: f.get_tensor(k) for k in names}
+            out = {k: f.get_tensor(k) for k in names}
+        _last_stream["stats"] = f.stream_stats()
+        return out
 
     return load
 
@@ -685,7 +692,7 @@ def measure(run: Run, m: Method, t: Target, prepare: Callable[[list], None], cas
     if why:
         run.skip(m.name, case, why)
         return
-    rates, secs, resident = [], [], []
+    rates, secs, resident, streams = [], [], [], []
     report = None
     try:
         m.setup(run.opts)
@@ -694,9 +701,12 @@ def measure(run: Run, m: Method, t: Target, prepare: Callable[[list], None], cas
             prepare(m.files(t))
             if case.startswith("cold"):
                 resident.append(resident_fraction(m.files(t)))
+            _last_stream.clear()
             dt, loaded = timed_load(m, t, run.dev, run.opts)
             if m.name.startswith("weightlift"):
                 report = report_figures()
+            if "stats" in _last_stream:
+                streams.append(_last_stream["stats"])
             run.check(loaded, t)
             del loaded
             rates.append(t.ckpt.tensor_bytes / dt / 1e9)
@@ -712,6 +722,8 @@ def measure(run: Run, m: Method, t: Target, prepare: Callable[[list], None], cas
         extra["resident_before"] = resident
     if report is not None:
         extra["report"] = report
+    if streams:
+        extra["stream_stats"] = streams
     run.add(m, case, rates, secs, t.ckpt.tensor_bytes, **extra)
 
 

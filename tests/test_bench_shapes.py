@@ -78,7 +78,8 @@ def test_gpu_checksum_matches_itself_across_chunks() -> None:
 def test_host_run_is_well_formed_and_verified(upstream: Path, tmp_path: Path) -> None:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
     cmd = [sys.executable, str(ROOT / "bench" / "shapes.py"), "--file", str(upstream), "--device", "cpu",
-           "--runs", "1", "--cases", "warm,tmpfs,host", "--methods", "weightlift.load_file,safetensors.load_file,np.fromfile",
+           "--runs", "1", "--cases", "warm,tmpfs,host",
+           "--methods", "weightlift.load_file,weightlift.safe_open,safetensors.load_file,np.fromfile",
            "--shm-dir", str(tmp_path / "shm")]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
     assert proc.returncode == 0, proc.stderr
@@ -94,6 +95,15 @@ def test_host_run_is_well_formed_and_verified(upstream: Path, tmp_path: Path) ->
         assert r["verified"] is True
         assert r["best"] >= r["median"] > 0 and len(r["runs_gbps"]) >= 1
     assert not (tmp_path / "shm" / upstream.name).exists(), "tmpfs copies are removed at exit"
+    # safe_open's results carry each run's stream statistics: every tensor byte read in file order or on demand.
+    tensor_bytes = shapes.open_checkpoint(str(upstream)).tensor_bytes
+    for r in out["results"]:
+        if r["method"].startswith("weightlift.safe_open"):
+            (stats,) = r["stream_stats"]
+            assert stats["streamed_bytes"] + stats["on_demand_bytes"] >= tensor_bytes, stats
+            assert stats["prefetch_bytes"] > 0 and stats["wasted_bytes"] == 0, stats
+        else:
+            assert "stream_stats" not in r
     # The run measured the page cache's ceiling itself (no GPU: no pinned copy), named each case's best peer, and
     # judged the host goal by its own pairs; the goals it had no cases for say so.
     dd1 = out["ceilings"]["page_cache_dd1"]
