@@ -40,6 +40,8 @@ pub struct StreamStats {
     /// Bytes read ahead whose tensors nobody took (known once the stream is closed).
     pub wasted_bytes: u64,
     pub prefetch_bytes: u64,
+    /// Times the device had no memory for a block read ahead, so that reading ahead paused until a take.
+    pub memory_waits: u64,
 }
 
 impl StreamStats {
@@ -47,7 +49,7 @@ impl StreamStats {
         json!({
             "streamed_bytes": self.streamed_bytes, "on_demand_bytes": self.on_demand_bytes,
             "on_demand_reads": self.on_demand_reads, "wasted_bytes": self.wasted_bytes,
-            "prefetch_bytes": self.prefetch_bytes,
+            "prefetch_bytes": self.prefetch_bytes, "memory_waits": self.memory_waits,
         })
     }
 }
@@ -75,6 +77,10 @@ struct Blocks {
     /// Bytes of blocks read ahead (host: admitted; device: allocated) still holding untaken tensors.
     ahead: u64,
     taken: Vec<bool>,
+    /// Takes so far (the allocator, out of device memory, waits for the next one).
+    takes: u64,
+    /// The allocator waits for device memory: a take must not wait for it to allocate its block.
+    starved: bool,
     failed: Option<String>,
     stats: StreamStats,
 }
@@ -293,6 +299,8 @@ impl Engine {
                 counted: vec![false; n],
                 ahead: 0,
                 taken: vec![false; which.len()],
+                takes: 0,
+                starved: false,
                 failed: None,
                 stats: StreamStats { prefetch_bytes: prefetch, ..StreamStats::default() },
             }),
@@ -435,6 +443,7 @@ impl Stream {
         let data = self.hand_out(block, offset, entry.nbytes)?;
         let mut b = self.shared.lock();
         b.untaken[block] -= 1;
+        b.takes += 1;
         let last = b.untaken[block] == 0;
         if last && std::mem::replace(&mut b.counted[block], false) {
             b.ahead = b.ahead.saturating_sub(b.lens[block]);
@@ -466,7 +475,11 @@ impl Stream {
         self.io.wake();
         let mut b = self.shared.lock();
         let deadline = Instant::now() + FRONT_WAIT;
-        while matches!(b.state[block], BlockState::Waiting | BlockState::Allocated) && b.failed.is_none() {
+        // A block the allocator is out of memory for is not coming: read it on demand (or fail there, naming it).
+        while matches!(b.state[block], BlockState::Waiting | BlockState::Allocated)
+            && b.failed.is_none()
+            && !(b.starved && b.state[block] == BlockState::Waiting)
+        {
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
                 break;
@@ -678,7 +691,8 @@ fn ensure_allocated(
 }
 
 /// Allocates device blocks in file order, staying `prefetch` bytes ahead of what was taken, and publishes each to
-/// the lanes.
+/// the lanes. When the device has no memory for the next block, reading ahead pauses until a take (which may free
+/// memory, or read that block itself) rather than failing the stream: the window shrinks to the memory there is.
 fn spawn_allocator(
     gpu: Gpu,
     targets: Arc<Targets>,
@@ -691,7 +705,8 @@ fn spawn_allocator(
         .name("weightlift-stream-alloc".into())
         .spawn(move || {
             let lanes = io.lanes();
-            for (i, &len) in lens.iter().enumerate() {
+            let mut i = 0;
+            while let Some(&len) = lens.get(i) {
                 {
                     let mut b = shared.lock();
                     while !shared.closed.load(Ordering::Relaxed) && b.ahead > 0 && b.ahead + len > shared.prefetch {
@@ -701,6 +716,7 @@ fn spawn_allocator(
                         return;
                     }
                     if b.state[i] != BlockState::Waiting {
+                        i += 1;
                         continue;
                     }
                 }
@@ -723,6 +739,12 @@ fn spawn_allocator(
                             // buffer already; this one would otherwise stay until the stream closes.
                             buffers.lock().unwrap_or_else(|p| p.into_inner())[i] = None;
                         }
+                        i += 1;
+                    }
+                    Err(e) if e.is_out_of_memory() => {
+                        if !wait_for_take(&shared, &io) {
+                            return;
+                        }
                     }
                     Err(e) => {
                         let why = format!("allocating block {i}: {e}");
@@ -738,4 +760,22 @@ fn spawn_allocator(
             }
         })
         .map_err(|e| Error::Io(weightlift_io::IoError::Thread(e)))
+}
+
+/// The allocator found no device memory for the next block: marks the stream starved (takes then read their blocks
+/// themselves instead of waiting for this thread) until the next take or the close. Whether the stream is still open.
+fn wait_for_take(shared: &Shared, io: &IoEngine) -> bool {
+    let mut b = shared.lock();
+    b.starved = true;
+    b.stats.memory_waits += 1;
+    let seen = b.takes;
+    shared.changed.notify_all();
+    drop(b);
+    io.wake();
+    let mut b = shared.lock();
+    while !shared.closed.load(Ordering::Relaxed) && b.takes == seen {
+        b = shared.changed.wait(b).unwrap_or_else(|p| p.into_inner());
+    }
+    b.starved = false;
+    !shared.closed.load(Ordering::Relaxed)
 }

@@ -199,6 +199,63 @@ fn out_of_memory_mid_load_is_a_clean_error() {
     check_against_file_and_generator(&index, &loaded, true);
 }
 
+/// A stream whose read-ahead finds the device short of memory reads ahead less instead of failing: with room for
+/// half of the checkpoint, tensors taken in file order and dropped one by one all arrive byte-exact; kept, the take
+/// that finds no room fails as out of memory, and the device's memory goes back.
+#[test]
+fn a_stream_short_of_device_memory_reads_ahead_less() {
+    if !gpu_or_skip("a_stream_short_of_device_memory_reads_ahead_less") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let f = generate(dir.path(), "short.safetensors", Layout::Llama, Container::Safetensors, 512 << 20, None);
+    let index = weightlift::format::open(std::slice::from_ref(&f), None).unwrap();
+    let all: Vec<usize> = (0..index.tensors.len()).collect();
+    let gpu = weightlift_cuda::Gpu::open(0).unwrap();
+    // The default window (8 GiB) would read the whole checkpoint ahead.
+    let engine = Engine::new(Settings::default()).unwrap();
+    assert!(engine.settings().prefetch_bytes.value >= index.total_bytes());
+    drop(engine.load(&index, Device::Cuda(0), &LoadOpts::default()).unwrap());
+    let before = device_used();
+    let (free, _) = gpu.mem_info().unwrap();
+    let filler_len = free.saturating_sub(index.total_bytes() / 2) as usize;
+    let stream = gpu.stream(0).unwrap();
+    let filler = weightlift_cuda::DeviceBuffer::alloc(&gpu, filler_len, &stream).unwrap();
+    stream.synchronize().unwrap();
+
+    let s = engine.stream(&index, &all, Device::Cuda(0)).unwrap();
+    for &t in &all {
+        let data = s.take(t).unwrap_or_else(|e| panic!("take of tensor {t}: {e}"));
+        let mut got = vec![0u8; data.len()];
+        data.read_back(0, &mut got).unwrap();
+        let mut want = vec![0u8; got.len()];
+        synth::tensor_bytes(99, t as u64, 0, &mut want);
+        assert!(got == want, "streamed tensor {t} differs");
+    }
+    let stats = s.close().unwrap();
+    eprintln!("taken and dropped: {stats:?}");
+    assert!(stats.memory_waits > 0, "the read-ahead never ran short of memory: {stats:?}");
+
+    let s = engine.stream(&index, &all, Device::Cuda(0)).unwrap();
+    let mut kept = Vec::new();
+    let err = loop {
+        assert!(kept.len() < all.len(), "every tensor fitted beside the filler");
+        match s.take(kept.len()) {
+            Ok(data) => kept.push(data),
+            Err(e) => break e,
+        }
+    };
+    assert!(err.is_out_of_memory(), "{err}");
+    eprintln!("kept {} tensors, then: {err}", kept.len());
+    drop(kept);
+    drop(s);
+    drop(filler);
+    let after = device_used();
+    assert!(after <= before + (64 << 20), "device memory grew from {before} to {after}");
+    let loaded = engine.load(&index, Device::Cuda(0), &LoadOpts::default()).unwrap();
+    check_against_file_and_generator(&index, &loaded, true);
+}
+
 /// A caller's allocator for the test below: memory of its own stream from the device's pool, handed over as
 /// external memory (its buffer is the owner), counting calls and failing from call `fail_at` on.
 #[derive(Debug)]
