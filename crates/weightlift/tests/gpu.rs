@@ -500,10 +500,31 @@ fn gpu_initiated_nvme_loads_byte_exact() {
     }
 }
 
+/// Streams every tensor of `index` onto cuda:0, taking them in `order`; with `check`, compares each with the
+/// generator's bytes.
+fn stream_in_order(engine: &Engine, index: &TensorIndex, order: &[usize], check: bool) {
+    let all: Vec<usize> = (0..index.tensors.len()).collect();
+    let s = engine.stream(index, &all, Device::Cuda(0)).unwrap();
+    for &t in order {
+        let data = s.take(t).unwrap();
+        if check {
+            let mut got = vec![0u8; data.len()];
+            data.read_back(0, &mut got).unwrap();
+            let mut want = vec![0u8; got.len()];
+            synth::tensor_bytes(99, t as u64, 0, &mut want);
+            assert!(got == want, "streamed tensor {t} differs");
+        }
+    }
+}
+
 /// A thousand mixed GPU loads in one engine — whole loads, streams taken in random order, loads failing on an
 /// injected EIO, loads failing for lack of device memory (a filler takes all but half a checkpoint) — with device
 /// memory in use and host RSS recorded every 100 loads. Flat means: between load 200 and load 1000, neither grows
-/// by more than 1 % (or 16 MiB, whichever is larger). Run by the GPU check (`--ignored`), which keeps the JSON
+/// by more than 1 % (or 16 MiB, whichever is larger). Bytes are checked in the first whole load and stream and in a
+/// whole load and a stream after the thousandth, not between the marks: until 2026-11-27, with checks at loads 251
+/// to 756, RSS moved in steps of up to 34 MB either way in every GPU run, each between marks enclosing a check (the
+/// check's buffers kept in the allocator's heap or given back, as we read it), and grew under 0.4 MB between the
+/// steps; a +16.8 MB step failed the test on an H200. Run by the GPU check (`--ignored`), which keeps the JSON
 /// written to `$WEIGHTLIFT_BENCH_OUT/stability.json`.
 #[test]
 #[ignore = "long (about a minute on a GPU); run by scripts/gpu-check"]
@@ -531,27 +552,17 @@ fn a_thousand_mixed_loads_keep_memory_flat() {
         match i % 10 {
             0..=5 => {
                 let loaded = engine.load(&index, Device::Cuda(0), &LoadOpts::default()).unwrap();
-                if i % 250 == 1 {
+                if i == 1 {
                     check_against_file_and_generator(&index, &loaded, true);
                 }
                 whole += 1;
             }
             6 | 7 => {
-                let s = engine.stream(&index, &all, Device::Cuda(0)).unwrap();
                 let mut order = all.clone();
                 for k in (1..order.len()).rev() {
                     order.swap(k, next(k as u64 + 1) as usize);
                 }
-                for &t in &order {
-                    let data = s.take(t).unwrap();
-                    if i % 250 == 6 {
-                        let mut got = vec![0u8; data.len()];
-                        data.read_back(0, &mut got).unwrap();
-                        let mut want = vec![0u8; got.len()];
-                        synth::tensor_bytes(99, t as u64, 0, &mut want);
-                        assert!(got == want, "streamed tensor {t} differs");
-                    }
-                }
+                stream_in_order(&engine, &index, &order, i == 6);
                 streams += 1;
             }
             8 => {
@@ -589,6 +600,12 @@ fn a_thousand_mixed_loads_keep_memory_flat() {
         }
     }
     let secs = start.elapsed().as_secs_f64();
+    let loaded = engine.load(&index, Device::Cuda(0), &LoadOpts::default()).unwrap();
+    check_against_file_and_generator(&index, &loaded, true);
+    drop(loaded);
+    let mut order = all.clone();
+    order.reverse();
+    stream_in_order(&engine, &index, &order, true);
     eprintln!("(load, device bytes used, host RSS bytes): {marks:?}");
     let (_, dev200, rss200) = marks[1];
     let (_, dev1000, rss1000) = marks[9];
