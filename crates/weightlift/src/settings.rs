@@ -283,8 +283,11 @@ settings! {
     cache_pages: CachePages = CachePages::Huge, "huge", env "WEIGHTLIFT_CACHE_PAGES", parse named::<CachePages>,
         values &["huge", "base"],
         "folio size asked for the cold ranges a load reads through the page cache: huge (each cold range populated through a MADV_HUGEPAGE mapping of the file first, so the kernel caches it in 2 MiB folios where kernel and filesystem support large folios, which the next process reads faster) or base (plain buffered reads; the lanes' scattered reads leave mostly 4 KiB folios)";
-    prefetch_bytes: u64 = 2 << 30, "2 GiB", env "WEIGHTLIFT_PREFETCH_BYTES", parse bytes, values &[],
-        "streaming loads (safe_open): bytes read ahead of the tensors taken so far (packed loads: two decode batches ahead, or this if smaller)";
+    // 8 GiB: a window over the file's size keeps every lane reading while keys are taken out of order (one file of
+    // 4.49 GB on an H200, bench/results/2026-11-27-h200-b: random key order 0.69 of load_file warm with 2 GiB, 0.92
+    // with 8 GiB); checkpoints' shards are mostly under 5 GB. What it bounds is memory of tensors not yet taken.
+    prefetch_bytes: u64 = 8 << 30, "8 GiB", env "WEIGHTLIFT_PREFETCH_BYTES", parse bytes, values &[],
+        "streaming loads (safe_open): bytes read ahead of the tensors taken so far, in the destination's memory (packed loads: two decode batches ahead, or this if smaller)";
     pack_batch_bytes: u64 = 0, "0 (auto: 128 MiB; 256 MiB where nvCOMP decodes)", env "WEIGHTLIFT_PACK_BATCH_BYTES",
         parse bytes, values &[],
         "packed loads: stored bytes decoded per batch (0: 128 MiB, or 256 MiB where nvCOMP's decoders run on the GPU, which need more streams per batch to fill it)";
