@@ -102,8 +102,9 @@ class safe_open:
     """``safetensors.safe_open``: opens a checkpoint's header; tensors are read when asked for.
 
     The first ``get_tensor`` starts streaming the checkpoint in file order through the engine's lanes, reading at
-    most the ``prefetch_bytes`` setting ahead of the tensors taken; each ``get_tensor`` then waits only for its own
-    tensor, so a loop over the keys runs as fast as a whole-file load. A tensor asked for before the stream reached
+    most the ``prefetch_bytes`` setting ahead of the tensors taken (on a GPU, no more than its free memory holds:
+    reading ahead pauses until the next ``get_tensor`` when it finds none); each ``get_tensor`` then waits only for
+    its own tensor, so a loop over the keys runs as fast as a whole-file load. A tensor asked for before the stream reached
     it is read at once on its own; asking for one twice reads it again. Leaving the ``with`` block (or ``close()``)
     stops the read-ahead and frees what nobody took.
 
@@ -141,7 +142,8 @@ class safe_open:
             pass
 
     def stream_stats(self) -> "dict | None":
-        """What the stream read in file order, on demand, and ahead without being taken (after ``close``)."""
+        """What the stream read in file order, on demand, and ahead without being taken (after ``close``), and how
+        often reading ahead paused for want of device memory (``memory_waits``)."""
         return self._stats
 
     def keys(self) -> list[str]:
