@@ -163,6 +163,15 @@ fn device_used() -> u64 {
     total - free
 }
 
+/// Device memory taking all but about `room` bytes of what is free.
+fn fill_device_leaving(gpu: &weightlift_cuda::Gpu, room: u64) -> weightlift_cuda::DeviceBuffer {
+    let (free, _) = gpu.mem_info().unwrap();
+    let stream = gpu.stream(0).unwrap();
+    let filler = weightlift_cuda::DeviceBuffer::alloc(gpu, free.saturating_sub(room) as usize, &stream).unwrap();
+    stream.synchronize().unwrap();
+    filler
+}
+
 fn rss_bytes() -> u64 {
     let statm = std::fs::read_to_string("/proc/self/statm").unwrap();
     statm.split_whitespace().nth(1).unwrap().parse::<u64>().unwrap() * 4096
@@ -181,12 +190,7 @@ fn out_of_memory_mid_load_is_a_clean_error() {
     // Warm the pool and staging so the baseline includes what a successful load keeps.
     drop(engine.load(&index, Device::Cuda(0), &LoadOpts::default()).unwrap());
     let before = device_used();
-    let (free, _) = gpu.mem_info().unwrap();
-    // Leave room for about half of the checkpoint.
-    let filler_len = free.saturating_sub(index.total_bytes() / 2) as usize;
-    let stream = gpu.stream(0).unwrap();
-    let filler = weightlift_cuda::DeviceBuffer::alloc(&gpu, filler_len, &stream).unwrap();
-    stream.synchronize().unwrap();
+    let filler = fill_device_leaving(&gpu, index.total_bytes() / 2);
     let err = engine.load(&index, Device::Cuda(0), &LoadOpts::default()).unwrap_err();
     assert!(matches!(err, Error::Cuda(weightlift::cuda::CudaError::OutOfMemory { .. })), "{err}");
     assert!(err.is_out_of_memory());
@@ -217,11 +221,7 @@ fn a_stream_short_of_device_memory_reads_ahead_less() {
     assert!(engine.settings().prefetch_bytes.value >= index.total_bytes());
     drop(engine.load(&index, Device::Cuda(0), &LoadOpts::default()).unwrap());
     let before = device_used();
-    let (free, _) = gpu.mem_info().unwrap();
-    let filler_len = free.saturating_sub(index.total_bytes() / 2) as usize;
-    let stream = gpu.stream(0).unwrap();
-    let filler = weightlift_cuda::DeviceBuffer::alloc(&gpu, filler_len, &stream).unwrap();
-    stream.synchronize().unwrap();
+    let filler = fill_device_leaving(&gpu, index.total_bytes() / 2);
 
     let s = engine.stream(&index, &all, Device::Cuda(0)).unwrap();
     for &t in &all {
