@@ -104,9 +104,9 @@ class safe_open:
     The first ``get_tensor`` starts streaming the checkpoint in file order through the engine's lanes, reading at
     most the ``prefetch_bytes`` setting ahead of the tensors taken (on a GPU, no more than its free memory holds:
     reading ahead pauses until the next ``get_tensor`` when it finds none); each ``get_tensor`` then waits only for
-    its own tensor, so a loop over the keys runs as fast as a whole-file load. A tensor asked for before the stream reached
-    it is read at once on its own; asking for one twice reads it again. Leaving the ``with`` block (or ``close()``)
-    stops the read-ahead and frees what nobody took.
+    its own tensor, so a loop over the keys runs as fast as a whole-file load. A tensor asked for before the stream
+    reached it is read at once on its own; asking for one twice reads it again. Leaving the ``with`` block (or
+    ``close()``) stops the read-ahead and frees what nobody took.
 
     >>> with safe_open("model.safetensors", framework="pt", device="cuda:0") as f:
     ...     w = f.get_tensor("lm_head.weight")
