@@ -102,7 +102,9 @@ def child(path: str, device: str, variant: str, runs: int) -> dict:
         for k in f.keys():
             want, got = f.get_tensor(k), loaded[k].cpu()
             # Compared as bytes: random bits hold NaNs, which equal nothing as numbers.
-            if want.shape != got.shape or not torch.equal(want.reshape(-1).view(torch.uint8), got.reshape(-1).view(torch.uint8)):
+            same = want.shape == got.shape and torch.equal(want.reshape(-1).view(torch.uint8),
+                                                           got.reshape(-1).view(torch.uint8))
+            if not same:
                 raise SystemExit(f"{variant}: {k} differs from safetensors' load")
     out["verified"] = True
     return out
@@ -155,7 +157,8 @@ def main() -> int:
         if ok:
             later = [r["nbytes"] / s / 1e9 for r in ok for s in r["seconds"][1:]]
             first = [r["nbytes"] / r["seconds"][0] / 1e9 for r in ok]
-            summary[v] = {"first_gbps": [round(x, 2) for x in first], "later_median_gbps": round(statistics.median(later), 2),
+            summary[v] = {"first_gbps": [round(x, 2) for x in first],
+                          "later_median_gbps": round(statistics.median(later), 2),
                           "later_best_gbps": round(max(later), 2)}
     print(json.dumps(summary, indent=1))
     with open(a.out, "w") as f:
