@@ -12,12 +12,15 @@ untimed ones), the steps of `weightlift.safetensors.load_file` as it makes them:
   binding's own (its worker thread, the report's conversion, the buffers);
 - ``tensors_s``: the tensors made from the buffers (`info_tensors`);
 - ``sync_s``: `torch.cuda.synchronize()` after the call returned (the copies are done by then: this is what a
-  caller's clock adds).
+  caller's clock adds);
+- ``engine_*``: the engine's report's own times (allocation, planning, I/O, and the lanes' time delivering, waiting
+  for copies and setting up, summed over the lanes).
 
-Each load's memory is freed and PyTorch's cache emptied before the next, as bench/shapes.py's warm case does. The
-last load is compared byte for byte with `safetensors`' load.
+Each load's memory is freed and PyTorch's cache emptied before the next, as bench/shapes.py's warm case does
+(``--keep-cache``: not emptied, so that PyTorch's allocator hands out the blocks it cached, as in a process that
+reloads a model without emptying the cache). The last load is compared byte for byte with `safetensors`' load.
 
-Usage: call_overhead.py FILE OUT.json [--device cuda:0] [--runs 7]
+Usage: call_overhead.py FILE OUT.json [--device cuda:0] [--runs 7] [--keep-cache]
 """
 
 import argparse
@@ -33,6 +36,7 @@ def main() -> int:
     ap.add_argument("out")
     ap.add_argument("--device", default="cuda:0")
     ap.add_argument("--runs", type=int, default=7)
+    ap.add_argument("--keep-cache", action="store_true", help="do not empty PyTorch's cache between loads")
     a = ap.parse_args()
 
     import torch
@@ -62,22 +66,24 @@ def main() -> int:
         t4 = time.perf_counter()
         sync()
         t5 = time.perf_counter()
-        engine_s = weightlift.last_report()["seconds"]
+        report = weightlift.last_report()
+        engine_s = report["seconds"]
         steps = {"checkpoint_s": t1 - t0, "prepare_s": t2 - t1, "native_s": t3 - t2, "engine_s": engine_s,
-                 "binding_s": (t3 - t2) - engine_s, "tensors_s": t4 - t3, "sync_s": t5 - t4, "call_s": t5 - t0}
+                 "binding_s": (t3 - t2) - engine_s, "tensors_s": t4 - t3, "sync_s": t5 - t4, "call_s": t5 - t0,
+                 **{f"engine_{k}": v for k, v in report["times"].items() if isinstance(v, (int, float))}}
         return steps, tensors
 
     sync()
     loaded = None
     for _ in range(2):
         loaded = None
-        if on_gpu:
+        if on_gpu and not a.keep_cache:
             torch.cuda.empty_cache()
         _, loaded = timed_load()
     runs = []
     for _ in range(a.runs):
         loaded = None
-        if on_gpu:
+        if on_gpu and not a.keep_cache:
             torch.cuda.empty_cache()
         steps, loaded = timed_load()
         runs.append(steps)
@@ -95,8 +101,8 @@ def main() -> int:
     medians = {k: round(statistics.median(r[k] for r in runs) * 1e3, 3) for k in runs[0]}
     print("medians, ms:", json.dumps(medians))
     with open(a.out, "w") as f:
-        json.dump({"file": a.file, "device": a.device, "tensors": len(loaded), "runs": runs, "medians_ms": medians,
-                   "verified": True}, f, indent=1)
+        json.dump({"file": a.file, "device": a.device, "keep_cache": a.keep_cache, "tensors": len(loaded), "runs": runs,
+                   "medians_ms": medians, "verified": True}, f, indent=1)
     return 0
 
 
