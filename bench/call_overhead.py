@@ -29,6 +29,8 @@ import statistics
 import sys
 import time
 
+import same_as_safetensors
+
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -88,16 +90,7 @@ def main() -> int:
         steps, loaded = timed_load()
         runs.append(steps)
         print(" ".join(f"{k} {v * 1e3:.3f}ms" for k, v in steps.items()), flush=True)
-    from safetensors import safe_open
-
-    with safe_open(a.file, framework="pt") as f:
-        for k in f.keys():
-            want, got = f.get_tensor(k), loaded[k].cpu()
-            # Compared as bytes: random bits hold NaNs, which equal nothing as numbers.
-            same = want.shape == got.shape and torch.equal(want.reshape(-1).view(torch.uint8),
-                                                           got.reshape(-1).view(torch.uint8))
-            if not same:
-                raise SystemExit(f"{k} differs from safetensors' load")
+    same_as_safetensors.check(a.file, loaded, "weightlift.load_file")
     medians = {k: round(statistics.median(r[k] for r in runs) * 1e3, 3) for k in runs[0]}
     print("medians, ms:", json.dumps(medians))
     with open(a.out, "w") as f:
