@@ -23,13 +23,18 @@ fn check_against_file_and_generator(index: &TensorIndex, loaded: &weightlift::Lo
     weightlift::verify::compare_with_file(index, |i, off, out| loaded.tensors[i].data.read_back(off, out)).unwrap();
     if generated {
         for (i, t) in loaded.tensors.iter().enumerate() {
-            let mut got = vec![0u8; t.data.len()];
-            t.data.read_back(0, &mut got).unwrap();
-            let mut want = vec![0u8; got.len()];
-            synth::tensor_bytes(99, i as u64, 0, &mut want);
-            assert!(got == want, "tensor {} differs from the generator", t.name);
+            assert_generated(i, &t.data, &t.name);
         }
     }
+}
+
+/// Tensor `i`'s bytes as loaded are the generator's (seed 99) for that tensor.
+fn assert_generated(i: usize, data: &weightlift::TensorData, what: &str) {
+    let mut got = vec![0u8; data.len()];
+    data.read_back(0, &mut got).unwrap();
+    let mut want = vec![0u8; got.len()];
+    synth::tensor_bytes(99, i as u64, 0, &mut want);
+    assert!(got == want, "tensor {what} differs from the generator");
 }
 
 #[test]
@@ -226,11 +231,7 @@ fn a_stream_short_of_device_memory_reads_ahead_less() {
     let s = engine.stream(&index, &all, Device::Cuda(0)).unwrap();
     for &t in &all {
         let data = s.take(t).unwrap_or_else(|e| panic!("take of tensor {t}: {e}"));
-        let mut got = vec![0u8; data.len()];
-        data.read_back(0, &mut got).unwrap();
-        let mut want = vec![0u8; got.len()];
-        synth::tensor_bytes(99, t as u64, 0, &mut want);
-        assert!(got == want, "streamed tensor {t} differs");
+        assert_generated(t, &data, &format!("{t}, streamed,"));
     }
     let stats = s.close().unwrap();
     eprintln!("taken and dropped: {stats:?}");
@@ -508,11 +509,7 @@ fn stream_in_order(engine: &Engine, index: &TensorIndex, order: &[usize], check:
     for &t in order {
         let data = s.take(t).unwrap();
         if check {
-            let mut got = vec![0u8; data.len()];
-            data.read_back(0, &mut got).unwrap();
-            let mut want = vec![0u8; got.len()];
-            synth::tensor_bytes(99, t as u64, 0, &mut want);
-            assert!(got == want, "streamed tensor {t} differs");
+            assert_generated(t, &data, &format!("{t}, streamed,"));
         }
     }
 }
