@@ -44,9 +44,6 @@ pub struct LoadOptions<'a> {
     pub faults: Option<&'a FaultPlan>,
     /// Pins staging memory for device DMA.
     pub pinner: Option<Arc<dyn Pinner>>,
-    /// Hand the reads out in destination order ([`crate::plan::Plan::order_by_destination`]) instead of file order: for
-    /// destinations that become ready in that order.
-    pub by_destination: bool,
 }
 
 impl std::fmt::Debug for LoadOptions<'_> {
@@ -293,10 +290,7 @@ impl IoEngine {
         sink: &dyn Sink,
         during: impl FnOnce(),
     ) -> Result<IoReport, IoError> {
-        let mut prepared = self.prepare(req, sink.asynchronous(), false)?;
-        if opts.by_destination {
-            prepared.plan.order_by_destination();
-        }
+        let prepared = self.prepare(req, sink.asynchronous(), false)?;
         tracing::debug!(secs = prepared.report.plan_secs, ops = prepared.plan.ops.len(), "planned");
         let erase = |s: &dyn Sink| -> *const (dyn Sink + 'static) {
             // SAFETY: only the lifetime is erased; `load` waits until the job has completed (no lane uses the sink

@@ -100,14 +100,6 @@ impl Plan {
     pub fn read_bytes(&self) -> u64 {
         self.ops.iter().map(|o| o.valid).sum()
     }
-
-    /// Puts the reads in the order of their destinations' ids, each read at the highest id it feeds (file order
-    /// among reads of the same id): for destinations made ready in id order, a read comes no earlier than the last
-    /// of its destinations.
-    pub fn order_by_destination(&mut self) {
-        let pieces = &self.pieces;
-        self.ops.sort_by_cached_key(|o| pieces[o.pieces.clone()].iter().map(|p| p.dest).max().unwrap_or(0));
-    }
 }
 
 /// Why a plan could not be made.
@@ -236,27 +228,6 @@ mod tests {
 
     fn opts(chunk: u64) -> PlanOptions {
         PlanOptions { chunk, direct_chunk: chunk, coalesce_gap: 64, separate_destinations: false }
-    }
-
-    #[test]
-    fn destination_order_puts_each_read_at_its_last_destination_and_keeps_file_order_within() {
-        let files = [PlanFile { len: 100_000, block: 4096, direct: false }];
-        // Destination 1 lies first in the file, 0 last; destination 2 shares a read with 1's tail.
-        let ex = [
-            Extent { file: 0, offset: 60_000, len: 30_000, dest: 0, dest_offset: 0 },
-            Extent { file: 0, offset: 0, len: 20_000, dest: 1, dest_offset: 0 },
-            Extent { file: 0, offset: 20_000, len: 100, dest: 2, dest_offset: 0 },
-        ];
-        let mut p = plan(&files, &ex, &[30_000, 20_000, 100], &opts(16_384), &mut |_, _, _| ReadKind::Cached).unwrap();
-        let before: Vec<u64> = p.ops.iter().map(|o| o.offset).collect();
-        p.order_by_destination();
-        let last = |o: &ReadOp| p.pieces_of(o).iter().map(|x| x.dest).max().unwrap();
-        let order: Vec<(u32, u64)> = p.ops.iter().map(|o| (last(o), o.offset)).collect();
-        assert!(order.windows(2).all(|w| w[0] <= w[1]), "{order:?}");
-        assert_eq!(order[0].0, 0, "destination 0's reads come first");
-        let mut after: Vec<u64> = p.ops.iter().map(|o| o.offset).collect();
-        after.sort();
-        assert_eq!(after, before, "the same reads");
     }
 
     #[test]

@@ -357,19 +357,7 @@ impl Engine {
         // (bench/results/2026-11-25-h100-zc). Nothing to do once made.
         gpu.stream(self.io.lanes())?;
         tracing::debug!(device = n, "device and data path ready");
-        let mut placement = placement::pack_aligned(entries, opts.tensor_align);
-        // The blocks are allocated, and the pipeline reads, in their order (see `Placement::order_small_first`).
-        let read_order = match self.settings.read_order.value {
-            crate::ReadOrder::SmallFirst => {
-                let (n, bytes) = placement.order_small_first();
-                format!(
-                    "small-first: the {n} smallest of {} blocks ({} MiB) first",
-                    placement.blocks.len(),
-                    bytes >> 20
-                )
-            }
-            crate::ReadOrder::File => "file".to_string(),
-        };
+        let placement = placement::pack_aligned(entries, opts.tensor_align);
         let block_extents: Vec<Extent> = placement
             .blocks
             .iter()
@@ -474,7 +462,6 @@ impl Engine {
         let bytes = entries.iter().map(|t| t.nbytes).sum();
         let mut report = self.device_report(Device::Cuda(n), &gpu, &path, outcome, entries.len(), bytes);
         report.alloc_secs = alloc_secs;
-        report.read_order = Some(read_order);
         report.device_memory = Some(match opts.device_alloc {
             Some(a) => a.name(),
             None => "pool".into(),
@@ -618,13 +605,7 @@ fn extents_of(entries: &[&TensorEntry]) -> Vec<Extent> {
 }
 
 fn io_opts<'a>(opts: &LoadOpts<'a>) -> LoadOptions<'a> {
-    LoadOptions {
-        progress: opts.progress,
-        cancel: opts.cancel,
-        faults: opts.faults,
-        pinner: None,
-        by_destination: false,
-    }
+    LoadOptions { progress: opts.progress, cancel: opts.cancel, faults: opts.faults, pinner: None }
 }
 
 /// An index of raw byte ranges of `paths` (each a 1-D byte tensor named `""`).

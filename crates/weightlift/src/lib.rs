@@ -47,7 +47,7 @@ pub use packed::{Decoder, Pack, PackStats, is_pack_file};
 pub use path::{LoadOpts, PathKind};
 pub use prepare::Prepared;
 pub use report::{PathUsed, Report};
-pub use settings::{Backend, DeviceMemory, Overrides, ReadOrder, ServerMode, Setting, Settings, Source};
+pub use settings::{Backend, DeviceMemory, Overrides, ServerMode, Setting, Settings, Source};
 pub use stream::{Stream, StreamStats};
 pub use tensor::{DeviceTensor, Loaded, RawDest, RawSrc, Tensor, TensorData};
 pub use weightlift_cuda as cuda;

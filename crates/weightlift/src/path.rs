@@ -191,9 +191,6 @@ impl GpuPath for Pipeline {
             cancel: req.opts.cancel,
             faults: req.opts.faults,
             pinner: Some(pinner),
-            // The destinations are allocated and published in id order (`allocate_published`): each read waits
-            // for no block allocated after the ones it feeds.
-            by_destination: true,
         };
         let lreq = LoadRequest { files: req.files, extents: req.extents, dest_lens: req.dest_lens };
         let mut allocated = Ok(());

@@ -78,48 +78,6 @@ pub fn pack_aligned(entries: &[&TensorEntry], align: Option<u64>) -> Placement {
     out
 }
 
-impl Placement {
-    /// Puts the smallest blocks first, ascending, until they hold twice the largest block (at most a quarter of all
-    /// bytes), and the rest after them in their order; tensors follow their blocks. Returns how many blocks and bytes
-    /// now come first.
-    ///
-    /// A GPU load allocates its blocks in this order while the reads run, and reads in it: a copy waits for its
-    /// block. Fresh device memory is mapped at about 1.6× the rate copies fill it (4.49 GB in 49–65 ms beside a
-    /// 90 ms load on an H200, bench/results/2026-11-27-h200-l), so a load that starts on a large block (the 262 MB
-    /// `lm_head.weight` opens every llama file `save_file` writes, its names being sorted) keeps the copy engine idle
-    /// for that block's mapping (3 ms); one that starts on small blocks copies at once, and its allocation gains a
-    /// lead that grows with the bytes copied (twice the largest block is more than the 1.6× that lead needs before
-    /// the largest is reached).
-    pub fn order_small_first(&mut self) -> (usize, u64) {
-        let n = self.blocks.len();
-        let total: u64 = self.blocks.iter().map(|b| b.len).sum();
-        let largest = self.blocks.iter().map(|b| b.len).max().unwrap_or(0);
-        let want = largest.saturating_mul(2).min(total / 4);
-        let mut by_size: Vec<usize> = (0..n).collect();
-        by_size.sort_by_key(|&b| (self.blocks[b].len, b));
-        let (mut first, mut bytes) = (Vec::new(), 0u64);
-        for b in by_size {
-            if bytes >= want {
-                break;
-            }
-            first.push(b);
-            bytes += self.blocks[b].len;
-        }
-        let mut early = vec![false; n];
-        first.iter().for_each(|&b| early[b] = true);
-        let order: Vec<usize> = first.iter().copied().chain((0..n).filter(|&b| !early[b])).collect();
-        let mut new_index = vec![0; n];
-        for (new, &old) in order.iter().enumerate() {
-            new_index[old] = new;
-        }
-        self.blocks = order.iter().map(|&old| self.blocks[old]).collect();
-        for t in &mut self.tensors {
-            t.0 = new_index[t.0];
-        }
-        (first.len(), bytes)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -157,53 +115,6 @@ mod tests {
             assert_eq!(blk.start + off, entry.offset);
             assert!(off + entry.nbytes <= blk.len);
         }
-    }
-
-    #[test]
-    fn small_first_leads_with_the_smallest_blocks_and_keeps_every_tensor() {
-        // A llama-like file as save_file lays it: two 64 MiB tensors first, then layers of 1-24 MiB tensors with a
-        // small norm between them.
-        let mut e = vec![t(0, 0, 64 << 20, DType::BF16), t(0, 64 << 20, 64 << 20, DType::BF16)];
-        let mut at = 128u64 << 20;
-        for _ in 0..8 {
-            for len in [8 << 10, 24 << 20, 24 << 20, 2 << 20, 8 << 20] {
-                e.push(t(0, at, len, DType::BF16));
-                at += len;
-            }
-        }
-        let refs: Vec<&TensorEntry> = e.iter().collect();
-        let before = pack(&refs);
-        let mut p = before.clone();
-        let (n, bytes) = p.order_small_first();
-        let total: u64 = p.blocks.iter().map(|b| b.len).sum();
-        // Twice the largest block (128 MiB) is under a quarter of the load, so the small ones reach it.
-        assert!(bytes >= 128 << 20 && bytes <= total / 4 + (24 << 20), "{n} blocks, {bytes} bytes");
-        let lens: Vec<u64> = p.blocks[..n].iter().map(|b| b.len).collect();
-        assert!(lens.windows(2).all(|w| w[0] <= w[1]), "{lens:?}");
-        assert!(lens.iter().all(|&l| l < 64 << 20));
-        // The rest keep file order, and each tensor still lands at its file position in its block.
-        let rest: Vec<u64> = p.blocks[n..].iter().map(|b| b.start).collect();
-        assert!(rest.windows(2).all(|w| w[0] < w[1]));
-        assert_eq!(p.blocks[n].start, 0, "the first large block follows the small ones");
-        let mut sorted = p.blocks.clone();
-        sorted.sort_by_key(|b| b.start);
-        assert_eq!(sorted, before.blocks);
-        for (i, entry) in e.iter().enumerate() {
-            let (b, off) = p.tensors[i];
-            assert_eq!(p.blocks[b].start + off, entry.offset);
-            assert!(off + entry.nbytes <= p.blocks[b].len);
-        }
-    }
-
-    #[test]
-    fn small_first_of_one_block_or_none_changes_nothing() {
-        let mut none = Placement::default();
-        assert_eq!(none.order_small_first(), (0, 0));
-        let e = [t(0, 0, 4 << 20, DType::U8)];
-        let refs: Vec<&TensorEntry> = e.iter().collect();
-        let mut one = pack(&refs);
-        assert_eq!(one.order_small_first(), (1, 4 << 20));
-        assert_eq!(one.tensors, vec![(0, 0)]);
     }
 
     #[test]

@@ -48,9 +48,6 @@ pub struct Report {
     /// For device loads of whole tensors: where their memory came from ("pool": the device's stream-ordered pool;
     /// otherwise the name of the caller's allocator, e.g. "torch").
     pub device_memory: Option<String>,
-    /// For device loads of whole tensors: the order of the reads and allocations (the `read_order` setting), with
-    /// `small-first`'s blocks and bytes that came first.
-    pub read_order: Option<String>,
     /// The path taken and why.
     pub path: PathUsed,
     pub path_reason: String,
@@ -92,7 +89,6 @@ impl Report {
             seconds: 0.0,
             alloc_secs: 0.0,
             device_memory: None,
-            read_order: None,
             path,
             path_reason,
             io,
@@ -183,7 +179,6 @@ impl Report {
         v["populate_refusal"] = json!(io.populate_refusal);
         v["checks"] = self.checks.as_ref().map_or(Value::Null, |c| c.to_json());
         v["device_memory"] = json!(self.device_memory);
-        v["read_order"] = json!(self.read_order);
         v["server"] = self.server.clone().unwrap_or(Value::Null);
         v
     }

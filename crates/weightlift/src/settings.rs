@@ -68,36 +68,6 @@ impl fmt::Display for DeviceMemory {
     }
 }
 
-/// The order of a GPU load's reads, which is also the order its blocks of device memory are allocated in.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ReadOrder {
-    /// The smallest blocks first, until they hold twice the largest block (at most a quarter of the load), then the
-    /// rest in file order: the copies start while the large blocks are still being allocated.
-    SmallFirst,
-    /// File order.
-    File,
-}
-
-impl FromStr for ReadOrder {
-    type Err = String;
-    fn from_str(s: &str) -> std::result::Result<Self, String> {
-        match s.trim().to_ascii_lowercase().as_str() {
-            "small-first" | "small_first" => Ok(ReadOrder::SmallFirst),
-            "file" => Ok(ReadOrder::File),
-            _ => Err("expected small-first or file".into()),
-        }
-    }
-}
-
-impl fmt::Display for ReadOrder {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            ReadOrder::SmallFirst => "small-first",
-            ReadOrder::File => "file",
-        })
-    }
-}
-
 /// Whether GPU loads hand their reads to a load server (`weightlift serve`, see [`crate::server`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ServerMode {
@@ -214,18 +184,7 @@ trait Shown {
 macro_rules! shown_display {
     ($($t:ty),*) => { $(impl Shown for $t { fn shown(&self) -> String { self.to_string() } })* };
 }
-shown_display!(
-    u32,
-    u64,
-    DirectMode,
-    CachePolicy,
-    Backend,
-    StagingPages,
-    CachePages,
-    DeviceMemory,
-    ServerMode,
-    ReadOrder
-);
+shown_display!(u32, u64, DirectMode, CachePolicy, Backend, StagingPages, CachePages, DeviceMemory, ServerMode);
 
 impl Shown for Option<PathBuf> {
     fn shown(&self) -> String {
@@ -342,11 +301,6 @@ settings! {
     device_memory: DeviceMemory = DeviceMemory::Torch, "torch", env "WEIGHTLIFT_DEVICE_MEMORY",
         parse named::<DeviceMemory>, values &["torch", "pool"],
         "where the Python package's loads onto a GPU (load_file, safe_open's get_tensors, load_gguf, weightlift.nn, weightlift.transformers; packed checkpoints excepted) take their tensors' memory: torch (PyTorch's caching allocator, on a side stream and marked used by the caller's current stream: torch counts it in memory_allocated, reuses it when the tensors are freed and returns it on empty_cache, as for its own tensors) or pool (the device's stream-ordered pool, which the Rust crate, the C API and the Python package's other GPU loads, safe_open's streamed get_tensor among them, always use; release_memory returns what it keeps)";
-    // small-first: a load that starts on a large block waits for the driver to map its memory before its first copy;
-    // the order that starts on small blocks is measured against file order in bench/results (see NOTES.md).
-    read_order: ReadOrder = ReadOrder::SmallFirst, "small-first", env "WEIGHTLIFT_READ_ORDER",
-        parse named::<ReadOrder>, values &["small-first", "file"],
-        "order of a GPU load's whole-checkpoint reads through the pipeline, and of its device allocations: small-first (the smallest blocks until they hold twice the largest, at most a quarter of the load, then file order: the first copies start while the large blocks are being allocated) or file (file order)";
     server: ServerMode = ServerMode::Auto, "auto", env "WEIGHTLIFT_SERVER", parse named::<ServerMode>,
         values &[],
         "GPU loads into memory that another process can open (torch's caching allocator, cuMemAlloc; not the stream-ordered pool) are read by a load server (`weightlift serve`) whose staging is set up already: auto (the one at the default socket, $XDG_RUNTIME_DIR/weightlift/server.sock or /tmp/weightlift-UID/server.sock, when it listens), off, or a socket path; without a server, or when it cannot serve a load, the load reads in this process and its report's server entry says why (loads through the pinned pipeline: cuFile peer-to-peer and nvme-sim loads never ask a server)";
