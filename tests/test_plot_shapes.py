@@ -9,6 +9,8 @@ import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
 
@@ -59,6 +61,8 @@ def test_bars_are_scaled_per_panel_and_peers_are_grey() -> None:
 
 def test_a_committed_run_gets_a_bar_for_every_figure(tmp_path: Path) -> None:
     src = ROOT / "bench" / "results" / "2026-11-27-h200-e" / "shapes.json"
+    if not src.exists():
+        pytest.skip(f"{src} is not in this tree (a GPU bundle carries the tests, not bench/results)")
     out = tmp_path / "shapes.svg"
     subprocess.run([sys.executable, str(ROOT / "bench" / "plot_shapes.py"), str(src), str(out)], check=True)
     results = json.loads(src.read_text())["results"]
