@@ -18,9 +18,11 @@ untimed ones), the steps of `weightlift.safetensors.load_file` as it makes them:
 
 Each load's memory is freed and PyTorch's cache emptied before the next, as bench/shapes.py's warm case does
 (``--keep-cache``: not emptied, so that PyTorch's allocator hands out the blocks it cached, as in a process that
-reloads a model without emptying the cache). The last load is compared byte for byte with `safetensors`' load.
+reloads a model without emptying the cache; ``--settle S``: emptied, then S seconds of waiting before the clock
+starts, so that what the driver does after a free is not timed). The last load is compared byte for byte with
+`safetensors`' load.
 
-Usage: call_overhead.py FILE OUT.json [--device cuda:0] [--runs 7] [--keep-cache]
+Usage: call_overhead.py FILE OUT.json [--device cuda:0] [--runs 7] [--keep-cache] [--settle S]
 """
 
 import argparse
@@ -39,6 +41,8 @@ def main() -> int:
     ap.add_argument("--device", default="cuda:0")
     ap.add_argument("--runs", type=int, default=7)
     ap.add_argument("--keep-cache", action="store_true", help="do not empty PyTorch's cache between loads")
+    ap.add_argument("--settle", type=float, default=0.0,
+                    help="seconds to wait after emptying PyTorch's cache, before the clock starts")
     a = ap.parse_args()
 
     import torch
@@ -87,6 +91,7 @@ def main() -> int:
         loaded = None
         if on_gpu and not a.keep_cache:
             torch.cuda.empty_cache()
+        time.sleep(a.settle)
         steps, loaded = timed_load()
         runs.append(steps)
         print(" ".join(f"{k} {v * 1e3:.3f}ms" for k, v in steps.items()), flush=True)
@@ -94,8 +99,8 @@ def main() -> int:
     medians = {k: round(statistics.median(r[k] for r in runs) * 1e3, 3) for k in runs[0]}
     print("medians, ms:", json.dumps(medians))
     with open(a.out, "w") as f:
-        json.dump({"file": a.file, "device": a.device, "keep_cache": a.keep_cache, "tensors": len(loaded), "runs": runs,
-                   "medians_ms": medians, "verified": True}, f, indent=1)
+        json.dump({"file": a.file, "device": a.device, "keep_cache": a.keep_cache, "settle_s": a.settle,
+                   "tensors": len(loaded), "runs": runs, "medians_ms": medians, "verified": True}, f, indent=1)
     return 0
 
 

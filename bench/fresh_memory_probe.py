@@ -8,13 +8,15 @@ into fresh memory run slower even when it was allocated beforehand, the pinned c
 that loads into fresh memory cannot reach; if not, what costs is allocating beside the copies.
 
 With the CUDA driver alone (ctypes, bench/driver_probe.py's helpers; no torch, no weightlift), ``--rounds`` times:
-a buffer kept for the whole run, written once before (``reused``); then a fresh ``cuMemAlloc`` of ``--gib`` GiB,
-copied into twice (``cumemalloc_first``, ``cumemalloc_second``) and freed; then the same from the device's
-stream-ordered pool trimmed to nothing before (``pool_first``, ``pool_second``). Each copy fills the whole buffer
+a buffer kept for the whole run, written once before (``reused``, right after the previous round freed its
+memory; ``reused_settled``, ``--settle`` seconds later); then a fresh ``cuMemAlloc`` of ``--gib`` GiB, copied
+into twice (``cumemalloc_first``, ``cumemalloc_second``) and freed; then the same from the device's stream-ordered
+pool trimmed to nothing just before (``pool_first``, ``pool_second``), and once more from the pool trimmed
+``--settle`` seconds before (``pool_first_settled``). Each copy fills the whole buffer
 in 4 MiB host->device copies on one stream from pinned memory holding a pattern; the last copy of each kind is read
 back and compared with the pattern. Prints one line per figure; writes them all, and the medians, as JSON.
 
-Usage: fresh_memory_probe.py OUT.json [--gib 4] [--rounds 5]
+Usage: fresh_memory_probe.py OUT.json [--gib 4] [--rounds 5] [--settle 0.2]
 """
 
 import argparse
@@ -65,6 +67,7 @@ def main() -> None:
     ap.add_argument("out")
     ap.add_argument("--gib", type=int, default=4)
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--settle", type=float, default=0.2, help="seconds to wait after freeing, for the *_settled cases")
     a = ap.parse_args()
     total = a.gib << 30
     ctx = Ctx()
@@ -72,11 +75,13 @@ def main() -> None:
     src = pattern_source()
     kept = dev_alloc(total)
     fill(src, kept.value, total, stream)  # written once: from now on, memory written before
-    runs: dict = {k: [] for k in ("reused", "cumemalloc_first", "cumemalloc_second", "pool_first", "pool_second",
-                                   "cumemalloc_alloc_secs", "pool_alloc_secs")}
+    runs: dict = {k: [] for k in ("reused", "reused_settled", "cumemalloc_first", "cumemalloc_second", "pool_first",
+                                   "pool_second", "pool_first_settled", "cumemalloc_alloc_secs", "pool_alloc_secs")}
     checks = {}
     for r in range(a.rounds):
-        runs["reused"].append(fill(src, kept.value, total, stream))
+        runs["reused"].append(fill(src, kept.value, total, stream))  # right after the last round's frees
+        time.sleep(a.settle)
+        runs["reused_settled"].append(fill(src, kept.value, total, stream))
         checks["reused"] = same_as_source(src, kept.value, total)
 
         t = time.perf_counter()
@@ -96,6 +101,14 @@ def main() -> None:
         runs["pool_first"].append(fill(src, q.value, total, stream))
         runs["pool_second"].append(fill(src, q.value, total, stream))
         checks["pool"] = same_as_source(src, q.value, total)
+        ck("cuMemFreeAsync", U64(q.value), stream)
+        ck("cuStreamSynchronize", stream)
+        ctx.pool_trim()
+        time.sleep(a.settle)
+        ck("cuMemAllocAsync", ctypes.byref(q), ctypes.c_size_t(total), stream)
+        ck("cuStreamSynchronize", stream)
+        runs["pool_first_settled"].append(fill(src, q.value, total, stream))
+        checks["pool_settled"] = same_as_source(src, q.value, total)
         ck("cuMemFreeAsync", U64(q.value), stream)
         ck("cuStreamSynchronize", stream)
         ctx.pool_trim()
