@@ -25,7 +25,7 @@ import json
 import statistics
 import time
 
-from driver_probe import MIB, U64, Ctx, ck, dev_alloc
+from driver_probe import MIB, U64, Ctx, alloc_async_chunks, ck, dev_alloc, free_async
 
 CHUNK = 4 * MIB
 SRC_BYTES = 256 * MIB
@@ -93,24 +93,18 @@ def main() -> None:
         ck("cuMemFree_v2", U64(p.value))
 
         ctx.pool_trim()
-        t = time.perf_counter()
-        q = U64()
-        ck("cuMemAllocAsync", ctypes.byref(q), ctypes.c_size_t(total), stream)
-        ck("cuStreamSynchronize", stream)
-        runs["pool_alloc_secs"].append(time.perf_counter() - t)
+        secs, (q,) = alloc_async_chunks(ctx, total, total, stream)  # one allocation of `total`, synchronised
+        runs["pool_alloc_secs"].append(secs)
         runs["pool_first"].append(fill(src, q.value, total, stream))
         runs["pool_second"].append(fill(src, q.value, total, stream))
         checks["pool"] = same_as_source(src, q.value, total)
-        ck("cuMemFreeAsync", U64(q.value), stream)
-        ck("cuStreamSynchronize", stream)
+        free_async([q], stream)
         ctx.pool_trim()
         time.sleep(a.settle)
-        ck("cuMemAllocAsync", ctypes.byref(q), ctypes.c_size_t(total), stream)
-        ck("cuStreamSynchronize", stream)
+        _, (q,) = alloc_async_chunks(ctx, total, total, stream)
         runs["pool_first_settled"].append(fill(src, q.value, total, stream))
         checks["pool_settled"] = same_as_source(src, q.value, total)
-        ck("cuMemFreeAsync", U64(q.value), stream)
-        ck("cuStreamSynchronize", stream)
+        free_async([q], stream)
         ctx.pool_trim()
         print(f"round {r + 1}: " + ", ".join(f"{k} {v[-1]:.4g}" for k, v in runs.items()), flush=True)
     medians = {k: statistics.median(v) for k, v in runs.items()}
