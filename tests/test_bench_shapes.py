@@ -1,5 +1,5 @@
-"""bench/shapes.py: its checks catch a changed byte, and a small run on the host gives well-formed, verified
-results (the GPU cases run on the GPU machine)."""
+"""bench/shapes.py and its parts (bench/wlbench): its checks catch a changed byte, and a small run on the host gives
+well-formed, verified results (the GPU cases run on the GPU machine)."""
 
 from __future__ import annotations
 
@@ -14,23 +14,31 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
 
-import shapes  # noqa: E402
-
 torch = pytest.importorskip("torch")
 np = pytest.importorskip("numpy")
 pytest.importorskip("safetensors")
-shapes.torch, shapes.np = torch, np
+
+import shapes  # noqa: E402
+import wlbench.run  # noqa: E402
+from wlbench.ceilings import parallel_read_rate  # noqa: E402
+from wlbench.checkpoint import (CHUNK, RawBytes, _sums, flat_bytes, open_checkpoint, positional,  # noqa: E402
+                                reference, verify)
+from wlbench.families import FIRST_LOAD, HOST  # noqa: E402
+from wlbench.files import Files, make_upstream  # noqa: E402
+from wlbench.goals import best_peers, goals  # noqa: E402
+from wlbench.methods import WL_SERVER, Options, Target  # noqa: E402
+from wlbench.timing import Run  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def upstream(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("shapes") / "upstream.safetensors"
-    shapes.make_upstream(str(path), 3 << 20, seed=1)
+    make_upstream(str(path), 3 << 20, seed=1)
     return path
 
 
 def test_upstream_layout_is_llama_and_unaligned(upstream: Path) -> None:
-    ckpt = shapes.open_checkpoint(str(upstream))
+    ckpt = open_checkpoint(str(upstream))
     names = ckpt.names()
     assert "model.embed_tokens.weight" in names and "lm_head.weight" in names
     assert all(e.dtype == "BF16" for e in ckpt.entries)
@@ -41,38 +49,38 @@ def test_upstream_layout_is_llama_and_unaligned(upstream: Path) -> None:
 def test_checks_catch_one_changed_byte(upstream: Path) -> None:
     from safetensors.torch import load_file
 
-    ckpt = shapes.open_checkpoint(str(upstream))
-    ref = shapes.reference(ckpt, "cpu")
+    ckpt = open_checkpoint(str(upstream))
+    ref = reference(ckpt, "cpu")
     loaded = load_file(str(upstream))
-    shapes.verify(loaded, ref, ckpt, "cpu")
+    verify(loaded, ref, ckpt, "cpu")
     name = ckpt.entries[len(ckpt.entries) // 2].name
     loaded[name] = loaded[name].clone()
-    shapes.flat_bytes(loaded[name])[1234] ^= 1
+    flat_bytes(loaded[name])[1234] ^= 1
     with pytest.raises(ValueError, match="differ"):
-        shapes.verify(loaded, ref, ckpt, "cpu")
+        verify(loaded, ref, ckpt, "cpu")
 
-    raw = shapes.RawBytes(torch.from_numpy(np.fromfile(str(upstream), dtype=np.uint8)), 0)
-    shapes.verify(raw, ref, ckpt, "cpu")
+    raw = RawBytes(torch.from_numpy(np.fromfile(str(upstream), dtype=np.uint8)), 0)
+    verify(raw, ref, ckpt, "cpu")
     raw.data[ckpt.entries[-1].offset + 7] ^= 0x80
     with pytest.raises(ValueError, match="differ"):
-        shapes.verify(raw, ref, ckpt, "cpu")
+        verify(raw, ref, ckpt, "cpu")
 
 
 def test_gpu_checksum_matches_itself_across_chunks() -> None:
     """The positional sums (used on GPUs) computed in one block and in several agree, and see a swap of words."""
-    data = torch.randint(0, 256, (3 * shapes.CHUNK + 6,), dtype=torch.uint8)
+    data = torch.randint(0, 256, (3 * CHUNK + 6,), dtype=torch.uint8)
     words = data.view(torch.int16).to(torch.int64) & 0xFFFF
-    a, b = shapes._sums(words, 0)
+    a, b = _sums(words, 0)
     half = words.numel() // 2
-    a1, b1 = shapes._sums(words[:half], 0)
-    a2, b2 = shapes._sums(words[half:], half)
+    a1, b1 = _sums(words[:half], 0)
+    a2, b2 = _sums(words[half:], half)
     assert (a, b) == (a1 + a2, b1 + b2)
     assert a == int(words.sum())
     words[10], words[11] = 1, 2
-    a, b = shapes._sums(words, 0)
+    a, b = _sums(words, 0)
     swapped = words.clone()
     swapped[[10, 11]] = swapped[[11, 10]]
-    assert shapes._sums(swapped, 0) == (a, b - 1)
+    assert _sums(swapped, 0) == (a, b - 1)
 
 
 def test_host_run_is_well_formed_and_verified(upstream: Path, tmp_path: Path) -> None:
@@ -96,7 +104,7 @@ def test_host_run_is_well_formed_and_verified(upstream: Path, tmp_path: Path) ->
         assert r["best"] >= r["median"] > 0 and len(r["runs_gbps"]) >= 1
     assert not (tmp_path / "shm" / upstream.name).exists(), "tmpfs copies are removed at exit"
     # safe_open's results carry each run's stream statistics: every tensor byte read in file order or on demand.
-    tensor_bytes = shapes.open_checkpoint(str(upstream)).tensor_bytes
+    tensor_bytes = open_checkpoint(str(upstream)).tensor_bytes
     for r in out["results"]:
         if r["method"].startswith("weightlift.safe_open"):
             (stats,) = r["stream_stats"]
@@ -115,18 +123,18 @@ def test_host_run_is_well_formed_and_verified(upstream: Path, tmp_path: Path) ->
     warm = next(r for r in out["results"] if (r["method"], r["case"]) == ("weightlift.load_file", "warm"))
     assert warm["best_peer"]["method"] == "safetensors.load_file"
     assert warm["best_peer"]["ratio_best"] == pytest.approx(warm["best"] / warm["best_peer"]["best"], rel=1e-3)
-    goals = {g["goal"]: g for g in out["goals"]}
-    host = goals["host: load_file into fresh memory / np.fromfile"]
+    judged = {g["goal"]: g for g in out["goals"]}
+    host = judged["host: load_file into fresh memory / np.fromfile"]
     pairs = next(r for r in out["results"] if r["method"] == "weightlift.load_file" and r["case"].startswith("host"))
     assert host["figure"] == pairs["median_ratio_to_np_fromfile"] and host["met"] == (host["figure"] >= 1.0)
-    assert "not_measured" in goals["warm: load_file / pinned copy ceiling"]
-    assert "not_measured" in goals["restart after a cold load, through a load server / warm load_file"]
+    assert "not_measured" in judged["warm: load_file / pinned copy ceiling"]
+    assert "not_measured" in judged["restart after a cold load, through a load server / warm load_file"]
 
 
 def test_a_reading_threads_error_is_raised(upstream: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(shapes.os, "preadv", lambda fd, bufs, off: 0)  # every read comes back short
+    monkeypatch.setattr(os, "preadv", lambda fd, bufs, off: 0)  # every read comes back short
     with pytest.raises(OSError, match="short read at"):
-        shapes.parallel_read_rate(str(upstream), 4, 1)
+        parallel_read_rate(str(upstream), 4, 1)
 
 
 COLD = "cold: load_file / disk ceiling (the faster of 16 x dd iflag=direct and 16 buffered readers)"
@@ -142,16 +150,16 @@ def test_goals_are_judged_by_the_runs_own_figures() -> None:
         result(wl, "warm", 50.0, 45.0), result(wl, "tmpfs", 40.0, 39.0), result(wl, "cold", 2.0, 1.9),
         result("weightlift.safe_open get_tensor file-order", "warm", 44.0, 41.0),
         result("weightlift.safe_open get_tensor random-order", "warm", 30.0, 35.0),
-        result(wl, "restart", 43.0, 40.0), result(shapes.WL_SERVER.name, "restart", 44.0, 41.0),
-        result(wl, shapes.FIRST_LOAD, 30.0, 29.0, median_first_to_second_time_ratio=1.35),
-        result(shapes.WL_SERVER.name, shapes.FIRST_LOAD, 40.0, 39.0, median_first_to_second_time_ratio=1.1),
-        result(wl, shapes.HOST, 9.0, 8.0, median_ratio_to_np_fromfile=0.97),
+        result(wl, "restart", 43.0, 40.0), result(WL_SERVER.name, "restart", 44.0, 41.0),
+        result(wl, FIRST_LOAD, 30.0, 29.0, median_first_to_second_time_ratio=1.35),
+        result(WL_SERVER.name, FIRST_LOAD, 40.0, 39.0, median_first_to_second_time_ratio=1.1),
+        result(wl, HOST, 9.0, 8.0, median_ratio_to_np_fromfile=0.97),
         result("kvikio pread", "warm", 52.0, 40.0),
     ]
     ceilings = {"pinned_copy": {"best": 54.0, "median": 53.0}, "disk_direct_dd16": {"best": 1.5, "median": 1.4},
                 "disk_buffered_read16": {"best": 1.9, "median": 1.8},
                 "page_cache_read16": {"best": 40.0, "median": 39.0}}
-    got = {g["goal"]: g for g in shapes.goals(results, ceilings)}
+    got = {g["goal"]: g for g in goals(results, ceilings)}
     expect = {
         "warm: load_file / pinned copy ceiling": (50 / 54, True),
         "tmpfs: load_file / pinned copy ceiling": (40 / 54, False),
@@ -176,7 +184,7 @@ def test_goals_are_judged_by_the_runs_own_figures() -> None:
         "ceiling": "page_cache_read16", "host_best": 40.0, "ratio": 1.25}
     assert "of_host_read_rate" not in got["tmpfs: load_file / pinned copy ceiling"]
     results.append(result("np.fromfile .to(device)", "warm", 44.0, 43.0))  # a steadier peer, slower at its best
-    shapes.best_peers(results)
+    best_peers(results)
     assert results[0]["best_peer"] == {"method": "kvikio pread", "best": 52.0, "median": 40.0,
                                        "ratio_best": round(50 / 52, 4), "median_method": "np.fromfile .to(device)",
                                        "ratio_median": round(45 / 43, 4)}
@@ -187,27 +195,27 @@ def test_positional_checksum_of_an_odd_start_equals_that_of_a_copy() -> None:
     data = torch.randint(0, 256, (10_001,), dtype=torch.uint8)
     view = data[1:]
     assert view.storage_offset() == 1
-    assert shapes.positional(view) == shapes.positional(view.clone())
+    assert positional(view) == positional(view.clone())
     changed = view.clone()
     changed[5000] ^= 1
-    assert shapes.positional(changed) != shapes.positional(view)
+    assert positional(changed) != positional(view)
 
 
 def test_a_stop_keeps_what_was_measured(monkeypatch: pytest.MonkeyPatch) -> None:
     """A SIGTERM during a family ends that family and the rest; the families before it keep their results."""
-    run = shapes.Run("cpu", "cpu", 1, shapes.Options(0, 1), "fadvise")
-    monkeypatch.setattr(shapes, "measure_ceilings", lambda *a: {"page_cache_dd1": {"best": 1.0, "median": 1.0}})
-    monkeypatch.setattr(shapes, "family_storage",
+    run = Run("cpu", "cpu", 1, Options(0, 1), "fadvise")
+    monkeypatch.setattr(wlbench.run, "measure_ceilings", lambda *a: {"page_cache_dd1": {"best": 1.0, "median": 1.0}})
+    monkeypatch.setattr(wlbench.run, "family_storage",
                         lambda run, case, t, why: run.results.append({"method": "m", "case": case}))
 
     def interrupted(*a: object) -> None:
-        raise shapes.OutOfTime("SIGTERM")
+        raise wlbench.run.OutOfTime("SIGTERM")
 
-    monkeypatch.setattr(shapes, "family_host", interrupted)
+    monkeypatch.setattr(wlbench.run, "family_host", interrupted)
     args = shapes.parse_args(["--file", "x", "--cases", "warm,host,tmpfs"])
-    files = shapes.Files(shapes.Target("disk", None))
-    files.tmpfs = shapes.Target("tmpfs", None)
-    seconds = shapes.run_families(run, args, ["warm", "host", "tmpfs"], files, "ref.json")
+    files = Files(Target("disk", None))
+    files.tmpfs = Target("tmpfs", None)
+    seconds = wlbench.run.run_families(run, args, ["warm", "host", "tmpfs"], files, "ref.json")
     assert set(seconds) == {"ceilings", "warm"}
     assert run.results == [{"method": "m", "case": "warm"}]
     assert run.stopped == {"family": "host", "by": "SIGTERM", "families_not_finished": ["host", "tmpfs"]}

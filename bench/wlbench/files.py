@@ -1,0 +1,187 @@
+"""The files a run measures: the upstream checkpoint (a llama-shaped bf16 file written by
+``safetensors.torch.save_file``), its ``torch.save`` copy, copies on tmpfs, and the same tensors written by
+transformers' ``save_pretrained`` (shards and index). Each is reused while its source is unchanged."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import shutil
+import time
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from wlbench import log
+from wlbench.checkpoint import Checkpoint, open_checkpoint
+from wlbench.methods import Target, method_named
+
+
+def parse_size(s: str) -> int:
+    units = {"kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "kb": 10**3, "mb": 10**6, "gb": 10**9, "b": 1}
+    low = s.strip().lower()
+    for u, mult in units.items():
+        if low.endswith(u):
+            return int(float(low[: -len(u)]) * mult)
+    return int(low)
+
+
+def llama_tensors(h: int, layers: int) -> list:
+    """The names and shapes of weightlift's synthetic llama layout (crates/weightlift-format synth), bf16."""
+    step = 256 if h >= 256 else 32
+    inter, kv, vocab = -(-(h * 11 // 4) // step) * step, max(h // 4, 32), min(h * 8, 32000)
+    out = [("model.embed_tokens.weight", (vocab, h))]
+    for i in range(layers):
+        p = f"model.layers.{i}"
+        out += [(f"{p}.input_layernorm.weight", (h,)), (f"{p}.self_attn.q_proj.weight", (h, h)),
+                (f"{p}.self_attn.k_proj.weight", (kv, h)), (f"{p}.self_attn.v_proj.weight", (kv, h)),
+                (f"{p}.self_attn.o_proj.weight", (h, h)), (f"{p}.post_attention_layernorm.weight", (h,)),
+                (f"{p}.mlp.gate_proj.weight", (inter, h)), (f"{p}.mlp.up_proj.weight", (inter, h)),
+                (f"{p}.mlp.down_proj.weight", (h, inter))]
+    return out + [("model.norm.weight", (h,)), ("lm_head.weight", (vocab, h))]
+
+
+def llama_plan(size: int) -> list:
+    """The widest model of which one layer fits in `size`, then the fewest layers that reach `size`."""
+    nbytes = lambda ts: 2 * sum(math.prod(s) for _, s in ts)  # noqa: E731
+    h = 4096
+    while h > 64 and nbytes(llama_tensors(h, 1)) > size:
+        h //= 2
+    one = nbytes(llama_tensors(h, 1))
+    per_layer = nbytes(llama_tensors(h, 2)) - one
+    return llama_tensors(h, 1 + -(-max(0, size - one) // per_layer))
+
+
+def make_upstream(path: str, size: int, seed: int) -> None:
+    import torch
+    from safetensors.torch import save_file
+
+    plan = llama_plan(size)
+    if os.path.exists(path):
+        try:
+            have = open_checkpoint(path)
+            if sorted((e.name, e.shape, e.dtype) for e in have.entries) == sorted((n, s, "BF16") for n, s in plan):
+                log(f"reusing {path} ({have.tensor_bytes / 2**30:.2f} GiB, {len(have.entries)} tensors)")
+                return
+        except (ValueError, OSError, KeyError) as e:
+            log(f"rewriting {path}: {e}")
+    t0 = time.perf_counter()
+    g = torch.Generator().manual_seed(seed)
+    tensors = {n: torch.randn(s, generator=g).mul_(0.02).to(torch.bfloat16) for n, s in plan}
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    save_file(tensors, path + ".partial", metadata={"format": "pt"})
+    os.replace(path + ".partial", path)
+    log(f"wrote {path} with safetensors.torch.save_file: {len(plan)} tensors, "
+        f"{os.path.getsize(path) / 2**30:.2f} GiB in {time.perf_counter() - t0:.1f} s")
+
+
+def fresh(copy: str, source: str) -> bool:
+    return os.path.exists(copy) and os.path.getmtime(copy) >= os.path.getmtime(source)
+
+
+def make_pt(source: str, pt: str) -> None:
+    """A torch.save copy of the checkpoint's tensors, for torch.load(mmap=True)."""
+    if fresh(pt, source):
+        return
+    import torch
+    from safetensors.torch import load_file
+
+    t0 = time.perf_counter()
+    torch.save(load_file(source), pt + ".partial")
+    os.replace(pt + ".partial", pt)
+    log(f"wrote {pt} with torch.save in {time.perf_counter() - t0:.1f} s")
+
+
+def llama_config(ckpt: Checkpoint) -> Any:
+    import transformers
+
+    shapes = {e.name: e.shape for e in ckpt.entries}
+    try:
+        vocab, h = shapes["model.embed_tokens.weight"]
+        kv = shapes["model.layers.0.self_attn.k_proj.weight"][0]
+        inter = shapes["model.layers.0.mlp.gate_proj.weight"][0]
+    except (KeyError, ValueError) as e:
+        raise ValueError(f"not a llama-shaped checkpoint ({e})") from None
+    layers = len({n.split(".")[2] for n in shapes if n.startswith("model.layers.")})
+    head_dim = next(d for d in (128, 64, 32, 16, 8, 4, 2, 1) if h % d == 0 and kv % d == 0)
+    return transformers.LlamaConfig(
+        vocab_size=vocab, hidden_size=h, intermediate_size=inter, num_hidden_layers=layers,
+        num_attention_heads=h // head_dim, num_key_value_heads=kv // head_dim, head_dim=head_dim,
+        tie_word_embeddings="lm_head.weight" not in shapes)
+
+
+def make_sharded(source: Checkpoint, out_dir: str, shard_size: str) -> str:
+    """The checkpoint's tensors written by transformers' save_pretrained (shards and index); reused while the
+    source file is unchanged."""
+    import torch
+    import transformers
+    from safetensors.torch import load_file
+
+    index = os.path.join(out_dir, "model.safetensors.index.json")
+    stamp = f"{source.path}:{os.path.getsize(source.path)}:{os.path.getmtime(source.path)}:{shard_size}"
+    stamp_file = os.path.join(out_dir, "source.txt")
+    if os.path.exists(index) and os.path.exists(stamp_file) and open(stamp_file).read() == stamp:
+        return index
+    t0 = time.perf_counter()
+    config = llama_config(source)
+    shutil.rmtree(out_dir, ignore_errors=True)
+    with torch.device("meta"):
+        model = transformers.LlamaForCausalLM(config)
+    model.load_state_dict(load_file(source.path), strict=True, assign=True)
+    model.save_pretrained(out_dir, max_shard_size=shard_size)
+    del model
+    if not os.path.exists(index):
+        raise ValueError(f"save_pretrained wrote no index in {out_dir} (one shard?)")
+    with open(stamp_file, "w") as f:
+        f.write(stamp)
+    log(f"wrote {out_dir} with transformers {transformers.__version__} save_pretrained in "
+        f"{time.perf_counter() - t0:.1f} s")
+    return index
+
+
+def copy_to(src: str, directory: str, made: list) -> str:
+    os.makedirs(directory, exist_ok=True)
+    dst = os.path.join(directory, os.path.basename(src))
+    if not (os.path.exists(dst) and os.path.getsize(dst) == os.path.getsize(src) and fresh(dst, src)):
+        shutil.copyfile(src, dst)
+    made.append(dst)
+    return dst
+
+
+@dataclass
+class Files:
+    disk: Target
+    tmpfs: Optional[Target] = None
+    tmpfs_why: Optional[str] = None
+    sharded: Optional[Target] = None
+    sharded_why: Optional[str] = None
+    made: list = field(default_factory=list)  # tmpfs copies to remove at exit
+
+
+def prepare_files(args: argparse.Namespace, families: list, ckpt: Checkpoint) -> Files:
+    pt = None
+    torch_load = method_named("torch.load(mmap=True) .to(device)")
+    filters = args.methods.split(",") if args.methods else [""]
+    if any(w in torch_load.name for w in filters) and set(families) & {"cold", "warm", "tmpfs", "restart"}:
+        pt = ckpt.path + ".pt"
+        make_pt(ckpt.path, pt)
+    files = Files(Target("disk", ckpt, pt))
+    if "tmpfs" in families:
+        shm_ok = os.path.isdir(os.path.dirname(args.shm_dir.rstrip("/")) or "/")
+        if args.shm_file or shm_ok:
+            shm = args.shm_file or copy_to(ckpt.path, args.shm_dir, files.made)
+            shm_pt = copy_to(pt, args.shm_dir, files.made) if pt and shm_ok else None
+            files.tmpfs = Target("tmpfs", open_checkpoint(shm), shm_pt)
+        else:
+            files.tmpfs_why = f"no tmpfs: {os.path.dirname(args.shm_dir)} is not a directory"
+    if "sharded" in families:
+        try:
+            out_dir = os.path.splitext(ckpt.path)[0] + "-save_pretrained"
+            files.sharded = Target("sharded", open_checkpoint(make_sharded(ckpt, out_dir, args.shard_size)))
+        except Exception as e:
+            files.sharded_why = f"{type(e).__name__}: {e}"
+            log(f"sharded case skipped: {files.sharded_why}")
+    return files
+
+
+# ---------------------------------------------------------------------------------------------------------------
