@@ -357,12 +357,12 @@ def cold_runs(big: Path, runs: int, dev: str, checkpoint_bytes: int) -> dict:
         out, s = timed(lambda: wd.load_file(str(big), device=dev))
         dist_rates.append(checkpoint_bytes / s / 1e9)
         summaries.append(wd.last_report()["summary"])
-        out = None
+        del out  # the tensors' memory back before the next load
         if rank == 0:
             drop_caches()
         out, s = timed(lambda: weightlift.load_file(str(big), device=dev), participate=rank == 0)
         one.append(checkpoint_bytes / s / 1e9)
-        out = None
+        del out
     disk = gather(disk)[0]
     return {
         "disk_8dd_direct_gbps": stats(disk),
@@ -379,7 +379,7 @@ def fastsafetensors_runs(paths: list[Path], runs: int, dev: str, checkpoint_byte
         from fastsafetensors import SafeTensorsFileLoader
     except Exception as e:  # noqa: BLE001 - any import failure is a reason to skip
         return {"skipped": f"fastsafetensors is not importable: {type(e).__name__}: {e}"}
-    world, rank = dist.get_world_size(), dist.get_rank()
+    world = dist.get_world_size()
 
     def load() -> dict:
         loader = SafeTensorsFileLoader(dist.group.WORLD, torch.device(dev), nogds=True)

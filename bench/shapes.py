@@ -48,9 +48,9 @@ parallel ``dd bs=16M iflag=direct`` over stripes of the file, and 16 threads rea
 after the caches are dropped: the cold goal takes the faster); with a warm, restart or host case the page cache
 (one ``dd bs=16M`` of the warm file; 16 threads reading stripes of it in 16 MiB ``preadv`` calls into buffers of
 their own; with a tmpfs case, the same 16 threads on the tmpfs copy). ``goals`` then judges each goal of the bar
-(docs/performance.md) by this run's figures alone: warm and tmpfs ``load_file`` ≥ 0.92 of the pinned
-copy (each also given as a share of the host's own read rate of the page cache or of tmpfs), cold ≥ 0.97 of the
-disk (best over best); ``safe_open`` per key ≥ 0.9 of ``load_file`` in file order and ≥ 0.8 in random order, warm
+(docs/performance.md) by this run's figures alone: warm and tmpfs ``load_file`` ≥ 0.92 of the pinned copy (each
+also given as a share of the host's own read rate of the page cache or of tmpfs), cold ≥ 0.97 of the disk (best
+over best); ``safe_open`` per key ≥ 0.9 of ``load_file`` in file order and ≥ 0.8 in random order, warm
 and cold; a restart ≥ 0.9 of the warm rate (median over median); a fresh process's first load ≤ 1.2× its second
 (median of the processes' ratios), each of these two without and with a load server; host loads ≥ 1.0×
 ``np.fromfile`` (median of the pairs). A goal whose cases were not run says what it lacked.
