@@ -1,4 +1,4 @@
-"""The byte check the bench probes share: loaded tensors against `safetensors`' own load of the file."""
+"""The byte check the bench scripts share: loaded tensors against `safetensors`' own load of the file."""
 
 
 def check(path: str, loaded: dict, label: str) -> None:

@@ -1,5 +1,5 @@
-"""bench/same_as_safetensors.py, the probes' byte check: passes on an exact load (NaNs included), names the tensor
-when one byte differs, when a shape differs or when a tensor is missing."""
+"""bench/same_as_safetensors.py, the byte check the bench scripts share: passes on an exact load (NaNs included),
+names the tensor when one byte differs, when a shape differs or when a tensor is missing."""
 
 from __future__ import annotations
 
