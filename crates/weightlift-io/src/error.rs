@@ -118,3 +118,11 @@ impl IoError {
         }
     }
 }
+
+/// The message of a panic's payload.
+pub(crate) fn panic_text(p: &(dyn std::any::Any + Send)) -> String {
+    p.downcast_ref::<&str>()
+        .map(|s| (*s).to_string())
+        .or_else(|| p.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic".to_string())
+}

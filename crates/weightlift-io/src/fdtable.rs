@@ -5,7 +5,7 @@
 //! calls `synchronize_rcu`). On the H100 machine the wait took 12–22 ms, and it fell inside a fresh process's
 //! first load: the first open after CUDA's descriptors and the lanes' rings had filled the table, caught by
 //! sampling every thread's kernel stack (`synchronize_rcu < expand_files < alloc_fd < do_sys_openat2`,
-//! bench/results/2026-11-25-h100-zc). Growing the table early, once per process, takes the wait out of the loads:
+//! bench/results/2026-11-25-h100-zc at b3a4ec8). Growing the table early, once per process, takes the wait out of the loads:
 //! at once where the process has one thread (the kernel then skips the wait), else on a thread of its own, whose
 //! wait overlaps whatever the program does before its first load.
 

@@ -11,9 +11,9 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use crate::error::IoError;
 use crate::fault::FaultPlan;
 use crate::file::OpenFile;
-use crate::lane::LaneStats;
 use crate::plan::{Piece, Plan, ReadOp};
 use crate::populate::ColdMaps;
+use crate::reading::LaneStats;
 use crate::sink::Sink;
 use crate::staging::Pinner;
 

@@ -5,14 +5,14 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::time::Instant;
 
+use crate::engine::{IoEngine, ReadEngineUsed};
 use crate::error::IoError;
 use crate::fault::FaultPlan;
 use crate::file::OpenFile;
 use crate::job::{Gate, Held, Job, JobParts, LaneTotals, Priority};
-use crate::lane::LaneStats;
 use crate::params::{CachePages, CachePolicy, DirectMode};
 use crate::plan::{self, Extent, Plan, PlanError, PlanFile, PlanOptions, ReadKind};
-use crate::pool::{IoEngine, ReadEngineUsed};
+use crate::reading::LaneStats;
 use crate::residency::Residency;
 use crate::sink::Sink;
 use crate::staging::Pinner;

@@ -7,7 +7,7 @@ use std::str::FromStr;
 
 use crate::error::IoError;
 
-/// Default values, measured on the GPU machine (bench/NOTES.md).
+/// Default values, measured on the GPU machine (docs/performance.md).
 pub mod defaults {
     /// Largest buffered read and host→device copy.
     pub const CHUNK_BYTES: u64 = 4 << 20;
@@ -17,7 +17,7 @@ pub mod defaults {
     pub const STAGING_BYTES: u64 = 256 << 20;
     /// Lanes: the CPU count, at most this many. Warm page-cache loads are bound by how fast the lanes copy out
     /// of the page cache: on a 16-vCPU H100 host, 8 lanes gave 23.0 GB/s to the GPU and 16 lanes 45.1
-    /// (bench/results/2026-11-23-h100/bench.json and bench-threads16.json).
+    /// (bench/results/2026-11-23-h100 at b3a4ec8/bench.json and bench-threads16.json).
     pub const MAX_THREADS: u32 = 16;
 
     /// I/O threads: the CPU count, at most [`MAX_THREADS`].

@@ -2,7 +2,7 @@
 //!
 //! A cold load's buffered reads come from several lanes at scattered offsets of one descriptor, so the kernel's
 //! readahead sees random reads and fills the page cache with 4 KiB folios. Reading those again (the next process,
-//! a server restart) is slower than reading 2 MiB folios (bench/NOTES.md, "Cold loads that leave 2 MiB folios").
+//! a server restart) is slower than reading 2 MiB folios (docs/performance.md, "Cold loads that leave 2 MiB folios").
 //! A fault in a mapping advised `MADV_HUGEPAGE` makes the kernel read the file in PMD-sized folios whatever the
 //! access pattern, so each lane first populates its cold range through such a mapping (`MADV_POPULATE_READ`: the
 //! disk reads happen there, in whole 2 MiB folios around the range, with the kernel's readahead beyond), then

@@ -6,7 +6,7 @@ use std::collections::VecDeque;
 use std::io;
 
 use crate::error::IoError;
-use crate::worker::{Submission, Submitter};
+use crate::submit::{Submission, Submitter};
 
 #[derive(Default)]
 pub(crate) struct Blocking {

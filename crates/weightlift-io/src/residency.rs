@@ -3,7 +3,7 @@
 //! `cachestat(2)` (Linux 6.5+) counts a range's cached pages by walking its folios: cheap for a file the page
 //! cache holds in large folios (one written, or read sequentially), but a file cached as 4 KiB folios — after a
 //! cold load's parallel buffered reads, say — costs about 2 ms per cached GiB (7–11 ms for 4 GiB on the H100
-//! machine, `bench/results/2026-11-24-h100-zi`), paid before every load. A load that reads most of a span over
+//! machine, `bench/results/2026-11-24-h100-zi at b3a4ec8`), paid before every load. A load that reads most of a span over
 //! [`SAMPLED_ABOVE`] ([`Residency::probe_for`]) therefore first probes [`SAMPLES`] places of [`SAMPLE_BYTES`]
 //! spread over that span: all of them wholly cached or all of them (nearly) empty — the usual cases, a warm or a
 //! cold checkpoint — settles it. Otherwise, for smaller loads, for loads of a few ranges of a large file, and for

@@ -84,7 +84,7 @@ impl Staging {
         // The mapping is page-aligned, so the first huge-page boundary lies less than `slack` into it.
         assert!(offset + bytes <= map.len(), "staging offset {offset} past the slack of {slack} bytes");
         // Measured on the H100 host: faulting in and zeroing 4 KiB pages is most of a lane's staging set-up; with
-        // huge pages 16 lanes of 8 MiB set up in 29 ms instead of 57 (bench/results/2026-11-24-h100-j,
+        // huge pages 16 lanes of 8 MiB set up in 29 ms instead of 57 (bench/results/2026-11-24-h100-j at b3a4ec8,
         // driver_probe.py), a lane of the engine in 2.5 ms instead of 4.1, and the first load of a fresh engine
         // took 1.15-1.25x the second instead of 1.23-1.48x (six interleaved pairs of processes on two machines,
         // 2026-11-24-h100-za and -zb). Warm loads of the same processes were 0-3% slower with huge pages in five
@@ -101,7 +101,7 @@ impl Staging {
         // than with one MADV_POPULATE_WRITE: that call holds the process's mmap lock (shared) while it faults the
         // whole range in, and the next lane's `mmap` (which takes it exclusively) waits for it, so 16 lanes setting
         // up at once faulted in one after another. Touching takes the fault path, which on Linux 6.4+ locks only
-        // the one mapping. Measured on the H100 machine (bench/results/2026-11-25-h100-o): 16 lanes × 8 MiB
+        // the one mapping. Measured on the H100 machine (bench/results/2026-11-25-h100-o at b3a4ec8): 16 lanes × 8 MiB
         // faulted in by 5.5 ms instead of 21.6, the first load of a fresh process 0.069 s instead of 0.087 (1.25
         // GB) and 0.125 s instead of 0.151 (4.49 GB), medians of 9.
         for page in map[offset..offset + bytes].chunks_mut(4096) {

@@ -7,7 +7,7 @@ use std::sync::OnceLock;
 use io_uring::{IoUring, opcode, squeue, types};
 
 use crate::error::IoError;
-use crate::worker::{Submission, Submitter};
+use crate::submit::{Submission, Submitter};
 
 /// Whether this process may use io_uring: `Ok` or the reason it may not. Probed once.
 pub fn available() -> Result<(), String> {

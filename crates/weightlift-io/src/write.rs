@@ -11,9 +11,9 @@ use io_uring::{IoUring, opcode, squeue, types};
 
 use crate::error::IoError;
 use crate::file::{Access, OpenFile, open_checked, same_file};
-use crate::lane::{LaneStats, Next, Reading};
 use crate::params::{DirectMode, IoParams, ReadEngine};
 use crate::plan::ReadOp;
+use crate::reading::{LaneStats, Next, Reading};
 use crate::sink::SinkError;
 use crate::staging::{Pinner, StagingPool};
 

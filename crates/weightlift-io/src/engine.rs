@@ -1,72 +1,20 @@
 //! The engine's persistent lanes and the queue of jobs they serve.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use crate::error::IoError;
-use crate::job::{Job, Priority};
-use crate::params::{IoParams, ReadEngine, StagingPages};
+use crate::error::{IoError, panic_text};
+use crate::job::Job;
+use crate::lane::Lane;
+use crate::params::{IoParams, ReadEngine};
+use crate::queue::{Answers, Shared, StagingRequest};
 use crate::staging::Pinner;
-use crate::worker::{Lane, Submitter};
+use crate::submit::Submitter;
 
 /// Pread lanes issue one read at a time, so they are more numerous than io_uring lanes, up to this many.
 const MAX_PREAD_LANES: usize = 64;
-
-/// What a lane should do next.
-pub(crate) enum Work {
-    None,
-    /// Reallocate staging (the lane is idle) to serve this job.
-    Restage(Arc<Job>),
-    /// Read op `op` of `job`; `joins`: the lane's first op of the job.
-    Op {
-        job: Arc<Job>,
-        op: usize,
-        joins: bool,
-    },
-}
-
-/// A request that the lanes set up their staging now ([`IoEngine::prepare_staging`]), and their answers.
-pub(crate) struct StagingRequest {
-    pub epoch: u64,
-    pub slot_bytes: u64,
-    pub slots: usize,
-    /// Lanes `0..lanes` set up; the others only answer (a load would not use them).
-    pub lanes: usize,
-    pub pinner: Option<Arc<dyn Pinner>>,
-    answers: Mutex<Answers>,
-    answered: Condvar,
-}
-
-#[derive(Default)]
-struct Answers {
-    count: usize,
-    set_up: usize,
-    setup: Duration,
-    waited: Duration,
-    error: Option<IoError>,
-}
-
-impl StagingRequest {
-    /// A lane's answer: `None` when it was not asked to set up, else its set-up time, its wait for the other lanes'
-    /// set-ups and the result (zero times for a lane whose staging already fitted).
-    pub fn answer(&self, outcome: Option<(Duration, Duration, Result<(), IoError>)>) {
-        let mut a = self.answers.lock().unwrap_or_else(|p| p.into_inner());
-        a.count += 1;
-        if let Some((setup, waited, result)) = outcome {
-            if !setup.is_zero() {
-                a.set_up += 1;
-            }
-            a.setup += setup;
-            a.waited += waited;
-            if let Err(e) = result {
-                a.error.get_or_insert(e);
-            }
-        }
-        self.answered.notify_all();
-    }
-}
 
 /// What [`IoEngine::prepare_staging`] did.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -86,121 +34,8 @@ pub struct StagingPrepared {
     pub wait_thread_secs: f64,
 }
 
-struct Queue {
-    jobs: Vec<Arc<Job>>,
-    generation: u64,
-}
-
-/// What the lanes share with the engine.
-pub(crate) struct PoolShared {
-    queue: Mutex<Queue>,
-    wake: Condvar,
-    shutdown: AtomicBool,
-    broken: Mutex<Option<String>>,
-    release_epoch: AtomicU64,
-    /// The last staging set-up request's epoch, and the request while it is being answered.
-    staging_request: Mutex<(u64, Option<Arc<StagingRequest>>)>,
-    /// The last request's epoch, read without the lock.
-    staging_epoch: AtomicU64,
-    staging_per_lane: u64,
-    staging_pages: StagingPages,
-}
-
-impl PoolShared {
-    fn lock(&self) -> MutexGuard<'_, Queue> {
-        self.queue.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    pub fn generation(&self) -> u64 {
-        self.lock().generation
-    }
-
-    pub fn staging_per_lane(&self) -> u64 {
-        self.staging_per_lane
-    }
-
-    pub fn staging_pages(&self) -> StagingPages {
-        self.staging_pages
-    }
-
-    pub fn release_epoch(&self) -> u64 {
-        self.release_epoch.load(Ordering::Relaxed)
-    }
-
-    /// The staging set-up request newer than epoch `answered`, or `Err(epoch)`: no request is waiting for an
-    /// answer up to that epoch. Lanes ask between ops: without a newer epoch posted, no lock is taken.
-    pub fn staging_request(&self, answered: u64) -> Result<Arc<StagingRequest>, u64> {
-        if self.staging_epoch.load(Ordering::Acquire) == answered {
-            return Err(answered);
-        }
-        let r = self.staging_request.lock().unwrap_or_else(|p| p.into_inner());
-        r.1.as_ref().filter(|r| r.epoch != answered).cloned().ok_or(r.0)
-    }
-
-    /// Wakes idle lanes (new work, a gate opened, a release request).
-    pub fn notify(&self) {
-        let mut q = self.lock();
-        q.generation += 1;
-        self.wake.notify_all();
-    }
-
-    /// Waits until something changed since generation `seen`; false once the engine shuts down.
-    pub fn idle_wait(&self, seen: u64) -> bool {
-        let mut q = self.lock();
-        while q.generation == seen && !self.shutdown.load(Ordering::Relaxed) {
-            q = self.wake.wait(q).unwrap_or_else(|p| p.into_inner());
-        }
-        !self.shutdown.load(Ordering::Relaxed)
-    }
-
-    /// The next thing `lane` should do: foreground jobs first, then background, each in submission order.
-    pub fn next_work(&self, lane: &Lane) -> Work {
-        let q = self.lock();
-        for job in &q.jobs {
-            if lane.id >= job.max_lanes || job.drained_of_ops() {
-                continue;
-            }
-            if !lane.staging_fits(job) {
-                if lane.is_idle() {
-                    return Work::Restage(job.clone());
-                }
-                continue;
-            }
-            if !lane.has_room_for(job) {
-                continue;
-            }
-            if let Some((op, joins)) = job.take_op(lane.id) {
-                return Work::Op { job: job.clone(), op, joins };
-            }
-        }
-        Work::None
-    }
-
-    pub fn remove(&self, job: &Arc<Job>) {
-        self.lock().jobs.retain(|j| !Arc::ptr_eq(j, job));
-    }
-
-    /// Fails every queued job with `e` (a lane died: a job only it could serve would wait forever); jobs other
-    /// lanes have joined complete once those lanes leave them.
-    pub fn fail_queued(&self, e: &IoError) {
-        let jobs: Vec<Arc<Job>> = self.lock().jobs.clone();
-        for job in jobs {
-            job.fail(e.duplicate());
-            if job.is_complete() {
-                self.remove(&job);
-            }
-        }
-        self.notify();
-    }
-
-    /// Records that a lane died; every later job fails with this reason.
-    pub fn mark_broken(&self, why: &str) {
-        self.broken.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert_with(|| why.to_string());
-    }
-}
-
 struct Threads {
-    shared: Arc<PoolShared>,
+    shared: Arc<Shared>,
     handles: Vec<JoinHandle<()>>,
     /// One staging set-up request at a time.
     preparing: Mutex<()>,
@@ -265,17 +100,7 @@ impl IoEngine {
         };
         let threads = params.threads as usize;
         let lanes = if uring { threads } else { (threads * params.queue_depth as usize).clamp(1, MAX_PREAD_LANES) };
-        let shared = Arc::new(PoolShared {
-            queue: Mutex::new(Queue { jobs: Vec::new(), generation: 0 }),
-            wake: Condvar::new(),
-            shutdown: AtomicBool::new(false),
-            broken: Mutex::new(None),
-            release_epoch: AtomicU64::new(0),
-            staging_request: Mutex::new((0, None)),
-            staging_epoch: AtomicU64::new(0),
-            staging_per_lane: (params.staging_bytes / lanes as u64).max(4096),
-            staging_pages: params.staging_pages,
-        });
+        let shared = Arc::new(Shared::new((params.staging_bytes / lanes as u64).max(4096), params.staging_pages));
         let mut t = Threads { shared: shared.clone(), handles: Vec::with_capacity(lanes), preparing: Mutex::new(()) };
         for id in 0..lanes {
             let io: Box<dyn Submitter> = if uring {
@@ -292,7 +117,7 @@ impl IoEngine {
                     // escapes that handler still marks the engine broken, so that later loads and set-up requests
                     // fail with the reason; the jobs the lane had joined then keep waiting.
                     if let Err(p) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| lane.run())) {
-                        let why = crate::worker::panic_text(&*p);
+                        let why = panic_text(&*p);
                         mine.mark_broken(&format!("lane {id} panicked: {why}"));
                         mine.notify();
                     }
@@ -316,7 +141,7 @@ impl IoEngine {
         (if self.uring { ReadEngineUsed::Uring } else { ReadEngineUsed::Pread }, &self.reason)
     }
 
-    pub(crate) fn shared(&self) -> &Arc<PoolShared> {
+    pub(crate) fn shared(&self) -> &Arc<Shared> {
         &self.threads.shared
     }
 
@@ -329,16 +154,7 @@ impl IoEngine {
         if job.check_complete() {
             return Ok(());
         }
-        let mut q = shared.lock();
-        let at = match job.priority {
-            Priority::Foreground => {
-                q.jobs.iter().position(|j| j.priority == Priority::Background).unwrap_or(q.jobs.len())
-            }
-            Priority::Background => q.jobs.len(),
-        };
-        q.jobs.insert(at, job);
-        q.generation += 1;
-        shared.wake.notify_all();
+        shared.enqueue(job);
         Ok(())
     }
 
