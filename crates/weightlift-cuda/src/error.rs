@@ -22,7 +22,7 @@ pub enum CudaError {
     CufileUnavailable(String),
     /// A cuFile call failed, with its status code.
     #[error(transparent)]
-    Cufile(#[from] crate::cufile::CufileError),
+    Cufile(#[from] CufileError),
     /// A driver call failed.
     #[error("cuda:{device}: {call} failed: {error}")]
     Driver { device: u32, call: &'static str, error: DriverError },
@@ -36,4 +36,22 @@ impl CudaError {
     pub fn driver(device: u32, call: &'static str) -> impl FnOnce(DriverError) -> CudaError {
         move |error| CudaError::Driver { device, call, error }
     }
+}
+
+/// A cuFile failure: the call, cuFile's status (or the negative return of a read/write) and what it means.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("cuFile {call} failed: {what} (status {code})")]
+pub struct CufileError {
+    pub call: &'static str,
+    pub code: i64,
+    pub what: String,
+}
+
+/// An nvCOMP call that failed: the call and nvCOMP's status.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("nvCOMP {call} failed: {what} (status {status})")]
+pub struct NvcompError {
+    pub call: String,
+    pub status: i32,
+    pub what: String,
 }

@@ -267,12 +267,37 @@ fn current() -> Option<sys::CUcontext> {
 }
 
 impl ContextRestore {
-    /// Records the current context. Before weightlift has initialised the driver in this process it records
-    /// nothing and starts nothing (a host load must not start CUDA): weightlift cannot have bound a context yet, and
-    /// opening a device keeps a restore of its own.
+    /// Records the current context. Before weightlift has initialised the driver in this process it starts nothing
+    /// (a host load must not start CUDA), but where another library (PyTorch's runtime) has loaded the driver and
+    /// made a context current on this thread, that context is recorded: weightlift's first driver call may then
+    /// bind its own devices' contexts on this thread, and the caller's device must come back (a
+    /// `torch.cuda.set_device(0)` then `weightlift.probe()` left torch on the last GPU probed).
     pub fn save() -> ContextRestore {
-        ContextRestore(if crate::driver::initialised() { current() } else { None })
+        if crate::driver::initialised() {
+            ContextRestore(current())
+        } else {
+            ContextRestore(current_if_loaded_by_another())
+        }
     }
+}
+
+/// The calling thread's current context where another library of this process has loaded and initialised the
+/// driver, without loading it (`RTLD_NOLOAD`) or initialising it; `None` otherwise. Calls the driver's
+/// `cuCtxGetCurrent` through the library's own handle: cudarc's loader is not touched before weightlift probes the
+/// driver (`driver::driver`), which checks its symbols first.
+fn current_if_loaded_by_another() -> Option<sys::CUcontext> {
+    type GetCurrent = unsafe extern "C" fn(*mut sys::CUcontext) -> sys::CUresult;
+    ["libcuda.so.1", "libcuda.so"].into_iter().find_map(|name| {
+        // SAFETY: RTLD_NOLOAD only returns a library already loaded in this process; nothing is initialised.
+        let lib =
+            unsafe { libloading::os::unix::Library::open(Some(name), libc::RTLD_NOW | libc::RTLD_NOLOAD) }.ok()?;
+        // SAFETY: cuCtxGetCurrent has this C signature in every driver release.
+        let get = unsafe { lib.get::<GetCurrent>(b"cuCtxGetCurrent\0") }.ok()?;
+        let mut ctx: sys::CUcontext = std::ptr::null_mut();
+        // SAFETY: `ctx` is a valid out-pointer; before cuInit the call returns an error and writes nothing.
+        let status = unsafe { get(&mut ctx) };
+        (status == sys::CUresult::CUDA_SUCCESS).then_some(ctx)
+    })
 }
 
 /// The calling thread's current CUDA context as an address (0: none), or None without a driver.
@@ -284,6 +309,10 @@ pub fn current_context() -> Option<usize> {
 impl Drop for ContextRestore {
     fn drop(&mut self) {
         let Some(saved) = self.0 else { return };
+        // Without weightlift's own driver start nothing of weightlift bound a context here.
+        if !crate::driver::initialised() {
+            return;
+        }
         if current().is_some_and(|now| now != saved) {
             // SAFETY: `saved` was current on this thread when the call began (or null: none was). Should its owner
             // have destroyed it on another thread meanwhile, the thread is left with that stale handle, as it would

@@ -3,7 +3,10 @@
 //!
 //! FFI in layers, as cudarc does: cudarc's `sys` (raw calls) and safe types (context, streams, events) where they
 //! exist; owning wrappers here for what it lacks in the shape weightlift needs (stream-ordered device buffers,
-//! `cuMemHostRegister`ed staging, the device sink).
+//! `cuMemHostRegister`ed staging, the device sink). The libraries cudarc does not load for weightlift — cuFile and
+//! nvCOMP — are bound the same way, each in a folder of three layers: `sys` (C types and entry points, looked up by
+//! `library`, the one loader and symbol lookup), calls returning `Result`, then the owners ([`cufile::Cufile`],
+//! [`nvcomp::Nvcomp`]). Every error type lives in `error`.
 
 mod ceiling;
 pub mod cufile;
@@ -11,7 +14,7 @@ mod driver;
 mod error;
 pub mod gate;
 mod gpu;
-pub mod ipc;
+mod library;
 mod memory;
 pub mod nvcomp;
 pub mod nvrtc;
@@ -21,7 +24,7 @@ pub mod unpack;
 pub use ceiling::{chunked_h2d_gbps, pinned_h2d_gbps};
 pub use cudarc::driver::sys::{CUdeviceptr, CUstream};
 pub use driver::DriverInfo;
-pub use error::CudaError;
+pub use error::{CudaError, CufileError, NvcompError};
 pub use gpu::{ContextRestore, Gpu, GpuInfo, available, current_context, process_stream};
 pub use memory::{
     CudaPinner, DeviceAllocator, DeviceBuffer, LEGACY_STREAM, PinnedBuffer, StreamMark, copy_device_to_host,

@@ -7,10 +7,18 @@
 //! `…DecompressAsync`, and for benchmarks `…CompressAsync` with its sizing calls. All codecs share one signature
 //! shape in nvCOMP 5 and 6; their option structs are 64 bytes passed by value, built here byte by byte.
 
-use std::ffi::{CStr, c_char, c_void};
+mod sys;
+
+use std::ffi::{CStr, c_void};
 use std::sync::OnceLock;
 
 use cudarc::driver::sys::CUstream;
+
+pub use crate::error::NvcompError;
+pub use sys::Alignments;
+use sys::{CodecApi, FnProps, FnStatusString, Opts, Properties, Status};
+
+use crate::library::sym;
 
 /// Library names tried on the loader's search path and in the candidate folders.
 const NAMES: &[&str] = &["libnvcomp.so.6", "libnvcomp.so.5", "libnvcomp.so"];
@@ -98,85 +106,6 @@ impl NvCodec {
     }
 }
 
-/// An nvCOMP options struct (all are 64 bytes of ints and padding, passed by value; in the x86-64 and AArch64 C
-/// calling conventions any 64-byte aggregate of alignment ≤ 8 is passed the same way).
-#[repr(C, align(8))]
-#[derive(Clone, Copy)]
-struct Opts([u8; 64]);
-
-const _: () = assert!(std::mem::size_of::<Opts>() == 64);
-
-impl Opts {
-    fn zero() -> Opts {
-        Opts([0; 64])
-    }
-
-    fn set_i32(&mut self, at: usize, v: i32) {
-        self.0[at..at + 4].copy_from_slice(&v.to_le_bytes());
-    }
-}
-
-/// `nvcompAlignmentRequirements_t`.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Alignments {
-    pub input: usize,
-    pub output: usize,
-    pub temp: usize,
-}
-
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default)]
-struct Properties {
-    version: u32,
-    cudart_version: u32,
-}
-
-type Status = i32;
-type FnAlign = unsafe extern "C" fn(Opts, *mut Alignments) -> Status;
-type FnTemp = unsafe extern "C" fn(usize, usize, Opts, *mut usize, usize, CUstream) -> Status;
-type FnMaxOut = unsafe extern "C" fn(usize, Opts, *mut usize) -> Status;
-type FnDecompress = unsafe extern "C" fn(
-    *const *const c_void,
-    *const usize,
-    *const usize,
-    *mut usize,
-    usize,
-    *mut c_void,
-    usize,
-    *const *mut c_void,
-    Opts,
-    *mut Status,
-    CUstream,
-) -> Status;
-type FnCompress = unsafe extern "C" fn(
-    *const *const c_void,
-    *const usize,
-    usize,
-    usize,
-    *mut c_void,
-    usize,
-    *const *mut c_void,
-    *mut usize,
-    Opts,
-    *mut Status,
-    CUstream,
-) -> Status;
-type FnProps = unsafe extern "C" fn(*mut Properties) -> Status;
-type FnStatusString = unsafe extern "C" fn(Status) -> *const c_char;
-
-/// One codec's entry points.
-#[derive(Clone, Copy)]
-struct CodecApi {
-    decompress_align: FnAlign,
-    decompress_temp: FnTemp,
-    decompress: FnDecompress,
-    compress_align: FnAlign,
-    compress_temp: FnTemp,
-    compress_max_out: FnMaxOut,
-    compress: FnCompress,
-}
-
 /// nvCOMP, loaded, with every bound symbol present.
 #[derive(Clone)]
 pub struct Nvcomp {
@@ -194,66 +123,22 @@ impl std::fmt::Debug for Nvcomp {
     }
 }
 
-/// An nvCOMP call that failed: the call and nvCOMP's status.
-#[derive(Debug, Clone, thiserror::Error)]
-#[error("nvCOMP {call} failed: {what} (status {status})")]
-pub struct NvcompError {
-    pub call: String,
-    pub status: i32,
-    pub what: String,
-}
-
-fn sym<T: Copy>(lib: &'static libloading::Library, name: &str) -> Result<T, String> {
-    // SAFETY: the symbol is looked up by its documented C name and used with the matching C signature (`T`).
-    unsafe { lib.get::<T>(name.as_bytes()) }.map(|s| *s).map_err(|e| format!("missing {name}: {e}"))
-}
-
 fn locate() -> Result<(String, &'static libloading::Library), String> {
     static FOUND: OnceLock<Result<(String, libloading::Library), String>> = OnceLock::new();
     let found = FOUND.get_or_init(|| {
-        let mut candidates: Vec<String> = Vec::new();
-        if let Some(p) = std::env::var_os("WEIGHTLIFT_NVCOMP_LIB") {
-            candidates.push(p.to_string_lossy().into_owned());
-        }
-        candidates.extend(NAMES.iter().map(|n| n.to_string()));
-        for d in crate::cufile::candidate_dirs() {
-            for n in NAMES {
-                let p = d.join(n);
-                if p.exists() {
-                    candidates.push(p.to_string_lossy().into_owned());
-                }
-            }
-        }
-        let mut last = String::new();
-        for c in &candidates {
-            // SAFETY: loading nvCOMP runs its initialisers, which only set up the library's own state.
-            match unsafe { libloading::Library::new(c) } {
-                Ok(lib) => return Ok((c.clone(), lib)),
-                Err(e) => last = e.to_string(),
-            }
-        }
-        Err(format!(
-            "libnvcomp not found (set WEIGHTLIFT_NVCOMP_LIB, or install the nvidia-libnvcomp-cu13 wheel; tried {}; last error: {last})",
-            candidates.join(", ")
-        ))
+        let explicit = std::env::var_os("WEIGHTLIFT_NVCOMP_LIB").map(std::path::PathBuf::from);
+        let tried = crate::library::candidates(explicit.as_deref(), NAMES);
+        crate::library::load_first(&tried).map_err(|last| {
+            format!(
+                "libnvcomp not found (set WEIGHTLIFT_NVCOMP_LIB, or install the nvidia-libnvcomp-cu13 wheel; tried {}; last error: {last})",
+                tried.join(", ")
+            )
+        })
     });
     match found {
         Ok((name, lib)) => Ok((name.clone(), lib)),
         Err(e) => Err(e.clone()),
     }
-}
-
-fn bind_codec(lib: &'static libloading::Library, codec: NvCodec) -> Result<CodecApi, String> {
-    let n = codec.symbol_name();
-    Ok(CodecApi {
-        decompress_align: sym(lib, &format!("nvcompBatched{n}DecompressGetRequiredAlignments"))?,
-        decompress_temp: sym(lib, &format!("nvcompBatched{n}DecompressGetTempSize"))?,
-        decompress: sym(lib, &format!("nvcompBatched{n}DecompressAsync"))?,
-        compress_align: sym(lib, &format!("nvcompBatched{n}CompressGetRequiredAlignments"))?,
-        compress_temp: sym(lib, &format!("nvcompBatched{n}CompressGetTempSize"))?,
-        compress_max_out: sym(lib, &format!("nvcompBatched{n}CompressGetMaxOutputChunkSize"))?,
-        compress: sym(lib, &format!("nvcompBatched{n}CompressAsync"))?,
-    })
 }
 
 /// nvCOMP, loaded once per process, or why not. Loading needs no GPU; calling the decoders does.
@@ -276,7 +161,7 @@ pub fn nvcomp() -> Result<Nvcomp, String> {
         }
         let mut codecs = Vec::new();
         for codec in NvCodec::ALL {
-            codecs.push((codec, bind_codec(lib, codec).map_err(|e| format!("{library}: {e}"))?));
+            codecs.push((codec, sys::bind_codec(lib, codec.symbol_name()).map_err(|e| format!("{library}: {e}"))?));
         }
         Ok(Nvcomp {
             codecs,
