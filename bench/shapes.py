@@ -15,12 +15,9 @@ Case families (`--cases`, comma-separated; default: all):
   then ``.to(device)`` (raw bytes).
 - ``restart``: a new process loads the file after the page cache was dropped; then another new process loads it
   again, and only that second load is the figure (how the first load left the page cache decides it; the share of
-  the file left resident is reported). Methods: weightlift and safetensors ``load_file``, ``torch.load``, and on a
-  GPU weightlift ``load_file`` through a load server (``weightlift.load_file (load server)``: a
-  ``python -m weightlift serve`` started for the family and stopped after it; both processes' loads go through it).
+  the file left resident is reported). Methods: weightlift and safetensors ``load_file``, ``torch.load``.
 - ``first-load``: a fresh process times CUDA context creation (``torch.zeros(1, device=...)``), then weightlift's
-  first load and a second load of the warm file; both and their ratio. On a GPU, also through a load server, as for
-  ``restart``. The processes without a server run with ``WEIGHTLIFT_SERVER=off``.
+  first load and a second load of the warm file; both and their ratio.
 - ``cli``: ``weightlift load --json --no-ceiling --device D FILE`` as a subprocess (``--weightlift-bin``), warm:
   wall time and the fixed costs its report gives; one more untimed run with ``--verify`` checks its bytes.
 - ``sharded``: the same tensors written by transformers' ``save_pretrained`` (shards + index): weightlift
@@ -52,7 +49,7 @@ their own; with a tmpfs case, the same 16 threads on the tmpfs copy). ``goals`` 
 also given as a share of the host's own read rate of the page cache or of tmpfs), cold ≥ 0.97 of the disk (best
 over best); ``safe_open`` per key ≥ 0.9 of ``load_file`` in file order and ≥ 0.8 in random order, warm
 and cold; a restart ≥ 0.9 of the warm rate (median over median); a fresh process's first load ≤ 1.2× its second
-(median of the processes' ratios), each of these two without and with a load server; host loads ≥ 1.0×
+(median of the processes' ratios); host loads ≥ 1.0×
 ``np.fromfile`` (median of the pairs). A goal whose cases were not run says what it lacked.
 
 ``--make-upstream PATH --size 4GiB`` writes (or reuses, when its tensors already match) a llama-shaped checkpoint
@@ -75,7 +72,7 @@ from wlbench.checkpoint import positional  # noqa: E402
 from wlbench.children import child_main  # noqa: E402
 from wlbench.run import FAMILIES, bench  # noqa: E402
 
-__all__ = ["main", "parse_args", "positional"]  # positional: for scripts beside this one (server_concurrent.py)
+__all__ = ["main", "parse_args", "positional"]  # positional: for scripts beside this one
 
 
 def parse_args(argv: Optional[list] = None) -> argparse.Namespace:

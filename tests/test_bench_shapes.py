@@ -26,7 +26,7 @@ from wlbench.checkpoint import (CHUNK, RawBytes, _sums, flat_bytes, open_checkpo
 from wlbench.families import FIRST_LOAD, HOST  # noqa: E402
 from wlbench.files import Files, make_upstream  # noqa: E402
 from wlbench.goals import best_peers, goals  # noqa: E402
-from wlbench.methods import WL_SERVER, Options, Target  # noqa: E402
+from wlbench.methods import Options, Target  # noqa: E402
 from wlbench.timing import Run  # noqa: E402
 
 
@@ -128,7 +128,7 @@ def test_host_run_is_well_formed_and_verified(upstream: Path, tmp_path: Path) ->
     pairs = next(r for r in out["results"] if r["method"] == "weightlift.load_file" and r["case"].startswith("host"))
     assert host["figure"] == pairs["median_ratio_to_np_fromfile"] and host["met"] == (host["figure"] >= 1.0)
     assert "not_measured" in judged["warm: load_file / pinned copy ceiling"]
-    assert "not_measured" in judged["restart after a cold load, through a load server / warm load_file"]
+    assert "not_measured" in judged["restart after a cold load / warm load_file"]
 
 
 def test_a_reading_threads_error_is_raised(upstream: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -150,9 +150,8 @@ def test_goals_are_judged_by_the_runs_own_figures() -> None:
         result(wl, "warm", 50.0, 45.0), result(wl, "tmpfs", 40.0, 39.0), result(wl, "cold", 2.0, 1.9),
         result("weightlift.safe_open get_tensor file-order", "warm", 44.0, 41.0),
         result("weightlift.safe_open get_tensor random-order", "warm", 30.0, 35.0),
-        result(wl, "restart", 43.0, 40.0), result(WL_SERVER.name, "restart", 44.0, 41.0),
+        result(wl, "restart", 43.0, 40.0),
         result(wl, FIRST_LOAD, 30.0, 29.0, median_first_to_second_time_ratio=1.35),
-        result(WL_SERVER.name, FIRST_LOAD, 40.0, 39.0, median_first_to_second_time_ratio=1.1),
         result(wl, HOST, 9.0, 8.0, median_ratio_to_np_fromfile=0.97),
         result("kvikio pread", "warm", 52.0, 40.0),
     ]
@@ -166,10 +165,8 @@ def test_goals_are_judged_by_the_runs_own_figures() -> None:
         COLD: (2.0 / 1.9, True),
         "warm: safe_open get_tensor per key, file order / load_file": (41 / 45, True),
         "warm: safe_open get_tensor per key, random order / load_file": (35 / 45, False),
-        "restart after a cold load, own process / warm load_file": (40 / 45, False),
-        "restart after a cold load, through a load server / warm load_file": (41 / 45, True),
-        "first load of a fresh process / its second load, own process": (1.35, False),
-        "first load of a fresh process / its second load, through a load server": (1.1, True),
+        "restart after a cold load / warm load_file": (40 / 45, False),
+        "first load of a fresh process / its second load": (1.35, False),
         "host: load_file into fresh memory / np.fromfile": (0.97, False),
     }
     for name, (figure, met) in expect.items():

@@ -1,13 +1,11 @@
 """The fresh processes of the restart and first-load families: ``shapes.py --child SPEC`` makes its CUDA context,
 loads (and for a first load loads again), checks what it loaded against the reference, and answers one JSON line on
-stdout. And the load server those families also time: ``python -m weightlift serve`` on a socket of its own."""
+stdout."""
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -15,18 +13,16 @@ import traceback
 from typing import Any, Optional
 
 from wlbench.checkpoint import Reference, open_checkpoint, verify
-from wlbench.methods import WL_SERVER, Method, Options, Target, method_named
+from wlbench.methods import Method, Options, Target, method_named
 from wlbench.timing import Run, release, report_figures, timed_load
 
 SHAPES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "shapes.py")
 
 
 def child(spec: dict) -> dict:
-    """Runs this script in a new Python process for one `spec` (see child_main) and returns its JSON answer. Its
-    weightlift uses the load server at ``spec["server"]``, or none."""
-    env = dict(os.environ, WEIGHTLIFT_SERVER=spec.get("server") or "off")
+    """Runs this script in a new Python process for one `spec` (see child_main) and returns its JSON answer."""
     p = subprocess.run([sys.executable, SHAPES, "--child", json.dumps(spec)],
-                       capture_output=True, text=True, timeout=600, env=env)
+                       capture_output=True, text=True, timeout=600)
     lines = [ln for ln in p.stdout.splitlines() if ln.startswith("{")]
     if p.returncode != 0 or not lines:
         raise RuntimeError(f"child process exited {p.returncode}: {p.stderr.strip()[-600:]}")
@@ -40,52 +36,6 @@ def child_spec(run: Run, op: str, m: Method, t: Target, ref_file: str) -> dict:
     return {"op": op, "method": m.name, "path": t.ckpt.path, "pt": t.pt, "device": run.dev,
             "check_device": run.check_dev, "reference": ref_file, "seed": run.opts.seed,
             "kvikio_threads": run.opts.kvikio_threads}
-
-
-class LoadServer:
-    """``python -m weightlift serve`` on a socket of its own, for the processes of one family."""
-
-    def __init__(self, dev: str):
-        import socket as so
-        import tempfile
-
-        self.dir = tempfile.mkdtemp(prefix="wl-serve-")
-        self.path = os.path.join(self.dir, "server.sock")
-        self.log = open(os.path.join(self.dir, "server.log"), "w+")
-        self.proc = subprocess.Popen([sys.executable, "-m", "weightlift", "serve", "--socket", self.path,
-                                      "--prepare", dev], stdout=self.log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 120
-        while True:
-            if self.proc.poll() is not None:
-                self.log.seek(0)
-                raise RuntimeError(f"the load server exited {self.proc.returncode}: {self.log.read()[-600:]}")
-            try:
-                with so.socket(so.AF_UNIX) as c:
-                    c.connect(self.path)
-                self.log.seek(0)
-                if "listening" in self.log.read():
-                    break
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                self.close()
-                raise RuntimeError("the load server did not start within 120 s")
-            time.sleep(0.05)
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGINT)
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.log.close()
-        shutil.rmtree(self.dir, ignore_errors=True)
-
-
-def server_for(m: Method, run: Run) -> Optional[LoadServer]:
-    return LoadServer(run.dev) if m is WL_SERVER else None
 
 
 def cuda_context(dev: str) -> Optional[float]:

@@ -12,8 +12,8 @@ import subprocess
 import time
 from typing import Optional
 
-from wlbench.children import child, child_spec, server_for
-from wlbench.methods import NP_FROMFILE, WL_SERVER, Method, Target, wl_load_file, method_named, methods
+from wlbench.children import child, child_spec
+from wlbench.methods import NP_FROMFILE, Method, Target, wl_load_file, method_named, methods
 from wlbench.pagecache import drop_caches, resident_fraction, warm
 from wlbench.timing import REPORT_KEYS, REPORT_WORDS, Run, measure, release, report_figures, summarize, timed_load
 
@@ -48,7 +48,7 @@ def family_sharded(run: Run, target: Optional[Target], why_not: Optional[str], c
 
 def family_restart(run: Run, t: Target, ref_file: str, cold_ok: Optional[str]) -> None:
     names = ("weightlift.load_file", "safetensors.load_file", "torch.load(mmap=True) .to(device)")
-    for m in [m for m in methods() if m.name in names] + [WL_SERVER]:
+    for m in [m for m in methods() if m.name in names]:
         if not run.wanted(m):
             continue
         why = cold_ok or m.needs(t, run.dev)
@@ -57,12 +57,10 @@ def family_restart(run: Run, t: Target, ref_file: str, cold_ok: Optional[str]) -
             continue
         rates, secs, first, resident = [], [], [], []
         answer: dict = {}
-        server = None
         try:
-            server = server_for(m, run)
             for _ in range(run.runs):
                 drop_caches(m.files(t), run.cold)
-                spec = dict(child_spec(run, "load", m, t, ref_file), server=server and server.path)
+                spec = child_spec(run, "load", m, t, ref_file)
                 a = child(spec)
                 resident.append(resident_fraction(m.files(t)))
                 answer = child(spec)
@@ -72,9 +70,6 @@ def family_restart(run: Run, t: Target, ref_file: str, cold_ok: Optional[str]) -
         except Exception as e:
             run.skip(m.name, "restart", f"failed: {type(e).__name__}: {e}")
             continue
-        finally:
-            if server is not None:
-                server.close()
         extra = {"first_process_cold_gbps": first, "resident_after_first_process": resident,
                  "cuda_context_s": answer.get("cuda_context_s")}
         if answer.get("report") is not None:
@@ -83,9 +78,9 @@ def family_restart(run: Run, t: Target, ref_file: str, cold_ok: Optional[str]) -
 
 
 def family_first_load(run: Run, t: Target, ref_file: str) -> None:
-    for m in (method_named("weightlift.load_file"), WL_SERVER):
-        if run.wanted(m):
-            first_load_of(run, t, ref_file, m)
+    m = method_named("weightlift.load_file")
+    if run.wanted(m):
+        first_load_of(run, t, ref_file, m)
 
 
 def first_load_of(run: Run, t: Target, ref_file: str, m: Method) -> None:
@@ -95,12 +90,10 @@ def first_load_of(run: Run, t: Target, ref_file: str, m: Method) -> None:
         return
     firsts, seconds, ctx, imports = [], [], [], []
     answer: dict = {}
-    server = None
     try:
-        server = server_for(m, run)
         for _ in range(run.runs):
             warm(t.ckpt.files)
-            answer = child(dict(child_spec(run, "first-load", m, t, ref_file), server=server and server.path))
+            answer = child(child_spec(run, "first-load", m, t, ref_file))
             firsts.append(answer["first_s"])
             seconds.append(answer["second_s"])
             ctx.append(answer["cuda_context_s"])
@@ -108,9 +101,6 @@ def first_load_of(run: Run, t: Target, ref_file: str, m: Method) -> None:
     except Exception as e:
         run.skip(m.name, "first-load", f"failed: {type(e).__name__}: {e}")
         return
-    finally:
-        if server is not None:
-            server.close()
     n = t.ckpt.tensor_bytes
     ratios = [a / b for a, b in zip(firsts, seconds)]
     run.add(m, FIRST_LOAD, [n / s / 1e9 for s in firsts], firsts, n,

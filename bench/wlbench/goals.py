@@ -7,7 +7,6 @@ from typing import Callable, Optional
 
 from wlbench import log
 from wlbench.families import FIRST_LOAD, HOST
-from wlbench.methods import WL_SERVER
 
 
 def result_of(results: list, case: str, method: str) -> Optional[dict]:
@@ -34,7 +33,7 @@ def best_peers(results: list) -> None:
 def goals(results: list, ceilings: dict) -> list:
     """Each goal of the benchmark's bar (docs/performance.md) with this run's figure, its basis, and whether it
     holds; a goal this run did not measure says what it lacked."""
-    wl, srv = "weightlift.load_file", WL_SERVER.name
+    wl = "weightlift.load_file"
     out = []
 
     def goal(name: str, bar: str, figure: Optional[float], basis: str, holds: Callable[[float], bool],
@@ -75,14 +74,12 @@ def goals(results: list, ceilings: dict) -> list:
             goal(f"{case}: safe_open get_tensor per key, {order} order / load_file", f">= {bar}",
                  ratio(stat(case, f"weightlift.safe_open get_tensor {order}-order"), stat(case, wl)),
                  "median over median", lambda x, b=bar: x >= b, f"{case} safe_open and load_file")
-    for method, label in ((wl, "own process"), (srv, "through a load server")):
-        goal(f"restart after a cold load, {label} / warm load_file", ">= 0.9",
-             ratio(stat("restart", method), stat("warm", wl)), "median over median", lambda x: x >= 0.9,
-             "a restart and a warm load_file")
-        r = result_of(results, FIRST_LOAD, method)
-        goal(f"first load of a fresh process / its second load, {label}", "<= 1.2",
-             None if r is None else r["median_first_to_second_time_ratio"], "median of the processes' time ratios",
-             lambda x: x <= 1.2, "a first-load case")
+    goal("restart after a cold load / warm load_file", ">= 0.9", ratio(stat("restart", wl), stat("warm", wl)),
+         "median over median", lambda x: x >= 0.9, "a restart and a warm load_file")
+    r = result_of(results, FIRST_LOAD, wl)
+    goal("first load of a fresh process / its second load", "<= 1.2",
+         None if r is None else r["median_first_to_second_time_ratio"], "median of the processes' time ratios",
+         lambda x: x <= 1.2, "a first-load case")
     r = result_of(results, HOST, wl)
     goal("host: load_file into fresh memory / np.fromfile", ">= 1.0",
          None if r is None else r.get("median_ratio_to_np_fromfile"), "median of interleaved pairs' rate ratios",

@@ -1,6 +1,6 @@
 """The methods a run times: each loads every tensor of a target onto a device and returns {name: tensor}, or
 RawBytes where it reads the file's bytes only (KvikIO, np.fromfile). weightlift's own (``load_file``, ``safe_open``
-per key in file and in random order, through a load server) and the peers' (safetensors, ``torch.load``, KvikIO,
+per key in file and in random order) and the peers' (safetensors, ``torch.load``, KvikIO,
 fastsafetensors, the Run:ai model streamer, InstantTensor, ``np.fromfile``); each says why it does not apply where
 it does not (``needs``)."""
 
@@ -226,13 +226,10 @@ def methods() -> list:
 
 
 NP_FROMFILE = Method("np.fromfile", True, _np_fromfile, _one_file, note="the whole file into fresh host memory")
-WL_SERVER = Method("weightlift.load_file (load server)", False, wl_load_file,
-                   _all(_importable("weightlift"), _cuda_only),
-                   note="read by a load server (python -m weightlift serve) into the process's memory")
 
 
 def method_named(name: str) -> Method:
-    for m in methods() + [NP_FROMFILE, WL_SERVER]:
+    for m in methods() + [NP_FROMFILE]:
         if m.name == name:
             return m
     raise KeyError(name)

@@ -18,7 +18,7 @@ from wlbench.pagecache import resident_fraction
 
 REPORT_KEYS = ("backend", "backend_reason", "direct_bytes", "buffered_bytes", "resident_bytes", "seconds", "gbps",
                "direct_policy", "lanes", "queue_depth", "peak_staging_bytes", "times",
-               "device_memory", "server")
+               "device_memory")
 REPORT_WORDS = ("cache", "prefetch", "read_ahead", "wasted", "fixed", "cufile", "startup", "setup", "decision",
                 "populate")
 

@@ -69,20 +69,6 @@ def last_report() -> "dict[str, Any] | None":
     return _core.last_report()
 
 
-def serve(socket: "str | os.PathLike[str] | None" = None, prepare: "tuple[str, ...] | list[str]" = ("cuda:0",), **settings: Any) -> None:
-    """Runs a load server in this process until Ctrl-C (which then raises ``KeyboardInterrupt``); also
-    ``python -m weightlift serve``, or the CLI's ``weightlift serve``.
-
-    The server keeps an engine whose staging is set up (for the devices in ``prepare`` now, others on their first
-    load) and reads checkpoints into other processes' GPU memory through CUDA IPC. A process's loads onto a GPU
-    use it when their ``server`` setting finds it (``auto``, the default: the default socket,
-    ``$XDG_RUNTIME_DIR/weightlift/server.sock`` or ``/tmp/weightlift-UID/server.sock``; or a socket path), so that a
-    fresh process's first load does not set its own staging up. Loads it cannot serve read in their own process,
-    and their report's ``server`` entry says why. It serves only processes of its own user. ``settings``: the
-    server engine's settings (``threads=16``, ...)."""
-    _native.serve(None if socket is None else os.fspath(socket), [str(d) for d in prepare], settings or None)
-
-
 def prepare(device: Any, *, engine: "_native.NativeEngine | None" = None) -> dict[str, Any]:
     """Sets the process-wide engine (or ``engine``) up for loads onto ``device`` now, so that a first load from the
     page cache pays for none of it: the I/O lanes' staging memory (mapped, faulted in, pinned for a GPU), and for a
@@ -148,7 +134,6 @@ __all__ = [
     "probe",
     "last_report",
     "prepare",
-    "serve",
     "release_memory",
     "cuda_available",
     "SETTINGS",

@@ -127,7 +127,7 @@ def device_allocator(engine, device: str) -> "tuple[Any, int]":
         side = _side_streams.get(dev.index)
         if side is None:
             # A stream weightlift keeps for the process, not `torch.cuda.Stream()`: torch would first make its pool
-            # of streams, 3-5 ms of a fresh process's first load (bench/results/2026-11-25-h100-zc).
+            # of streams, 3-5 ms of a fresh process's first load (bench/results/2026-11-25-h100-zc at b3a4ec8).
             side = _side_streams[dev.index] = t.cuda.ExternalStream(_native.process_stream(dev.index), device=dev)
 
     def alloc(nbytes: int) -> "torch.Tensor":
@@ -174,7 +174,7 @@ def as_tensor(buffer, dtype_name_: str, shape: Sequence[int], stream: "int | Non
     shape = tuple(int(d) for d in shape)
     if buffer.nbytes:
         # `torch.from_dlpack` asks the buffer for its device and a capsule, and looks up the current stream, for
-        # every tensor; a capsule made here costs a fraction of that (bench/NOTES.md).
+        # every tensor; a capsule made here costs a fraction of that (docs/performance.md).
         capsule = buffer.typed_capsule(dtype_name_, shape, consumer_stream(buffer) if stream is None else stream)
         if capsule is not None:
             return t.utils.dlpack.from_dlpack(capsule)

@@ -571,7 +571,7 @@ def from_pretrained(
 def _to_device(model: Any, dev: str) -> None:
     """``model.to(dev)``, done where needed: with every parameter on ``dev`` (the usual case: transformers placed
     the weights by the device map), only the buffers elsewhere are moved, as ``Module.to`` moves them (BERT's
-    ``position_ids`` and ``token_type_ids`` are left on the host: bench/results/2026-11-24-h100-zz). ``Module.to``
+    ``position_ids`` and ``token_type_ids`` are left on the host: bench/results/2026-11-24-h100-zz at b3a4ec8). ``Module.to``
     walks every module and tensor: 1.9 ms of a MiniLM encoder's 35 on the H100 host (bench/model_stages.py)."""
     torch = _core.torch_module()
     target = torch.device("cpu" if dev.startswith("cpu") else dev)

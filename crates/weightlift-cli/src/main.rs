@@ -7,7 +7,6 @@ mod load;
 mod model;
 mod packing;
 mod plot;
-mod serve;
 mod units;
 
 use std::path::PathBuf;
@@ -68,9 +67,6 @@ enum Command {
     Unpack(packing::UnpackArgs),
     /// Write (or check) a manifest of xxh3 checksums of every tensor of a plain checkpoint.
     Checksum(packing::ChecksumArgs),
-    /// Serve loads for other processes: keep this engine's staging set up, and read checkpoints into their device
-    /// memory (CUDA IPC) when their setting `server` points here (auto: the default socket).
-    Serve(serve::Args),
 }
 
 #[derive(clap::Args, Debug)]
@@ -133,7 +129,6 @@ fn main() -> ExitCode {
         Command::Pack(args) => packing::pack(&args),
         Command::Unpack(args) => packing::unpack(&args),
         Command::Checksum(args) => packing::checksum(&args),
-        Command::Serve(args) => serve::run(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -3,7 +3,7 @@
 //!
 //! Why a codec of our own: the exponent plane of bf16 weights is nearly all entropy (few distinct bytes, skewed
 //! counts, almost no repeats), which Huffman coding captures; zstd gets its ratio on these planes from its Huffman
-//! literals, but nvCOMP's zstd decoder ran at 51 GB/s on them on the H100 (`bench/results/2026-11-23-h100/
+//! literals, but nvCOMP's zstd decoder ran at 51 GB/s on them on the H100 (`bench/results/2026-11-23-h100 at b3a4ec8/
 //! unpack-gpu.json`), under the PCIe link, so a packed load could not beat the link. nvCOMP's ANS decoded the same
 //! planes at 1,034 GB/s, but its stream format is undocumented, has no CPU decoder and changed between nvCOMP
 //! releases: a pack must unpack byte for byte on a machine with no GPU, years later. The `huffman` codec in the

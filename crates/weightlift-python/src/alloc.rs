@@ -4,7 +4,7 @@
 //! weights
 //! (`torch.cuda.memory_allocated`), reuses their memory when they are freed, and gives it back on `empty_cache`,
 //! as for any tensor of its own; and a fresh process skips the first use of the driver's stream-ordered pool
-//! (10–12 ms, bench/results/2026-11-25-h100-s), which a first load otherwise waits for.
+//! (10–12 ms, bench/results/2026-11-25-h100-s at b3a4ec8), which a first load otherwise waits for.
 
 use std::sync::Mutex;
 

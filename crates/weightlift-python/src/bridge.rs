@@ -218,7 +218,7 @@ pub fn interruptible<T: Send>(py: Python<'_>, work: impl FnOnce(&AtomicBool) -> 
                     break Err(crate::errors::invalid_argument("the worker thread ended without a result"));
                 }
                 Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
-                    // Records of a long call (a load server's, a slow load's) reach `logging` while it runs, not
+                    // Records of a long call (a slow load's) reach `logging` while it runs, not
                     // only at its end (the queue keeps at most 1,000). A Ctrl-C may surface there, as Python code
                     // runs handing them over.
                     let stop = flush(py);

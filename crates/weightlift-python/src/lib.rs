@@ -558,35 +558,6 @@ fn last_report(py: Python<'_>) -> PyResult<Option<Py<PyAny>>> {
     r.map(|v| json_to_py(py, &v)).transpose()
 }
 
-/// Runs a load server (see `weightlift::server`) on `socket` (None: the default socket) until Ctrl-C, which
-/// raises `KeyboardInterrupt` once the server has stopped. `prepare`: devices set up before serving. `settings`:
-/// the engine's settings (its `server` setting is always off).
-#[pyfunction]
-#[pyo3(signature = (socket=None, prepare=vec!["cuda:0".to_string()], settings=None))]
-fn serve(
-    py: Python<'_>,
-    socket: Option<PathBuf>,
-    prepare: Vec<String>,
-    settings: Option<&Bound<'_, PyDict>>,
-) -> PyResult<()> {
-    let s = Settings::resolve(&overrides(settings)?).map_err(to_py)?.server(weightlift::ServerMode::Off);
-    let engine = Arc::new(Engine::new(s).map_err(to_py)?);
-    let socket = socket.unwrap_or_else(weightlift::server::default_socket);
-    let devices: Vec<Device> = prepare.iter().map(|d| parse_device(d)).collect::<PyResult<_>>()?;
-    let server = py
-        .detach(|| -> weightlift::Result<weightlift::server::Server> {
-            let server = weightlift::server::Server::bind(engine.clone(), &socket)?;
-            for &d in &devices {
-                engine.prepare(d)?;
-            }
-            Ok(server)
-        })
-        .map_err(to_py)?;
-    let names: Vec<String> = server.devices().iter().map(|(uuid, n)| format!("cuda:{n} (GPU-{uuid})")).collect();
-    eprintln!("weightlift serve: listening on {} for {}; Ctrl-C stops", server.socket().display(), names.join(", "));
-    interruptible(py, |stop| server.run(stop))?.map_err(to_py)
-}
-
 /// A file mode as weightlift's cuFile-style handles parse it: `(read, write, create, truncate, direct)`.
 #[pyfunction]
 fn parse_file_mode(mode: &str) -> PyResult<(bool, bool, bool, bool, bool)> {
@@ -603,7 +574,7 @@ fn ggml_types() -> BTreeMap<&'static str, (u32, u64, u64)> {
 /// The handle of a CUDA stream of device `ordinal` kept for the whole process (for `torch.cuda.ExternalStream`):
 /// the side stream the blocks of loads through torch's allocator are made on. Made once; torch's own
 /// `torch.cuda.Stream()` would first make torch's pool of streams, 3-5 ms of a fresh process's first load on the
-/// H100 (bench/results/2026-11-25-h100-zc).
+/// H100 (bench/results/2026-11-25-h100-zc at b3a4ec8).
 #[pyfunction]
 fn process_stream(py: Python<'_>, ordinal: u32) -> PyResult<usize> {
     py.detach(|| weightlift::cuda::process_stream(ordinal).map(|s| s as usize))
@@ -631,7 +602,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(inspect, m)?)?;
     m.add_function(wrap_pyfunction!(save_safetensors, m)?)?;
     m.add_function(wrap_pyfunction!(probe, m)?)?;
-    m.add_function(wrap_pyfunction!(serve, m)?)?;
     m.add_function(wrap_pyfunction!(last_report, m)?)?;
     m.add_function(wrap_pyfunction!(cuda_status, m)?)?;
     m.add_function(wrap_pyfunction!(process_stream, m)?)?;

@@ -14,6 +14,7 @@ use weightlift_cuda::unpack::{GpuUnpacker, PendingBatch};
 use weightlift_io::Piece;
 
 use crate::error::{Error, Result};
+use crate::report::CheckStats;
 
 /// A chunk of a tensor and the xxh3-64 its bytes must have.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -29,28 +30,6 @@ pub struct ChunkSum {
 #[derive(Clone, Debug, Default)]
 pub struct Checks {
     pub tensors: Vec<Vec<ChunkSum>>,
-}
-
-/// What checking a load did (in [`Report::checks`](crate::Report)).
-#[derive(Clone, Debug, Default)]
-pub struct CheckStats {
-    pub chunks: u64,
-    pub bytes: u64,
-    /// Where the hashing ran: `cuda:N`, or `cpu` (with the reason when device memory had to be read back).
-    pub on: String,
-    /// Bytes hashed while the load was still running.
-    pub overlapped_bytes: u64,
-    /// Time from the end of the reads to the last hash checked.
-    pub tail_secs: f64,
-}
-
-impl CheckStats {
-    pub fn to_json(&self) -> serde_json::Value {
-        serde_json::json!({
-            "chunks": self.chunks, "bytes": self.bytes, "on": self.on,
-            "overlapped_bytes": self.overlapped_bytes, "tail_secs": self.tail_secs,
-        })
-    }
 }
 
 /// Counts landed bytes per destination and announces each destination once it is whole.
@@ -238,7 +217,7 @@ impl<'a> GpuChecker<'a> {
         // SAFETY: every range lies inside a destination whose bytes have all landed (or, in `finish`, after the
         // whole read returned); destinations stay allocated and unwritten until the load returns, which waits for
         // every batch first.
-        let batch = unsafe { self.unpacker.hash_batch(&ranges) }.map_err(crate::packed::unpack_error)?;
+        let batch = unsafe { self.unpacker.hash_batch(&ranges) }.map_err(crate::error::gpu_decoder)?;
         self.in_flight.push((batch, ids));
         Ok(())
     }
@@ -250,7 +229,7 @@ impl<'a> GpuChecker<'a> {
                 return;
             }
             let (batch, ids) = self.in_flight.remove(0);
-            let checked = batch.wait().map_err(crate::packed::unpack_error).map(|()| batch.hashes());
+            let checked = batch.wait().map_err(crate::error::gpu_decoder).map(|()| batch.hashes());
             match checked {
                 Ok(hashes) => {
                     for (&(t, k), actual) in ids.iter().zip(hashes) {

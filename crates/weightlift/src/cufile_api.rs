@@ -105,16 +105,6 @@ impl std::fmt::Debug for Session {
     }
 }
 
-/// `e`, saying that the caller asked for cuFile (the status code, if any, is kept).
-pub(crate) fn requested_but(e: weightlift_cuda::CudaError, what: &str) -> Error {
-    match e {
-        weightlift_cuda::CudaError::CufileUnavailable(why) => {
-            Error::Cuda(weightlift_cuda::CudaError::CufileUnavailable(format!("{what}: {why}")))
-        }
-        other => Error::Cuda(other),
-    }
-}
-
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
@@ -127,7 +117,7 @@ impl Session {
             let lib = settings.cufile_lib.value.as_deref();
             Some(
                 weightlift_cuda::cufile::driver(lib)
-                    .map_err(|e| requested_but(e, "cuFile requested but unavailable"))?,
+                    .map_err(|e| crate::error::cufile_requested_but(e, "cuFile requested but unavailable"))?,
             )
         } else {
             None

@@ -13,13 +13,13 @@ use weightlift_io::{
     OpenFile, StagingPool,
 };
 
-use crate::checked::{CheckStats, Checks, CpuChecker, GpuChecker, HostDest, Layout, Watch};
+use crate::checked::{Checks, CpuChecker, GpuChecker, HostDest, Layout, Watch};
 use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::files::FileCache;
 use crate::path::{DeviceRead, LoadOpts, PathOutcome, ResolvedPath};
 use crate::placement;
-use crate::report::Report;
+use crate::report::{CheckStats, Report};
 use crate::settings::Settings;
 use crate::tensor::{DeviceTensor, Loaded, RawDest, RawSrc, Tensor, TensorData};
 
@@ -354,7 +354,7 @@ impl Engine {
         let path = self.gpu_path(n)?;
         // Every lane's stream and the allocation's, made now: made by the lanes as they start, beside their pinning
         // and the allocation, 17 took 9.2 ms of a first load on the H100, against 0.7 ms made together before
-        // (bench/results/2026-11-25-h100-zc). Nothing to do once made.
+        // (bench/results/2026-11-25-h100-zc at b3a4ec8). Nothing to do once made.
         gpu.stream(self.io.lanes())?;
         tracing::debug!(device = n, "device and data path ready");
         let placement = placement::pack_aligned(entries, opts.tensor_align);
@@ -483,15 +483,8 @@ impl Engine {
         report.path = outcome.path;
         report.path_reason = match &report.path {
             crate::report::PathUsed::Pipeline(_) => format!("{}; {}", report.io.read_engine_reason, path.reason),
-            crate::report::PathUsed::Server => {
-                let socket = outcome.server.as_ref().and_then(|s| s["socket"].as_str()).unwrap_or("?");
-                format!(
-                    "read by the load server at {socket} into this process's memory (CUDA IPC); its report is under server"
-                )
-            }
             _ => path.reason.clone(),
         };
-        report.server = outcome.server;
         report.copy_span_secs = outcome.copy_span_secs;
         report.nvme = outcome.nvme;
         report.gpu = Some(gpu.info().clone());

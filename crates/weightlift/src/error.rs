@@ -2,6 +2,7 @@
 //! it the file, offset, device, driver call or status code).
 
 use weightlift_cuda::CudaError;
+use weightlift_cuda::unpack::UnpackError;
 use weightlift_format::FormatError;
 use weightlift_io::IoError;
 use weightlift_nvme::NvmeError;
@@ -36,9 +37,6 @@ pub enum Error {
     /// A region table has no range of this kind.
     #[error("no region of kind {kind:?} (known: {known:?})")]
     UnknownKind { kind: String, known: Vec<String> },
-    /// A load server could not start or serve (see [`crate::server`]).
-    #[error("load server: {0}")]
-    Server(String),
     /// Loaded bytes differ from the file (only when verification was asked for).
     #[error("verification failed: {0}")]
     Verify(String),
@@ -57,3 +55,21 @@ impl Error {
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// A GPU decoder failure that is not about the data: CUDA's error, or why the decoder could not run.
+pub(crate) fn gpu_decoder(e: UnpackError) -> Error {
+    match e {
+        UnpackError::Cuda(c) => Error::Cuda(c),
+        other => Error::Cuda(weightlift_cuda::CudaError::Unavailable(format!("the GPU decoder: {other}"))),
+    }
+}
+
+/// `e`, saying that the caller asked for cuFile (the status code, if any, is kept).
+pub(crate) fn cufile_requested_but(e: weightlift_cuda::CudaError, what: &str) -> Error {
+    match e {
+        weightlift_cuda::CudaError::CufileUnavailable(why) => {
+            Error::Cuda(weightlift_cuda::CudaError::CufileUnavailable(format!("{what}: {why}")))
+        }
+        other => Error::Cuda(other),
+    }
+}

@@ -23,7 +23,6 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use rayon::prelude::*;
-use serde_json::{Value, json};
 use weightlift_cuda::unpack::{BatchError, ChunkJob, GpuCodec, GpuUnpacker, PendingBatch, StreamSrc, UnpackError};
 use weightlift_cuda::{DeviceBuffer, Gpu, PinnedBuffer};
 use weightlift_format::pack::{Codec, Item, ItemKind, PackIndex};
@@ -35,6 +34,7 @@ use crate::device::Device;
 use crate::engine::Engine;
 use crate::error::{Error, Result};
 use crate::path::LoadOpts;
+use crate::report::PackStats;
 use crate::tensor::{DeviceTensor, Loaded, Tensor, TensorData};
 
 /// Whether `path` is a packed checkpoint (by its first bytes). Opened as a regular file only: a FIFO or a device
@@ -71,45 +71,14 @@ impl Decoder {
     }
 }
 
-/// What a packed load did, for its report.
-#[derive(Clone, Debug, Default)]
-pub struct PackStats {
-    /// Stored (compressed) bytes read for the tensors asked for, and the raw bytes they decoded to.
-    pub stored_bytes: u64,
-    pub raw_bytes: u64,
-    pub chunks: u64,
-    pub batches: u64,
-    /// `gpu` or `cpu`, and why.
-    pub decoder: &'static str,
-    pub decoder_reason: String,
-    /// Time the loading thread spent waiting for decoded batches (GPU) or decoding (CPU).
-    pub decode_secs: f64,
-    /// Lanes that read the stored bytes at most (see [`gpu_decode_read_lanes`]).
-    pub read_lanes: usize,
-    /// Stored bytes per decode batch asked for (the `pack_batch_bytes` setting, or [`BATCH_BYTES`] /
-    /// [`NVCOMP_BATCH_BYTES`] by default).
-    pub batch_bytes: u64,
-}
-
 /// Lanes that read a pack decoded on the GPU: three quarters of the engine's, leaving CPUs to the decoder's thread
 /// and the copies' completions. Measured on the H100 machine (16 vCPUs, 16 lanes; bench/pack_settings.py, 4 GiB of
 /// weight-like bf16, warm): 16 lanes 0.740–0.764 of the pinned copy, 14 lanes 0.761–0.771, 12 lanes 0.833–0.868,
 /// 10 lanes 0.829–0.886, where plain loads of the same file moved by less than their run-to-run spread (zstd packs);
-/// Huffman packs (bench/results/2026-11-25-h100-d): 16 lanes 0.763, 14 lanes 0.944, 12 lanes 0.961. Other CPU counts
+/// Huffman packs (bench/results/2026-11-25-h100-d at b3a4ec8): 16 lanes 0.763, 14 lanes 0.944, 12 lanes 0.961. Other CPU counts
 /// were not measured. The `pack_read_lanes` setting overrides it.
 pub fn gpu_decode_read_lanes(lanes: usize) -> usize {
     (lanes * 3 / 4).max(1)
-}
-
-impl PackStats {
-    pub fn to_json(&self) -> Value {
-        json!({
-            "stored_bytes": self.stored_bytes, "raw_bytes": self.raw_bytes, "chunks": self.chunks,
-            "batches": self.batches, "decoder": self.decoder, "decoder_reason": self.decoder_reason,
-            "decode_secs": self.decode_secs, "read_lanes": self.read_lanes, "batch_bytes": self.batch_bytes,
-            "ratio": if self.raw_bytes > 0 { self.stored_bytes as f64 / self.raw_bytes as f64 } else { 1.0 },
-        })
-    }
 }
 
 /// A run of whole chunks, contiguous in the pack: `(selected tensor, chunk index in the pack)` each.
@@ -121,14 +90,14 @@ struct Batch {
 
 /// Stored bytes read ahead of the batches the decoder has taken, in batches. The decoder takes a batch once it has
 /// landed, so two more keep the reads going; a wider window only holds more stored bytes. Measured on the H100
-/// (bench/results/2026-11-24-h100-za, a warm 4 GiB packed load decoded on the GPU): with the 2 GiB of
+/// (bench/results/2026-11-24-h100-za at b3a4ec8, a warm 4 GiB packed load decoded on the GPU): with the 2 GiB of
 /// `prefetch_bytes` the stored batches freed during the load (about 3 GB) went back to the system at the caller's
 /// next synchronisation, 5.3 ms, and the load reached 0.857 of the pinned-copy ceiling; with 1 GiB 0.913 (2.3 ms),
 /// with 512 MiB (two batches) 0.915 (1.5 ms).
 pub const READ_AHEAD_BATCHES: u64 = 2;
 
 /// Stored bytes per decode batch by default. Measured on the H100 (bench/pack_settings.py, 4 GiB of weight-like bf16
-/// packed with the Huffman codec, warm, fresh processes; bench/results/2026-11-25-h100-c and -d, two machines, one
+/// packed with the Huffman codec, warm, fresh processes; bench/results/2026-11-25-h100-c at b3a4ec8 and -d, two machines, one
 /// sample each): 128 MiB gave 0.990 and 1.023 of the pinned-copy ceiling against 0.875 and 0.961 with 256 MiB;
 /// 64 MiB 0.786, 512 MiB 0.866. Smaller batches fill and drain the pipeline sooner while the Huffman kernel keeps
 /// up with them.
@@ -136,7 +105,7 @@ pub const BATCH_BYTES: u64 = 128 << 20;
 
 /// Stored bytes per decode batch by default where nvCOMP decodes on the GPU (zstd, LZ4, deflate streams): its
 /// batched decoders need thousands of streams per call to fill the GPU (see [`plan_batches`]); with zstd packs
-/// 128 MiB batches gave 0.56–0.64 of the pinned copy against 0.77–0.82 with 256 MiB (bench/results/2026-11-24-h100-r,
+/// 128 MiB batches gave 0.56–0.64 of the pinned copy against 0.77–0.82 with 256 MiB (bench/results/2026-11-24-h100-r at b3a4ec8,
 /// -t).
 pub const NVCOMP_BATCH_BYTES: u64 = 256 << 20;
 
@@ -494,14 +463,6 @@ impl Engine {
     }
 }
 
-/// A GPU decoder failure that is not about the data: CUDA's error, or why the decoder could not run.
-pub(crate) fn unpack_error(e: UnpackError) -> Error {
-    match e {
-        UnpackError::Cuda(c) => Error::Cuda(c),
-        other => Error::Cuda(weightlift_cuda::CudaError::Unavailable(format!("the GPU decoder: {other}"))),
-    }
-}
-
 /// Picks the decoder for `device`: the kind and the reason. nvCOMP is needed only for streams of its codecs
 /// (`needs_nvcomp`); weightlift's Huffman streams need NVRTC alone.
 fn choose(decoder: Decoder, device: Device, needs_nvcomp: bool) -> Result<(Decoder, String)> {
@@ -561,7 +522,7 @@ impl Ctx<'_> {
             UnpackError::Batch(be) => Some(be.clone()),
             _ => None,
         }) else {
-            return unpack_error(e);
+            return crate::error::gpu_decoder(e);
         };
         let at = |chunk: usize| {
             let (t, c) = b.chunks[chunk];
@@ -705,7 +666,7 @@ impl Engine {
         }
         let stream =
             gpu.context().new_stream().map_err(weightlift_cuda::CudaError::driver(gpu.ordinal(), "cuStreamCreate"))?;
-        GpuUnpacker::new(gpu, stream).map_err(unpack_error)
+        GpuUnpacker::new(gpu, stream).map_err(crate::error::gpu_decoder)
     }
 
     pub(crate) fn give_unpacker(&self, ordinal: u32, u: GpuUnpacker) {

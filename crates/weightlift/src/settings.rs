@@ -68,51 +68,6 @@ impl fmt::Display for DeviceMemory {
     }
 }
 
-/// Whether GPU loads hand their reads to a load server (`weightlift serve`, see [`crate::server`]).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum ServerMode {
-    /// Never: every load reads in this process.
-    Off,
-    /// The server at [`crate::server::default_socket`] when one listens there, else this process.
-    Auto,
-    /// The server listening on this socket, else this process.
-    At(PathBuf),
-}
-
-impl ServerMode {
-    /// The socket to try, if any.
-    pub fn socket(&self) -> Option<PathBuf> {
-        match self {
-            ServerMode::Off => None,
-            ServerMode::Auto => Some(crate::server::default_socket()),
-            ServerMode::At(p) => Some(p.clone()),
-        }
-    }
-}
-
-impl FromStr for ServerMode {
-    type Err = String;
-    fn from_str(s: &str) -> std::result::Result<Self, String> {
-        let t = s.trim();
-        match t.to_ascii_lowercase().as_str() {
-            "off" => Ok(ServerMode::Off),
-            "auto" => Ok(ServerMode::Auto),
-            "" => Err("expected off, auto or a socket path".into()),
-            _ => Ok(ServerMode::At(PathBuf::from(t))),
-        }
-    }
-}
-
-impl fmt::Display for ServerMode {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            ServerMode::Off => f.write_str("off"),
-            ServerMode::Auto => f.write_str("auto"),
-            ServerMode::At(p) => write!(f, "{}", p.display()),
-        }
-    }
-}
-
 /// How GPU loads move data, and which kernel interface reads files.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Backend {
@@ -184,7 +139,7 @@ trait Shown {
 macro_rules! shown_display {
     ($($t:ty),*) => { $(impl Shown for $t { fn shown(&self) -> String { self.to_string() } })* };
 }
-shown_display!(u32, u64, DirectMode, CachePolicy, Backend, StagingPages, CachePages, DeviceMemory, ServerMode);
+shown_display!(u32, u64, DirectMode, CachePolicy, Backend, StagingPages, CachePages, DeviceMemory);
 
 impl Shown for Option<PathBuf> {
     fn shown(&self) -> String {
@@ -301,9 +256,6 @@ settings! {
     device_memory: DeviceMemory = DeviceMemory::Torch, "torch", env "WEIGHTLIFT_DEVICE_MEMORY",
         parse named::<DeviceMemory>, values &["torch", "pool"],
         "where the Python package's loads onto a GPU (load_file, safe_open's get_tensors, load_gguf, weightlift.nn, weightlift.transformers; packed checkpoints excepted) take their tensors' memory: torch (PyTorch's caching allocator, on a side stream and marked used by the caller's current stream: torch counts it in memory_allocated, reuses it when the tensors are freed and returns it on empty_cache, as for its own tensors) or pool (the device's stream-ordered pool, which the Rust crate, the C API and the Python package's other GPU loads, safe_open's streamed get_tensor among them, always use; release_memory returns what it keeps)";
-    server: ServerMode = ServerMode::Auto, "auto", env "WEIGHTLIFT_SERVER", parse named::<ServerMode>,
-        values &[],
-        "GPU loads into memory that another process can open (torch's caching allocator, cuMemAlloc; not the stream-ordered pool) are read by a load server (`weightlift serve`) whose staging is set up already: auto (the one at the default socket, $XDG_RUNTIME_DIR/weightlift/server.sock or /tmp/weightlift-UID/server.sock, when it listens), off, or a socket path; without a server, or when it cannot serve a load, the load reads in this process and its report's server entry says why (loads through the pinned pipeline: cuFile peer-to-peer and nvme-sim loads never ask a server)";
     cufile_lib: Option<PathBuf> = None, "searched", env "WEIGHTLIFT_CUFILE_LIB", parse path, values &[],
         "path of libcufile to load (searched in the CUDA and Python-wheel folders otherwise); the first engine to open cuFile in a process decides";
 }

@@ -13,7 +13,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Instant;
 
-use serde_json::{Value, json};
 use weightlift_cuda::{DeviceBuffer, DeviceSink, Gpu, Targets};
 use weightlift_format::{TensorEntry, TensorIndex};
 use weightlift_io::fault::FaultPlan;
@@ -27,32 +26,8 @@ use crate::engine::Engine;
 use crate::error::{Error, Result};
 use crate::path::{DeviceRead, LoadOpts, ResolvedPath};
 use crate::placement::{self, Placement};
+use crate::report::StreamStats;
 use crate::tensor::{DeviceTensor, TensorData};
-
-/// What a streaming load read, for its report.
-#[derive(Clone, Debug, Default)]
-pub struct StreamStats {
-    /// Bytes read by the stream in file order, and bytes read on demand for tensors asked for before the stream
-    /// reached them.
-    pub streamed_bytes: u64,
-    pub on_demand_bytes: u64,
-    pub on_demand_reads: u64,
-    /// Bytes read ahead whose tensors nobody took (known once the stream is closed).
-    pub wasted_bytes: u64,
-    pub prefetch_bytes: u64,
-    /// Times the device had no memory for a block read ahead, so that reading ahead paused until a take.
-    pub memory_waits: u64,
-}
-
-impl StreamStats {
-    pub fn to_json(&self) -> Value {
-        json!({
-            "streamed_bytes": self.streamed_bytes, "on_demand_bytes": self.on_demand_bytes,
-            "on_demand_reads": self.on_demand_reads, "wasted_bytes": self.wasted_bytes,
-            "prefetch_bytes": self.prefetch_bytes, "memory_waits": self.memory_waits,
-        })
-    }
-}
 
 /// How long a take waits at most for the stream to admit the block at its front (the stream admits it as soon as
 /// a lane is free; this bounds the wait should the lanes be stuck elsewhere).

@@ -1,5 +1,5 @@
 //! A lane whose staging was grown for one load must serve the next load with other slot sizes. Regression test of
-//! the hang seen on the H100 after cold GPU loads (bench/results/2026-11-24-h100/hang-after-cold-loads): cold reads
+//! the hang seen on the H100 after cold GPU loads (bench/results/2026-11-24-h100 at b3a4ec8/hang-after-cold-loads): cold reads
 //! made each lane's staging one large slot; the next warm load wanted two smaller slots, restaging kept the large
 //! slot size, which left room for one slot only, so the lane restaged forever (spinning, pinning memory each time).
 

@@ -12,8 +12,8 @@ use std::time::Instant;
 use weightlift_cuda::cufile::{Cufile, CufileHandle};
 use weightlift_io::{IoEngine, IoError, IoReport};
 
+use super::{DeviceRead, GpuPath, PathOutcome};
 use crate::error::{Error, Result};
-use crate::path::{DeviceRead, GpuPath, PathOutcome};
 use crate::report::PathUsed;
 
 /// Largest single cuFileRead (cuFile's default max_direct_io_size is 16 MiB).
@@ -82,7 +82,7 @@ impl GpuPath for CufilePath {
         report.lanes = io.params().threads as usize;
         report.io_secs = t0.elapsed().as_secs_f64();
         report.direct_reason = "cuFile reads (O_DIRECT descriptors where the filesystem allows)".into();
-        Ok(PathOutcome { path: PathUsed::Cufile, io: report, copy_span_secs: None, nvme: None, server: None })
+        Ok(PathOutcome { path: PathUsed::Cufile, io: report, copy_span_secs: None, nvme: None })
     }
 }
 

@@ -6,6 +6,10 @@ use std::path::PathBuf;
 use serde_json::{Value, json};
 use weightlift_io::{IoReport, ReadEngineUsed};
 
+mod stats;
+
+pub use stats::{CheckStats, NvmeStats, PackStats, StreamStats};
+
 use crate::device::Device;
 use crate::settings::Source;
 
@@ -18,8 +22,6 @@ pub enum PathUsed {
     Cufile,
     /// GPU-initiated NVMe commands against the software controller.
     NvmeSim,
-    /// A load server (another process) read into this process's memory.
-    Server,
 }
 
 impl fmt::Display for PathUsed {
@@ -28,7 +30,6 @@ impl fmt::Display for PathUsed {
             PathUsed::Pipeline(e) => e.fmt(f),
             PathUsed::Cufile => f.write_str("gds"),
             PathUsed::NvmeSim => f.write_str("nvme-sim"),
-            PathUsed::Server => f.write_str("server"),
         }
     }
 }
@@ -64,16 +65,13 @@ pub struct Report {
     /// The pinned host→device copy rate measured on this machine (GB/s), when measured.
     pub ceiling_gbps: Option<f64>,
     /// For GPU-initiated NVMe loads: commands issued and kernel time.
-    pub nvme: Option<crate::nvme_sim::NvmeStats>,
+    pub nvme: Option<NvmeStats>,
     /// For streaming loads: bytes read ahead that no caller took.
-    pub stream: Option<crate::stream::StreamStats>,
+    pub stream: Option<StreamStats>,
     /// For packed checkpoints: stored and raw bytes, and the decoder that ran.
-    pub pack: Option<crate::packed::PackStats>,
+    pub pack: Option<PackStats>,
     /// For loads given expected checksums: what was hashed, where, and how much of it during the load.
-    pub checks: Option<crate::checked::CheckStats>,
-    /// For GPU loads with a load server set (`server` setting): its socket, whether it served the load (then its
-    /// own report), and if not, why.
-    pub server: Option<serde_json::Value>,
+    pub checks: Option<CheckStats>,
 }
 
 impl Report {
@@ -101,7 +99,6 @@ impl Report {
             stream: None,
             pack: None,
             checks: None,
-            server: None,
         }
     }
 
@@ -179,7 +176,6 @@ impl Report {
         v["populate_refusal"] = json!(io.populate_refusal);
         v["checks"] = self.checks.as_ref().map_or(Value::Null, |c| c.to_json());
         v["device_memory"] = json!(self.device_memory);
-        v["server"] = self.server.clone().unwrap_or(Value::Null);
         v
     }
 
@@ -232,16 +228,6 @@ impl Report {
             io.stats.deliver.as_secs_f64(),
             io.stats.backpressure.as_secs_f64()
         );
-        if let Some(srv) = &self.server {
-            let socket = srv["socket"].as_str().unwrap_or("?");
-            s += &match srv["reason"].as_str() {
-                Some(why) => format!("\n  load server at {socket} not used: {why}"),
-                None => format!(
-                    "\n  read by the load server at {socket}: {:.3} s from request to answer",
-                    srv["secs"].as_f64().unwrap_or(0.0)
-                ),
-            };
-        }
         if let Some(p) = &self.pack {
             s += &format!(
                 "\n  packed: {:.2} GiB stored for {:.2} GiB raw ({:.3}), {} chunks in {} batches, every checksum checked; \

@@ -9,17 +9,9 @@ use weightlift_io::{IoEngine, IoReport};
 use weightlift_nvme::gpu::{GpuLoader, GpuOptions};
 use weightlift_nvme::{BringUp, ByteRange, Controller, SoftConfig, SoftNvme};
 
+use super::{DeviceRead, GpuPath, PathOutcome};
 use crate::error::{Error, Result};
-use crate::path::{DeviceRead, GpuPath, PathOutcome};
-use crate::report::PathUsed;
-
-/// What the GPU-initiated load did, beside the usual report.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct NvmeStats {
-    pub commands: u64,
-    pub transferred: u64,
-    pub kernel_secs: f64,
-}
+use crate::report::{NvmeStats, PathUsed};
 
 pub(crate) struct NvmePath;
 
@@ -81,6 +73,6 @@ impl GpuPath for NvmePath {
         report.ops = stats.commands;
         report.io_secs = t0.elapsed().as_secs_f64();
         report.direct_reason = "the software controller reads its backing file with pread".into();
-        Ok(PathOutcome { path: PathUsed::NvmeSim, io: report, copy_span_secs: None, nvme: Some(stats), server: None })
+        Ok(PathOutcome { path: PathUsed::NvmeSim, io: report, copy_span_secs: None, nvme: Some(stats) })
     }
 }

@@ -15,42 +15,21 @@
 //!   H2D copies per lane       nvidia-fs runs)          controller
 //! ```
 
+mod cufile;
+mod nvme_sim;
+mod pipeline;
+
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::time::Instant;
 
-use weightlift_cuda::{CudaPinner, DeviceSink, Gpu, Targets};
-use weightlift_io::fault::FaultPlan;
-use weightlift_io::{Extent, IoEngine, IoReport, LoadOptions, LoadRequest, Observed, OpenFile, Pinner, Sink};
+use weightlift_cuda::{Gpu, Targets};
+use weightlift_io::{Extent, IoEngine, IoReport, OpenFile};
 
 use crate::error::{Error, Result};
-use crate::report::PathUsed;
+pub use crate::opts::LoadOpts;
+use crate::report::{NvmeStats, PathUsed};
 use crate::settings::{Backend, Settings};
-
-/// Per-call options of a load.
-#[derive(Debug, Default, Clone, Copy)]
-pub struct LoadOpts<'a> {
-    /// Incremented with every byte read (for progress bars).
-    pub progress: Option<&'a AtomicU64>,
-    /// Set to abandon the load (it then fails with a cancellation error, its memory released).
-    pub cancel: Option<&'a AtomicBool>,
-    /// Injected faults (tests).
-    pub faults: Option<&'a FaultPlan>,
-    /// Expected checksums: each tensor is hashed as soon as its bytes have landed, overlapped with the rest of the
-    /// load, and a mismatch fails the load naming tensor and chunk (`Report::checks` says what was checked).
-    pub checks: Option<&'a crate::checked::Checks>,
-    /// Device loads of safetensors and GGUF checkpoints: every tensor starts at a device address that is a multiple
-    /// of this (a power of two up to 256, what device allocations guarantee), as torch's allocator places tensors
-    /// (256 bytes on a GPU), where the default places small neighbours as the file lays them out (their file
-    /// offsets mod 256). Small tensors then
-    /// share a block only where their offsets from its first tensor are multiples of it, so a file whose tensor
-    /// sizes are not multiples of it costs more allocations and copies. Packed loads and host loads ignore it.
-    pub tensor_align: Option<u64>,
-    /// Device loads of safetensors and GGUF checkpoints (`Engine::load`, `load_some`): their blocks come from this
-    /// allocator (a framework's own, so that it accounts for and reuses the memory) instead of the device's
-    /// stream-ordered pool. Each block is allocated while the reads run, as from the pool. Other loads ignore it.
-    pub device_alloc: Option<&'a dyn weightlift_cuda::DeviceAllocator>,
-}
+use pipeline::Pipeline;
 
 /// A read into device memory, as every path receives it: byte ranges of opened files, each landing in a
 /// destination of `targets`.
@@ -70,9 +49,7 @@ pub(crate) struct PathOutcome {
     pub path: PathUsed,
     pub io: IoReport,
     pub copy_span_secs: Option<f64>,
-    pub nvme: Option<crate::nvme_sim::NvmeStats>,
-    /// Where a load server was set: whether it served the read, and why not (see `Report::server`).
-    pub server: Option<serde_json::Value>,
+    pub nvme: Option<NvmeStats>,
 }
 
 /// One data path into GPU memory.
@@ -120,7 +97,7 @@ pub fn decide(settings: &Settings) -> Result<(PathKind, String, Option<weightlif
     Ok(match settings.backend.value {
         Backend::Gds => {
             let cf = weightlift_cuda::cufile::driver(lib).map_err(|e| {
-                crate::cufile_api::requested_but(e, &format!("cuFile was requested (backend gds, by {origin}) but is unavailable"))
+                crate::error::cufile_requested_but(e, &format!("cuFile was requested (backend gds, by {origin}) but is unavailable"))
             })?;
             let mode = match &cf.mode {
                 weightlift_cuda::cufile::CufileMode::PeerToPeer(m) => format!("peer-to-peer via {m}"),
@@ -158,59 +135,13 @@ pub(crate) fn resolve(settings: &Settings) -> Result<ResolvedPath> {
     let t = Instant::now();
     let (kind, reason, cufile) = decide(settings)?;
     let imp: Box<dyn GpuPath> = match (kind, cufile) {
-        (PathKind::Cufile, Some(cf)) => Box::new(crate::gds::CufilePath::new(cf)),
-        (PathKind::NvmeSim, _) => Box::new(crate::nvme_sim::NvmePath),
+        (PathKind::Cufile, Some(cf)) => Box::new(cufile::CufilePath::new(cf)),
+        (PathKind::NvmeSim, _) => Box::new(nvme_sim::NvmePath),
         _ => Box::new(Pipeline),
-    };
-    // A load server takes the reads it can serve; the path decided above takes the others.
-    // (Only in front of the pipeline: cuFile peer-to-peer and the NVMe simulator are not the server's to replace.)
-    let imp: Box<dyn GpuPath> = match (kind, settings.server.value.socket()) {
-        (PathKind::Pipeline, Some(socket)) => Box::new(crate::server::ServerPath { socket, local: imp }),
-        _ => imp,
     };
     let resolve_secs = t.elapsed().as_secs_f64();
     tracing::debug!(secs = resolve_secs, "data path decided");
     Ok(ResolvedPath { kind, reason, resolve_secs, imp })
-}
-
-/// weightlift's pipeline: the engine's lanes read into pinned staging slots and copy each completed read to the
-/// device on the lane's stream, overlapped with the next reads.
-pub(crate) struct Pipeline;
-
-impl GpuPath for Pipeline {
-    fn read(
-        &self,
-        io: &IoEngine,
-        req: &DeviceRead<'_>,
-        allocate: &mut dyn FnMut() -> Result<()>,
-    ) -> Result<PathOutcome> {
-        let sink = DeviceSink::new(req.gpu, req.targets.clone(), io.lanes());
-        let pinner: Arc<dyn Pinner> = Arc::new(CudaPinner::new(req.gpu));
-        let opts = LoadOptions {
-            progress: req.opts.progress,
-            cancel: req.opts.cancel,
-            faults: req.opts.faults,
-            pinner: Some(pinner),
-        };
-        let lreq = LoadRequest { files: req.files, extents: req.extents, dest_lens: req.dest_lens };
-        let mut allocated = Ok(());
-        let observed = req.observer.map(|observer| Observed { inner: &sink, observer });
-        let target: &dyn Sink = match &observed {
-            Some(o) => o,
-            None => &sink,
-        };
-        let loaded = io.load_with(&lreq, &opts, target, || {
-            allocated = allocate();
-            if let Err(e) = &allocated {
-                req.targets.fail(format!("allocating the destinations failed: {e}"));
-            }
-        });
-        // An allocation failure makes the lanes fail too; the allocation's own error is the one to report.
-        allocated?;
-        let io_report = loaded?;
-        let path = PathUsed::Pipeline(io_report.read_engine);
-        Ok(PathOutcome { path, io: io_report, copy_span_secs: Some(sink.copy_span_secs()), nvme: None, server: None })
-    }
 }
 
 /// Fails with `Error::InvalidArgument` unless every extent lands inside its destination.

@@ -1,0 +1,90 @@
+//! The statistics a load's [`Report`](super::Report) carries beside its I/O figures, one type per kind of load that
+//! has some: streaming loads, packed checkpoints, loads checked as they land, GPU-initiated NVMe.
+
+use serde_json::{Value, json};
+
+/// What a streaming load read, for its report.
+#[derive(Clone, Debug, Default)]
+pub struct StreamStats {
+    /// Bytes read by the stream in file order, and bytes read on demand for tensors asked for before the stream
+    /// reached them.
+    pub streamed_bytes: u64,
+    pub on_demand_bytes: u64,
+    pub on_demand_reads: u64,
+    /// Bytes read ahead whose tensors nobody took (known once the stream is closed).
+    pub wasted_bytes: u64,
+    pub prefetch_bytes: u64,
+    /// Times the device had no memory for a block read ahead, so that reading ahead paused until a take.
+    pub memory_waits: u64,
+}
+
+impl StreamStats {
+    pub fn to_json(&self) -> Value {
+        json!({
+            "streamed_bytes": self.streamed_bytes, "on_demand_bytes": self.on_demand_bytes,
+            "on_demand_reads": self.on_demand_reads, "wasted_bytes": self.wasted_bytes,
+            "prefetch_bytes": self.prefetch_bytes, "memory_waits": self.memory_waits,
+        })
+    }
+}
+
+/// What checking a load did (in [`Report::checks`](crate::Report)).
+#[derive(Clone, Debug, Default)]
+pub struct CheckStats {
+    pub chunks: u64,
+    pub bytes: u64,
+    /// Where the hashing ran: `cuda:N`, or `cpu` (with the reason when device memory had to be read back).
+    pub on: String,
+    /// Bytes hashed while the load was still running.
+    pub overlapped_bytes: u64,
+    /// Time from the end of the reads to the last hash checked.
+    pub tail_secs: f64,
+}
+
+impl CheckStats {
+    pub fn to_json(&self) -> Value {
+        json!({
+            "chunks": self.chunks, "bytes": self.bytes, "on": self.on,
+            "overlapped_bytes": self.overlapped_bytes, "tail_secs": self.tail_secs,
+        })
+    }
+}
+
+/// What a packed load did, for its report.
+#[derive(Clone, Debug, Default)]
+pub struct PackStats {
+    /// Stored (compressed) bytes read for the tensors asked for, and the raw bytes they decoded to.
+    pub stored_bytes: u64,
+    pub raw_bytes: u64,
+    pub chunks: u64,
+    pub batches: u64,
+    /// `gpu` or `cpu`, and why.
+    pub decoder: &'static str,
+    pub decoder_reason: String,
+    /// Time the loading thread spent waiting for decoded batches (GPU) or decoding (CPU).
+    pub decode_secs: f64,
+    /// Lanes that read the stored bytes at most (see [`crate::packed::gpu_decode_read_lanes`]).
+    pub read_lanes: usize,
+    /// Stored bytes per decode batch asked for (the `pack_batch_bytes` setting, or [`crate::packed::BATCH_BYTES`] /
+    /// [`crate::packed::NVCOMP_BATCH_BYTES`] by default).
+    pub batch_bytes: u64,
+}
+
+impl PackStats {
+    pub fn to_json(&self) -> Value {
+        json!({
+            "stored_bytes": self.stored_bytes, "raw_bytes": self.raw_bytes, "chunks": self.chunks,
+            "batches": self.batches, "decoder": self.decoder, "decoder_reason": self.decoder_reason,
+            "decode_secs": self.decode_secs, "read_lanes": self.read_lanes, "batch_bytes": self.batch_bytes,
+            "ratio": if self.raw_bytes > 0 { self.stored_bytes as f64 / self.raw_bytes as f64 } else { 1.0 },
+        })
+    }
+}
+
+/// What the GPU-initiated load did, beside the usual report.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct NvmeStats {
+    pub commands: u64,
+    pub transferred: u64,
+    pub kernel_secs: f64,
+}
