@@ -26,7 +26,7 @@ pub enum NodeKind {
 }
 
 impl NodeKind {
-    fn of(file_type: FileType) -> Option<NodeKind> {
+    pub(crate) fn of(file_type: FileType) -> Option<NodeKind> {
         match file_type {
             FileType::RegularFile => None,
             FileType::Directory => Some(NodeKind::Directory),
