@@ -155,7 +155,7 @@ pub enum ErrorKind {
     // writers
     #[error("cannot write tensor {tensor:?}: {reason}")]
     Unwritable { tensor: String, reason: String },
-    #[error("is the input {}: refusing to write over it", input.display())]
+    #[error("is the same file as the input {}: refusing to write over it", input.display())]
     OutputIsInput { input: PathBuf },
     #[error("is a {node}, not a regular file: refusing to replace it")]
     OutputNotAFile { node: crate::regular::NodeKind },

@@ -185,7 +185,6 @@ fn fill(seed: u64, tensor: usize, offset: u64, buf: &mut [u8]) -> io::Result<()>
     Ok(())
 }
 
-
 fn plan(layout: Layout, size: u64, seed: u64, gguf: bool) -> Vec<Planned> {
     match layout {
         Layout::Llama => plan_llama(size, gguf),
