@@ -72,6 +72,8 @@ pub struct wl_engine {
 #[derive(Debug)]
 pub struct wl_checkpoint {
     index: TensorIndex,
+    /// Position of each tensor by name: a program that finds every tensor of 100 k by name is not quadratic.
+    positions: HashMap<String, usize>,
     names: Vec<CString>,
     dtypes: Vec<CString>,
     files: Vec<CString>,
@@ -422,7 +424,11 @@ pub unsafe extern "C" fn wl_checkpoint_open(path: *const c_char, out: *mut *mut 
         let names = index.tensors.iter().map(|t| c(&t.name)).collect();
         let dtypes = index.tensors.iter().map(|t| c(t.dtype.name())).collect();
         let files = index.files.iter().map(|f| c(&f.path.to_string_lossy())).collect();
-        let b = Box::new(wl_checkpoint { index, names, dtypes, files });
+        let mut positions = HashMap::with_capacity(index.tensors.len());
+        for (i, t) in index.tensors.iter().enumerate() {
+            positions.entry(t.name.clone()).or_insert(i);
+        }
+        let b = Box::new(wl_checkpoint { index, positions, names, dtypes, files });
         // SAFETY: `out` is valid per the contract.
         unsafe { out.write(Box::into_raw(b)) };
         Ok(())
@@ -504,7 +510,7 @@ pub unsafe extern "C" fn wl_checkpoint_find(
         if index.is_null() {
             return Err(invalid("index is NULL"));
         }
-        let i = c.index.tensors.iter().position(|t| t.name == name).ok_or_else(|| Error::TensorNotFound {
+        let i = *c.positions.get(&name).ok_or_else(|| Error::TensorNotFound {
             name: name.clone(),
             where_: c.index.files.first().map(|f| f.path.display().to_string()).unwrap_or_default(),
         })?;

@@ -451,3 +451,36 @@ fn stream_ordered_async_read_on_the_gpu() {
         wl_cuda_free(b);
     }
 }
+
+/// `wl_checkpoint_find` for every tensor of a 200,000-tensor checkpoint takes about as long as opening it (a
+/// search through the list per call made this quadratic).
+#[test]
+fn finding_every_tensor_by_name_is_not_quadratic() {
+    use weightlift::format::DType;
+    use weightlift::format::safetensors::{self, TensorSpec};
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("wide.safetensors");
+    let names: Vec<CString> = (0..200_000).map(|i| CString::new(format!("t{i}")).unwrap()).collect();
+    let specs: Vec<(TensorSpec, &[u8])> =
+        names.iter().map(|n| (TensorSpec::new(n.to_str().unwrap(), DType::U8, vec![1]), &[1u8][..])).collect();
+    std::fs::write(&path, safetensors::serialize(&specs, &Default::default(), 8).unwrap()).unwrap();
+    let cpath = CString::new(path.to_str().unwrap()).unwrap();
+    // SAFETY: valid pointers; the checkpoint is closed once.
+    unsafe {
+        let t0 = std::time::Instant::now();
+        let mut ck = ptr::null_mut();
+        assert_eq!(wl_checkpoint_open(cpath.as_ptr(), &mut ck), wl_status::WL_OK, "{}", last_error());
+        let open_secs = t0.elapsed().as_secs_f64();
+        let t0 = std::time::Instant::now();
+        for n in &names {
+            let mut i = usize::MAX;
+            assert_eq!(wl_checkpoint_find(ck, n.as_ptr(), &mut i), wl_status::WL_OK);
+            let mut info = std::mem::zeroed();
+            assert_eq!(wl_checkpoint_tensor(ck, i, &mut info), wl_status::WL_OK);
+            assert_eq!(CStr::from_ptr(info.name), n.as_c_str());
+        }
+        let find_secs = t0.elapsed().as_secs_f64();
+        wl_checkpoint_close(ck);
+        assert!(find_secs < 5.0 * open_secs + 2.0, "finding took {find_secs:.2} s, opening {open_secs:.2} s");
+    }
+}
