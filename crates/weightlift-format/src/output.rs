@@ -223,7 +223,7 @@ fn create_locked_temp(path: &Path, mode: Option<u32>) -> Result<(PathBuf, File),
             .create_new(true)
             .mode(mode.unwrap_or(0o666))
             .open(&tmp)
-            .map_err(|e| FormatError::new(&tmp, ErrorKind::Open(e)))?;
+            .map_err(|e| FormatError::new(path, ErrorKind::Open(e)))?; // the name the user gave (a missing folder)
         pending().push(tmp.clone());
         rustix::fs::flock(&file, FlockOperation::LockExclusive)
             .map_err(|e| FormatError::new(&tmp, ErrorKind::Open(e.into())))?;
