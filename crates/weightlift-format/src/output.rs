@@ -1,7 +1,8 @@
 //! The one way every writer of weightlift opens its output (packs, unpacked files, manifests, generated
 //! checkpoints, `save_file`): refused when it would replace an input or something that is not a regular file, then
 //! written under a temporary name beside it, fsynced, renamed over it and the folder fsynced, so a crash or a kill
-//! at any point leaves either the old file or the new one, never a mix, and the new file keeps the old one's mode.
+//! at any point leaves either the old file or the new one, never a mix, and the new file keeps the old one's mode
+//! (and, where allowed, its owner), as `cp` or an editor writing over a file keeps them.
 //!
 //! The temporary file is `NAME.weightlift-tmp-PID-NONCE` in the target's folder (it must be on the same filesystem
 //! for the rename to be atomic), so two writers of one target never share a file: the last rename wins and both
@@ -154,8 +155,9 @@ pub struct Output {
     target: PathBuf,
     tmp: PathBuf,
     file: File,
-    /// The permission bits the target had (a private file stays private), or `None` for a new file.
-    mode: Option<u32>,
+    /// The permission bits, owner and group the target had (a private file stays private), or `None` for a new
+    /// file.
+    replaced: Option<Replaced>,
     removed_stale: Vec<PathBuf>,
     committed: bool,
 }
@@ -164,10 +166,14 @@ impl Output {
     /// Starts writing `target` after checking it ([`check_target`] against `inputs`) and removing stale temporary
     /// files of earlier writes to it.
     pub fn create(target: &Path, inputs: &[&Path]) -> Result<Output, FormatError> {
-        let mode = check_target(target, inputs)?.map(|m| m.permissions().mode() & 0o7777);
+        let replaced = check_target(target, inputs)?.map(|m| Replaced {
+            mode: m.permissions().mode() & 0o7777,
+            uid: m.uid(),
+            gid: m.gid(),
+        });
         let removed_stale = remove_stale_temps(target);
-        let (tmp, file) = create_locked_temp(target, mode)?;
-        Ok(Output { target: target.to_path_buf(), tmp, file, mode, removed_stale, committed: false })
+        let (tmp, file) = create_locked_temp(target, replaced.map(|r| r.mode))?;
+        Ok(Output { target: target.to_path_buf(), tmp, file, replaced, removed_stale, committed: false })
     }
 
     /// The temporary files of interrupted earlier writes that [`Output::create`] removed (for the caller's log).
@@ -189,18 +195,31 @@ impl Output {
         &self.target
     }
 
-    /// Makes the written bytes the target: fsync, the old file's mode, rename, fsync of the folder.
+    /// Makes the written bytes the target: fsync, the old file's owner and mode, rename, fsync of the folder.
     pub fn commit(mut self) -> Result<(), FormatError> {
         let err = |e: io::Error| FormatError::new(&self.target, ErrorKind::Write(e));
         self.file.sync_all().map_err(err)?;
-        if let Some(mode) = self.mode {
-            self.file.set_permissions(fs::Permissions::from_mode(mode)).map_err(err)?;
+        if let Some(r) = self.replaced {
+            let ours = self.file.metadata().map_err(err)?;
+            if (ours.uid(), ours.gid()) != (r.uid, r.gid) {
+                // Best effort, as editors do: only root may give a file away, and a group must be one's own.
+                let _ = std::os::unix::fs::fchown(&self.file, Some(r.uid), Some(r.gid));
+            }
+            // After the owner: a change of owner clears the set-user-ID and set-group-ID bits.
+            self.file.set_permissions(fs::Permissions::from_mode(r.mode)).map_err(err)?;
         }
         // The lock (on `file`) is held through the rename: until then a cleaner must not take the file for stale.
         fs::rename(&self.tmp, &self.target).map_err(err)?;
         self.committed = true;
         File::open(dir_of(&self.target)).and_then(|d| d.sync_all()).map_err(err)
     }
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Replaced {
+    mode: u32,
+    uid: u32,
+    gid: u32,
 }
 
 impl Drop for Output {
@@ -331,6 +350,14 @@ mod tests {
             fs::set_permissions(&path, fs::Permissions::from_mode(mode)).unwrap();
             write_with(&path, &[], |w| w.write_all(b"new")).unwrap();
             assert_eq!(fs::metadata(&path).unwrap().permissions().mode() & 0o7777, mode);
+        }
+        // Where this process may give files away (root), the owner is kept too.
+        let before = fs::metadata(&path).unwrap();
+        if std::os::unix::fs::chown(&path, Some(12345), Some(12345)).is_ok() {
+            write_with(&path, &[], |w| w.write_all(b"newer")).unwrap();
+            let after = fs::metadata(&path).unwrap();
+            assert_eq!((after.uid(), after.gid()), (12345, 12345));
+            assert_eq!(after.permissions().mode() & 0o7777, before.permissions().mode() & 0o7777);
         }
     }
 
