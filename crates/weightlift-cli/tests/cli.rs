@@ -594,3 +594,24 @@ fn a_long_gguf_metadata_array_costs_about_its_size_in_every_command() {
     let big = &json["files"][0]["metadata"]["big"];
     assert_eq!((big["len"].as_u64(), big["type"].as_str()), (Some(16 << 20), Some("uint8")), "{big}");
 }
+
+/// `inspect` through a shard index of 200,000 tensors takes about as long as the shard alone (it did not finish in
+/// 30 s: a lookup per weight-map entry went through a list).
+#[test]
+fn a_shard_index_of_200k_tensors_inspects_in_about_the_time_of_its_shard() {
+    let dir = tempfile::tempdir().unwrap();
+    let case = corpus::wide_shard_index();
+    for (name, bytes) in &case.files {
+        std::fs::write(dir.path().join(name), bytes).unwrap();
+    }
+    let timed = |path: &Path| {
+        let t0 = std::time::Instant::now();
+        let out = weightlift_within(&["inspect", path.to_str().unwrap()], std::time::Duration::from_secs(120));
+        (out, t0.elapsed().as_secs_f64())
+    };
+    let (alone, shard_secs) = timed(&dir.path().join("s.safetensors"));
+    assert!(alone.status.success(), "{}", stderr(&alone));
+    let (out, index_secs) = timed(&dir.path().join(&case.files[0].0));
+    assert_user_error(&out, &["inspect", "model.safetensors.index.json"], "zz.missing");
+    assert!(index_secs < 5.0 * shard_secs + 2.0, "the index took {index_secs:.2} s, its shard alone {shard_secs:.2} s");
+}
