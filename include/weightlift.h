@@ -190,9 +190,12 @@ const char *wl_version(void);
 const char *wl_last_error(void);
 
 /**
- * A static name for a status (`"WL_ERR_IO"`).
+ * A static name for a status (`"WL_ERR_IO"`); `"unknown status"` for a value that is none.
+ *
+ * It takes an integer, not `enum wl_status`: a C caller may pass any value, and an out-of-range enum would be
+ * undefined behaviour on this side.
  */
-const char *wl_status_name(enum wl_status status);
+const char *wl_status_name(int32_t status);
 
 /**
  * Opens an engine. `settings` is NULL or `"name=value,name=value"` with names of weightlift's settings table
@@ -260,7 +263,7 @@ enum wl_status wl_checkpoint_tensor(const struct wl_checkpoint *ckpt,
                                     struct wl_tensor_info *out);
 
 /**
- * The position of the tensor named `name`.
+ * The position of the tensor named `name` (`index` must not be NULL).
  *
  * # Safety
  * `ckpt` must be a live checkpoint; `name` a NUL-terminated string; `index` valid for a write.
@@ -361,7 +364,7 @@ enum wl_status wl_block_open(const struct wl_engine *engine,
                              struct wl_block **out);
 
 /**
- * The block size and the number of addressable blocks.
+ * The block size and the number of addressable blocks (either out-pointer may be NULL, not both).
  *
  * # Safety
  * `dev` live; the out-pointers NULL or valid for writes.
@@ -420,7 +423,7 @@ enum wl_status wl_regions_set(struct wl_regions *regions,
                               uint64_t count);
 
 /**
- * The range of `kind`.
+ * The range of `kind` (either out-pointer may be NULL, not both).
  *
  * # Safety
  * `regions` live; `kind` NUL-terminated; out-pointers NULL or valid for writes.

@@ -131,7 +131,7 @@ def field_value(field, ours):
 
 
 def check_gguf_agree(wl, path: Path) -> dict:
-    info = wl.json("inspect", "--json", path)
+    info = wl.json("inspect", "--json", "--all-metadata", path)
     reader = gguf.GGUFReader(str(path))
     data = path.read_bytes()
     ours = {t["name"]: t for t in info["tensors"]}

@@ -3,7 +3,9 @@
 //! block devices read by LBA, region tables read by kind, and the layer streamer.
 //!
 //! Every function catches panics (returned as `WL_ERR_INTERNAL`), checks its pointers for NULL, and leaves a
-//! one-line message for `wl_last_error()` on failure.
+//! one-line message for `wl_last_error()` on failure. An out-pointer may be NULL only where its function says so
+//! (a byte count beside an action); a call whose result would go nowhere is `WL_ERR_INVALID_ARGUMENT`. Every
+//! offset and length is checked (overflow, the largest file offset, the destination's `len`) before a byte moves.
 #![allow(non_camel_case_types)]
 
 use std::cell::RefCell;
@@ -70,6 +72,8 @@ pub struct wl_engine {
 #[derive(Debug)]
 pub struct wl_checkpoint {
     index: TensorIndex,
+    /// Position of each tensor by name: a program that finds every tensor of 100 k by name is not quadratic.
+    positions: HashMap<String, usize>,
     names: Vec<CString>,
     dtypes: Vec<CString>,
     files: Vec<CString>,
@@ -167,6 +171,8 @@ fn status_of(e: &Error) -> wl_status {
             IoError::OutOfMemory { .. } => WL_ERR_OUT_OF_MEMORY,
             IoError::Cancelled => WL_ERR_CANCELLED,
             IoError::Setting { .. } => WL_ERR_INVALID_ARGUMENT,
+            // What the kernel says of an offset or length no file can have (as the Python front raises it).
+            io if io.raw_os_error() == Some(EINVAL) => WL_ERR_INVALID_ARGUMENT,
             _ => WL_ERR_IO,
         },
         Error::Cuda(c) => match c {
@@ -183,6 +189,8 @@ fn status_of(e: &Error) -> wl_status {
         _ => WL_ERR_IO,
     }
 }
+
+const EINVAL: i32 = 22;
 
 fn format_status(f: &FormatError) -> wl_status {
     use weightlift::format::ErrorKind;
@@ -245,7 +253,7 @@ unsafe fn string(p: *const c_char, name: &str) -> Result<String, Error> {
     s.to_str().map(str::to_owned).map_err(|_| invalid(format!("{name} is not UTF-8")))
 }
 
-/// Stores `v` through an out-pointer if it is not NULL.
+/// Stores `v` through an optional out-pointer if it is not NULL.
 ///
 /// # Safety
 /// `out` must be NULL or valid for a write of `T`.
@@ -259,6 +267,7 @@ unsafe fn put<T>(out: *mut T, v: T) {
 fn dest_of(m: &wl_mem) -> Result<RawDest, Error> {
     match m.device {
         WL_HOST if m.ptr == 0 && m.len > 0 => Err(invalid("host destination pointer is NULL")),
+        d if d >= 0 && m.ptr == 0 && m.len > 0 => Err(invalid(format!("device {d} pointer is 0"))),
         WL_HOST => Ok(RawDest::Host(m.ptr as *mut u8)),
         d if d >= 0 => Ok(RawDest::Device { ordinal: d as u32, ptr: m.ptr }),
         d => Err(invalid(format!("device {d}: expected WL_HOST (-1) or a CUDA ordinal"))),
@@ -295,10 +304,28 @@ pub extern "C" fn wl_last_error() -> *const c_char {
     LAST_ERROR.with(|e| e.borrow().as_ptr())
 }
 
-/// A static name for a status (`"WL_ERR_IO"`).
+/// A static name for a status (`"WL_ERR_IO"`); `"unknown status"` for a value that is none.
+///
+/// It takes an integer, not `enum wl_status`: a C caller may pass any value, and an out-of-range enum would be
+/// undefined behaviour on this side.
 #[unsafe(no_mangle)]
-pub extern "C" fn wl_status_name(status: wl_status) -> *const c_char {
+pub extern "C" fn wl_status_name(status: i32) -> *const c_char {
     use wl_status::*;
+    const ALL: [wl_status; 12] = [
+        WL_OK,
+        WL_ERR_INVALID_ARGUMENT,
+        WL_ERR_NOT_FOUND,
+        WL_ERR_IO,
+        WL_ERR_FORMAT,
+        WL_ERR_OUT_OF_RANGE,
+        WL_ERR_OUT_OF_MEMORY,
+        WL_ERR_UNAVAILABLE,
+        WL_ERR_CUDA,
+        WL_ERR_CANCELLED,
+        WL_ERR_NOT_A_FILE,
+        WL_ERR_INTERNAL,
+    ];
+    let Some(&status) = ALL.iter().find(|&&s| s as i32 == status) else { return c"unknown status".as_ptr() };
     let s: &'static str = match status {
         WL_OK => "WL_OK\0",
         WL_ERR_INVALID_ARGUMENT => "WL_ERR_INVALID_ARGUMENT\0",
@@ -397,7 +424,11 @@ pub unsafe extern "C" fn wl_checkpoint_open(path: *const c_char, out: *mut *mut 
         let names = index.tensors.iter().map(|t| c(&t.name)).collect();
         let dtypes = index.tensors.iter().map(|t| c(t.dtype.name())).collect();
         let files = index.files.iter().map(|f| c(&f.path.to_string_lossy())).collect();
-        let b = Box::new(wl_checkpoint { index, names, dtypes, files });
+        let mut positions = HashMap::with_capacity(index.tensors.len());
+        for (i, t) in index.tensors.iter().enumerate() {
+            positions.entry(t.name.clone()).or_insert(i);
+        }
+        let b = Box::new(wl_checkpoint { index, positions, names, dtypes, files });
         // SAFETY: `out` is valid per the contract.
         unsafe { out.write(Box::into_raw(b)) };
         Ok(())
@@ -463,7 +494,7 @@ pub unsafe extern "C" fn wl_checkpoint_tensor(
     })
 }
 
-/// The position of the tensor named `name`.
+/// The position of the tensor named `name` (`index` must not be NULL).
 ///
 /// # Safety
 /// `ckpt` must be a live checkpoint; `name` a NUL-terminated string; `index` valid for a write.
@@ -476,12 +507,15 @@ pub unsafe extern "C" fn wl_checkpoint_find(
     guard(|| {
         // SAFETY: per the contract.
         let (c, name) = unsafe { (arg(ckpt, "ckpt")?, string(name, "name")?) };
-        let i = c.index.tensors.iter().position(|t| t.name == name).ok_or_else(|| Error::TensorNotFound {
+        if index.is_null() {
+            return Err(invalid("index is NULL"));
+        }
+        let i = *c.positions.get(&name).ok_or_else(|| Error::TensorNotFound {
             name: name.clone(),
             where_: c.index.files.first().map(|f| f.path.display().to_string()).unwrap_or_default(),
         })?;
-        // SAFETY: per the contract.
-        unsafe { put(index, i) };
+        // SAFETY: `index` is not NULL, and valid per the contract.
+        unsafe { index.write(i) };
         Ok(())
     })
 }
@@ -777,7 +811,7 @@ pub unsafe extern "C" fn wl_block_open(
     })
 }
 
-/// The block size and the number of addressable blocks.
+/// The block size and the number of addressable blocks (either out-pointer may be NULL, not both).
 ///
 /// # Safety
 /// `dev` live; the out-pointers NULL or valid for writes.
@@ -786,6 +820,9 @@ pub unsafe extern "C" fn wl_block_info(dev: *const wl_block, block_size: *mut u3
     guard(|| {
         // SAFETY: per the contract.
         let d = unsafe { arg(dev, "dev") }?;
+        if block_size.is_null() && blocks.is_null() {
+            return Err(invalid("block_size and blocks are both NULL"));
+        }
         // SAFETY: per the contract.
         unsafe {
             put(block_size, d.dev.block_size());
@@ -903,7 +940,7 @@ pub unsafe extern "C" fn wl_regions_set(
     })
 }
 
-/// The range of `kind`.
+/// The range of `kind` (either out-pointer may be NULL, not both).
 ///
 /// # Safety
 /// `regions` live; `kind` NUL-terminated; out-pointers NULL or valid for writes.
@@ -917,6 +954,9 @@ pub unsafe extern "C" fn wl_regions_get(
     guard(|| {
         // SAFETY: per the contract.
         let (r, kind) = unsafe { (arg(regions, "regions")?, string(kind, "kind")?) };
+        if start_lba.is_null() && count.is_null() {
+            return Err(invalid("start_lba and count are both NULL"));
+        }
         let range = r.table.range(&kind)?;
         // SAFETY: per the contract.
         unsafe {

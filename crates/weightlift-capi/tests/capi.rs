@@ -192,7 +192,82 @@ fn errors_are_statuses_with_messages() {
             assert!(!last_error().is_empty());
         }
         // Status names.
-        assert_eq!(CStr::from_ptr(wl_status_name(wl_status::WL_ERR_IO)).to_str().unwrap(), "WL_ERR_IO");
+        assert_eq!(CStr::from_ptr(wl_status_name(wl_status::WL_ERR_IO as i32)).to_str().unwrap(), "WL_ERR_IO");
+    }
+}
+
+/// The hostile caller: values no status has, offsets at the end of the u64 range, NULL out-pointers on every
+/// entry point with a result to hand back. Each is a status with a message, never a crash or a caught panic.
+#[test]
+fn hostile_arguments_are_invalid_argument_never_a_crash_or_a_panic() {
+    let dir = tempfile::tempdir().unwrap();
+    let e = engine();
+    let ckpt_path = generate(dir.path(), "m.safetensors", &[]);
+    let cckpt = CString::new(ckpt_path.to_str().unwrap()).unwrap();
+    let file = dir.path().join("w.bin");
+    std::fs::write(&file, vec![1u8; 8192]).unwrap();
+    let cfile = CString::new(file.to_str().unwrap()).unwrap();
+    let data = [9u8; 16];
+    let src = wl_mem { device: WL_HOST, ptr: data.as_ptr() as u64, len: data.len() as u64 };
+    let invalid = wl_status::WL_ERR_INVALID_ARGUMENT;
+    // SAFETY: (all calls below) valid pointers to live objects and buffers of the lengths passed, NULL where the
+    // test says so.
+    unsafe {
+        for bad in [999, -1, 12, i32::MIN, i32::MAX] {
+            assert_eq!(CStr::from_ptr(wl_status_name(bad)).to_str().unwrap(), "unknown status");
+        }
+        assert_eq!(CStr::from_ptr(wl_status_name(11)).to_str().unwrap(), "WL_ERR_INTERNAL");
+
+        // Offsets whose end overflows u64 or passes the largest file offset: EINVAL, as pwrite(2) says.
+        for offset in [u64::MAX - 4, u64::MAX, i64::MAX as u64 - 4] {
+            let mut n = 7;
+            assert_eq!(wl_write(e.0, cfile.as_ptr(), offset, src, 0, &mut n), invalid, "offset {offset}");
+            assert!(last_error().contains("w.bin"), "{}", last_error());
+            assert_eq!(n, 7, "a failed write reported a count");
+            let mut buf = [0u8; 16];
+            assert_eq!(wl_read(e.0, cfile.as_ptr(), offset, host(&mut buf), &mut n), wl_status::WL_OK);
+            assert_eq!(n, 0, "a read past the end of the file reads nothing");
+        }
+        assert_eq!(std::fs::metadata(&file).unwrap().len(), 8192, "a refused write changed the file");
+        // Device memory at address 0.
+        let zero = wl_mem { device: 0, ptr: 0, len: 16 };
+        assert_eq!(wl_write(e.0, cfile.as_ptr(), 0, zero, 0, ptr::null_mut()), invalid);
+
+        // NULL out-pointers where the result is the point of the call.
+        let mut ck = ptr::null_mut();
+        assert_eq!(wl_checkpoint_open(cckpt.as_ptr(), ptr::null_mut()), invalid);
+        assert_eq!(wl_checkpoint_open(cckpt.as_ptr(), &mut ck), wl_status::WL_OK, "{}", last_error());
+        let name = CString::new("model.embed_tokens.weight").unwrap();
+        let mut i = usize::MAX;
+        assert_eq!(wl_checkpoint_find(ck, name.as_ptr(), &mut i), wl_status::WL_OK, "{}", last_error());
+        assert_eq!(wl_checkpoint_find(ck, name.as_ptr(), ptr::null_mut()), invalid);
+        assert!(last_error().contains("index is NULL"), "{}", last_error());
+        assert_eq!(wl_checkpoint_tensor(ck, i, ptr::null_mut()), invalid);
+        let mut blk = ptr::null_mut();
+        assert_eq!(wl_block_open(e.0, cfile.as_ptr(), 0, ptr::null_mut()), invalid);
+        assert_eq!(wl_block_open(e.0, cfile.as_ptr(), 0, &mut blk), wl_status::WL_OK);
+        assert_eq!(wl_block_info(blk, ptr::null_mut(), ptr::null_mut()), invalid);
+        let mut regions = ptr::null_mut();
+        assert_eq!(wl_regions_new(blk, ptr::null_mut()), invalid);
+        assert_eq!(wl_regions_new(blk, &mut regions), wl_status::WL_OK);
+        let kind = CString::new("weights").unwrap();
+        assert_eq!(wl_regions_set(regions, kind.as_ptr(), 0, 4), wl_status::WL_OK);
+        assert_eq!(wl_regions_get(regions, kind.as_ptr(), ptr::null_mut(), ptr::null_mut()), invalid);
+        let mut buf = [0u8; 16];
+        assert_eq!(wl_read_async(e.0, cfile.as_ptr(), 0, host(&mut buf), ptr::null_mut(), ptr::null_mut()), invalid);
+        assert_eq!(wl_block_read_async(blk, 0, 0, host(&mut buf), ptr::null_mut(), ptr::null_mut()), invalid);
+        let layer_of = vec![0u32; wl_checkpoint_len(ck)];
+        assert_eq!(wl_layers_open(e.0, ck, layer_of.as_ptr(), 1, WL_HOST, 2, ptr::null_mut()), invalid);
+        let mut layers = ptr::null_mut();
+        assert_eq!(wl_layers_open(e.0, ck, layer_of.as_ptr(), 1, WL_HOST, 2, &mut layers), wl_status::WL_OK);
+        assert_eq!(wl_layers_load(layers, 0, ptr::null_mut(), ptr::null_mut()), invalid);
+        assert_eq!(wl_layers_stats_get(layers, ptr::null_mut()), invalid);
+        assert_eq!(wl_cuda_alloc(e.0, 0, 16, ptr::null_mut()), invalid);
+        assert_eq!(wl_op_wait(ptr::null_mut(), ptr::null_mut()), invalid);
+        wl_layers_close(layers);
+        wl_regions_free(regions);
+        wl_block_close(blk);
+        wl_checkpoint_close(ck);
     }
 }
 
@@ -374,5 +449,38 @@ fn stream_ordered_async_read_on_the_gpu() {
         assert!(got[want.len()..].iter().all(|&x| x == 7), "bytes past the end of the file were overwritten");
         wl_cuda_free(a);
         wl_cuda_free(b);
+    }
+}
+
+/// `wl_checkpoint_find` for every tensor of a 200,000-tensor checkpoint takes about as long as opening it (a
+/// search through the list per call made this quadratic).
+#[test]
+fn finding_every_tensor_by_name_is_not_quadratic() {
+    use weightlift::format::DType;
+    use weightlift::format::safetensors::{self, TensorSpec};
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("wide.safetensors");
+    let names: Vec<CString> = (0..200_000).map(|i| CString::new(format!("t{i}")).unwrap()).collect();
+    let specs: Vec<(TensorSpec, &[u8])> =
+        names.iter().map(|n| (TensorSpec::new(n.to_str().unwrap(), DType::U8, vec![1]), &[1u8][..])).collect();
+    std::fs::write(&path, safetensors::serialize(&specs, &Default::default(), 8).unwrap()).unwrap();
+    let cpath = CString::new(path.to_str().unwrap()).unwrap();
+    // SAFETY: valid pointers; the checkpoint is closed once.
+    unsafe {
+        let t0 = std::time::Instant::now();
+        let mut ck = ptr::null_mut();
+        assert_eq!(wl_checkpoint_open(cpath.as_ptr(), &mut ck), wl_status::WL_OK, "{}", last_error());
+        let open_secs = t0.elapsed().as_secs_f64();
+        let t0 = std::time::Instant::now();
+        for n in &names {
+            let mut i = usize::MAX;
+            assert_eq!(wl_checkpoint_find(ck, n.as_ptr(), &mut i), wl_status::WL_OK);
+            let mut info = std::mem::zeroed();
+            assert_eq!(wl_checkpoint_tensor(ck, i, &mut info), wl_status::WL_OK);
+            assert_eq!(CStr::from_ptr(info.name), n.as_c_str());
+        }
+        let find_secs = t0.elapsed().as_secs_f64();
+        wl_checkpoint_close(ck);
+        assert!(find_secs < 5.0 * open_secs + 2.0, "finding took {find_secs:.2} s, opening {open_secs:.2} s");
     }
 }

@@ -26,7 +26,14 @@ pub struct Args {
     /// How many of the largest tensors to list.
     #[arg(long, default_value_t = 10)]
     pub top: usize,
+    /// With --json: every element of GGUF metadata arrays (by default an array of more than 16 elements shows as
+    /// its type, length and first 16 elements; a tokenizer's vocabulary can hold 150,000).
+    #[arg(long)]
+    pub all_metadata: bool,
 }
+
+/// Elements of a metadata array shown before it is summarized.
+const ARRAY_ITEMS_SHOWN: usize = 16;
 
 pub fn parse_dtype(s: &str) -> Result<DType, String> {
     DType::parse(s).ok_or_else(|| format!("unknown dtype {s:?} (try F32, BF16, F16, U8, I64, Q4_K)"))
@@ -42,7 +49,8 @@ pub fn run(args: &Args) -> Result<()> {
     let raw = args.raw.map(|dtype| RawSpec { dtype, count: args.count });
     let index = weightlift::format::open(&args.paths, raw)?;
     if args.json {
-        println!("{}", serde_json::to_string(&to_json(&index))?);
+        let arrays = if args.all_metadata { None } else { Some(ARRAY_ITEMS_SHOWN) };
+        println!("{}", serde_json::to_string(&to_json(&index, arrays))?);
     } else {
         print_summary(&index, args.top);
     }
@@ -55,14 +63,15 @@ pub fn format_name(index: &TensorIndex) -> &'static str {
     index.format().map_or("mixed", |f| f.name())
 }
 
-pub fn to_json(index: &TensorIndex) -> Value {
+/// The index as JSON; GGUF metadata arrays longer than `arrays` elements summarized (all of them with `None`).
+pub fn to_json(index: &TensorIndex, arrays: Option<usize>) -> Value {
     let files: Vec<Value> = index
         .files
         .iter()
         .map(|f| {
             json!({
                 "path": f.path, "format": f.format.name(), "len": f.len, "data_start": f.data_start,
-                "gguf_version": f.gguf_version, "metadata": metadata_json(&f.metadata),
+                "gguf_version": f.gguf_version, "metadata": metadata_json(&f.metadata, arrays),
             })
         })
         .collect();
@@ -91,11 +100,12 @@ pub fn to_json(index: &TensorIndex) -> Value {
     })
 }
 
-fn metadata_json(m: &Metadata) -> Value {
+fn metadata_json(m: &Metadata, arrays: Option<usize>) -> Value {
+    let value = |v: &weightlift::format::gguf::GgufValue| arrays.map_or_else(|| v.to_json(), |n| v.to_json_summary(n));
     match m {
         Metadata::None => Value::Null,
         Metadata::Safetensors(map) => json!(map),
-        Metadata::Gguf(kv) => Value::Object(kv.iter().map(|(k, v)| (k.clone(), v.to_json())).collect()),
+        Metadata::Gguf(kv) => Value::Object(kv.iter().map(|(k, v)| (k.clone(), value(v))).collect()),
     }
 }
 

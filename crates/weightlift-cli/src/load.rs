@@ -328,12 +328,11 @@ pub fn with_progress<T>(total: u64, f: impl FnOnce(&AtomicU64) -> T) -> T {
                 while !done.load(Ordering::Relaxed) {
                     std::thread::sleep(Duration::from_millis(100));
                     if bar.is_none() && start.elapsed() >= Duration::from_secs(1) {
-                        let b = indicatif::ProgressBar::new(total);
-                        if let Ok(style) = indicatif::ProgressStyle::with_template(
-                            "{spinner} {bytes}/{total_bytes} [{bar:40}] {binary_bytes_per_sec} eta {eta}",
-                        ) {
-                            b.set_style(style.progress_chars("=> "));
-                        }
+                        // Its clock starts with the load's, so that the bytes of the first second are not read
+                        // as a burst.
+                        let b = indicatif::ProgressBar::new(total).with_elapsed(start.elapsed()).with_style(
+                            crate::units::bar_style("{spinner} {bytes}/{total_bytes} [{bar:40}] {rate} eta {eta}"),
+                        );
                         bar = Some(b);
                     }
                     if let Some(b) = &bar {

@@ -1,10 +1,18 @@
 //! `weightlift`: inspect, generate, load, bench and probe checkpoints.
 #![forbid(unsafe_code)]
 
+// Every line to stdout goes through `out::line`: a closed stdout ends the program quietly instead of panicking.
+// Defined before the modules so that they use this, not std's.
+macro_rules! println {
+    () => { $crate::out::line(format_args!("")) };
+    ($($arg:tt)*) => { $crate::out::line(format_args!($($arg)*)) };
+}
+
 mod bench;
 mod inspect;
 mod load;
 mod model;
+mod out;
 mod packing;
 mod plot;
 mod units;
@@ -117,8 +125,48 @@ enum FormatArg {
     Raw,
 }
 
+/// A command-line mistake in the form of every other error: one line, `weightlift: error: …`, status 2. Help and
+/// the version go to stdout with status 0.
+fn usage_error(e: &clap::Error) -> ExitCode {
+    use clap::error::ErrorKind as K;
+    match e.kind() {
+        K::DisplayHelp | K::DisplayVersion => {
+            println!("{}", e.render().to_string().trim_end());
+            return ExitCode::SUCCESS;
+        }
+        K::DisplayHelpOnMissingArgumentOrSubcommand | K::MissingSubcommand => {
+            eprintln!("weightlift: error: a command is needed (see `weightlift --help`)");
+        }
+        _ => eprintln!("weightlift: error: {}", one_line(&e.render().to_string())),
+    }
+    ExitCode::from(2)
+}
+
+/// clap's message up to its usage, on one line: `invalid value 'abc' for '--size <SIZE>': … (see --help)`.
+fn one_line(rendered: &str) -> String {
+    let text: Vec<&str> = rendered
+        .lines()
+        .take_while(|l| !l.starts_with("Usage:") && !l.starts_with("For more information"))
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect();
+    let mut line = String::new();
+    for (i, piece) in text.iter().enumerate() {
+        line.push_str(match i {
+            0 => "",
+            _ if piece.starts_with("tip:") => "; ",
+            _ => " ",
+        });
+        line.push_str(piece);
+    }
+    format!("{} (see --help)", line.trim_start_matches("error: "))
+}
+
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => return usage_error(&e),
+    };
     install_logging(cli.verbose);
     let result = match cli.command {
         Command::Inspect(args) => inspect::run(&args),
@@ -221,6 +269,7 @@ fn generate(args: &GenerateArgs) -> Result<()> {
         anyhow::bail!("--tensors applies to --layout many-small only");
     }
     let spec = synth::Spec { layout, container, size: args.size, seed: args.seed, align: args.align };
+    out::remove_partial_output_on_interrupt("generate")?;
     let start = std::time::Instant::now();
     let s = synth::generate(&args.out, &spec)?;
     let secs = start.elapsed().as_secs_f64();

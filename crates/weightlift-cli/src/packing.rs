@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use anyhow::Result;
-use indicatif::{ProgressBar, ProgressStyle};
+use indicatif::ProgressBar;
 use serde_json::{Value, json};
 use weightlift::format::pack::{Codec, ItemKind, PackIndex};
 use weightlift_pack::{Level, Pack, PackOptions, manifest};
@@ -23,11 +23,11 @@ pub struct PackArgs {
     /// shrinks repetitive data further but nvCOMP decodes it at about the link's speed.
     #[arg(long, default_value = "huffman", value_parser = parse_codec)]
     pub codec: Codec,
-    /// Compression level (zstd 1-22; deflate 1-9; huffman and lz4 have one).
+    /// Compression level (zstd 1-22; deflate 1-9; huffman and lz4 have one, and accept 1-22).
     #[arg(long, default_value_t = 3)]
     pub level: i32,
-    /// Bytes per plane per chunk (64KiB: 64 segments for the Huffman kernel, and what nvCOMP's batched GPU decoders
-    /// do best with).
+    /// Bytes per plane per chunk, 512 to 2MiB (64KiB: 64 segments for the Huffman kernel, and what nvCOMP's batched
+    /// GPU decoders do best with).
     #[arg(long, default_value = "64KiB", value_parser = units::parse_size)]
     pub plane_chunk: u64,
     /// Encoder threads (0: one per CPU).
@@ -72,11 +72,7 @@ fn parse_codec(s: &str) -> Result<Codec, String> {
 
 fn bar(what: &str) -> ProgressBar {
     let bar = ProgressBar::new(0);
-    bar.set_style(
-        ProgressStyle::with_template("{msg} [{bar:40}] {bytes}/{total_bytes} {binary_bytes_per_sec} eta {eta}")
-            .unwrap_or_else(|_| ProgressStyle::default_bar())
-            .progress_chars("=> "),
-    );
+    bar.set_style(units::bar_style("{msg} [{bar:40}] {bytes}/{total_bytes} {rate} eta {eta}"));
     bar.set_message(what.to_string());
     bar
 }
@@ -96,6 +92,8 @@ pub fn pack(args: &PackArgs) -> Result<()> {
         threads: args.threads,
         ..PackOptions::default()
     };
+    opts.validate()?;
+    crate::out::remove_partial_output_on_interrupt("pack")?;
     let progress = bar("packing");
     let start = Instant::now();
     let s = weightlift_pack::pack(&args.input, &args.out, &opts, &tick(&progress))?;
@@ -125,6 +123,9 @@ pub fn pack(args: &PackArgs) -> Result<()> {
 
 pub fn unpack(args: &UnpackArgs) -> Result<()> {
     let pack = Pack::open(&args.input)?;
+    if !args.check {
+        crate::out::remove_partial_output_on_interrupt("unpack")?;
+    }
     let progress = bar(if args.check { "checking" } else { "unpacking" });
     let start = Instant::now();
     if args.check {
@@ -155,10 +156,16 @@ pub fn checksum(args: &ChecksumArgs) -> Result<()> {
         println!("{}: {} tensors match {}", args.input.display(), m.tensors.len(), out.display());
         return Ok(());
     }
+    // Refused before the hashing, not after: the manifest must not replace the checkpoint (or a shard of it).
+    let index = weightlift::format::open(std::slice::from_ref(&args.input), None)?;
+    let inputs: Vec<&Path> =
+        std::iter::once(args.input.as_path()).chain(index.files.iter().map(|f| f.path.as_path())).collect();
+    weightlift::format::output::check_target(&out, &inputs)?;
+    crate::out::remove_partial_output_on_interrupt("checksum")?;
     let progress = bar("hashing");
     let m = manifest::create(&args.input, args.threads, &tick(&progress))?;
     progress.finish_and_clear();
-    m.write(&out)?;
+    m.write(&out, &inputs)?;
     let chunks: usize = m.tensors.iter().map(|t| t.chunks.len()).sum();
     println!(
         "wrote {}: {} tensors, {chunks} chunks of up to {}",

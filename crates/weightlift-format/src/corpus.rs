@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 
 use crate::dtype::{DType, GgmlType};
-use crate::gguf::{self, GgufTensorSpec, GgufValue};
+use crate::gguf::{self, GgufArray, GgufTensorSpec, GgufValue};
 use crate::safetensors::{self, TensorSpec};
 
 /// One hostile case: the files to write, which of them to open, and the `ErrorKind` variant expected.
@@ -65,6 +65,43 @@ impl G {
         self.0.resize(n, 0);
         self.0.extend((0..data).map(|i| (i % 251) as u8 + 1));
         self.0
+    }
+}
+
+/// Bytes of the long metadata arrays of the corpus.
+const LONG: u64 = 1 << 20;
+
+/// A GGUF file whose one metadata value is an array of `count` elements of type `elem`, each encoded as `item`,
+/// and whose one tensor lies past the end of the file.
+fn long_array(elem: u32, count: u64, item: &[u8]) -> Vec<u8> {
+    let mut g = G::new(3, 1, 1).str("big").u32(9).u32(elem).u64(count);
+    for _ in 0..count {
+        g.0.extend_from_slice(item);
+    }
+    g.tensor("t", &[64], 0, 0).data(16)
+}
+
+/// Tensors of the shard behind [`wide_shard_index`]: more than the largest real indexes (MoE models, 50-100 k).
+pub const WIDE_SHARD_TENSORS: usize = 200_000;
+
+/// A shard index whose one shard holds [`WIDE_SHARD_TENSORS`] tensors, all listed, plus one listed tensor the shard
+/// lacks (checked last): every listed name is looked up in the shard, so a lookup that is not constant time makes
+/// this hang rather than fail.
+pub fn wide_shard_index() -> Hostile {
+    let names: Vec<String> = (0..WIDE_SHARD_TENSORS).map(|i| format!("model.layers.{i}.w")).collect();
+    let specs: Vec<(TensorSpec, &[u8])> =
+        names.iter().map(|n| (TensorSpec::new(n, DType::U8, vec![1]), &[1u8][..])).collect();
+    let shard = safetensors::serialize(&specs, &BTreeMap::new(), 8).unwrap_or_default();
+    let mut map = serde_json::Map::new();
+    for n in &names {
+        map.insert(n.clone(), "s.safetensors".into());
+    }
+    map.insert("zz.missing".into(), "s.safetensors".into());
+    let index = serde_json::json!({ "weight_map": map }).to_string().into_bytes();
+    Hostile {
+        name: "shard index of 200k tensors missing one",
+        files: vec![("model.safetensors.index.json".into(), index), ("s.safetensors".into(), shard)],
+        expect: "ShardTensorMissing",
     }
 }
 
@@ -272,6 +309,17 @@ pub fn hostile() -> Vec<Hostile> {
             G::new(3, 1, 0).tensor("t", &[1 << 40, 1 << 40], 0, 0).data(64),
             "ShapeOverflow",
         ),
+        one(
+            "gguf duplicate metadata key",
+            "a.gguf",
+            G::new(3, 0, 2).str("k").u32(4).u32(1).str("k").u32(4).u32(2).data(0),
+            "DuplicateMetadataKey",
+        ),
+        // Long metadata arrays cost about their size in the file, whatever their element type (the test bounds the
+        // parser's memory by a small multiple of the file): here they are followed by a tensor past the end.
+        one("gguf long uint8 array", "a.gguf", long_array(0, LONG, &[0]), "TensorPastEnd"),
+        one("gguf long array of empty strings", "a.gguf", long_array(8, LONG / 8, &[0; 8]), "TensorPastEnd"),
+        one("gguf long array of empty arrays", "a.gguf", long_array(9, LONG / 12, &[0; 12]), "TensorPastEnd"),
         one("not a checkpoint", "a.bin", b"hello, world, this is text".to_vec(), "UnknownFormat"),
     ];
     // Sharded checkpoints.
@@ -342,7 +390,7 @@ pub fn hostile() -> Vec<Hostile> {
 pub fn valid_gguf() -> Vec<u8> {
     let kv = vec![
         ("general.architecture".to_string(), GgufValue::String("llama".into())),
-        ("a".to_string(), GgufValue::Array(9, vec![GgufValue::Array(4, vec![GgufValue::U32(1)])])),
+        ("a".to_string(), GgufValue::Array(GgufArray::Array(vec![GgufArray::U32(vec![1])]))),
     ];
     let specs = [
         GgufTensorSpec { name: "w".into(), ggml: GgmlType::Q4_0, shape: vec![2, 64] },

@@ -103,6 +103,8 @@ pub enum ErrorKind {
     StringTooLong { len: u64, offset: u64, remaining: u64 },
     #[error("metadata key {key:?} has unknown value type {type_id} at offset {offset}")]
     UnknownValueType { key: String, type_id: u32, offset: u64 },
+    #[error("metadata key {key:?} appears twice")]
+    DuplicateMetadataKey { key: String },
     #[error("metadata key {key:?} nests arrays more than {max} deep")]
     NestingTooDeep { key: String, max: usize },
     #[error("metadata key {key:?} is {found}, expected {expected}")]
@@ -153,4 +155,8 @@ pub enum ErrorKind {
     // writers
     #[error("cannot write tensor {tensor:?}: {reason}")]
     Unwritable { tensor: String, reason: String },
+    #[error("is the same file as the input {}: refusing to write over it", input.display())]
+    OutputIsInput { input: PathBuf },
+    #[error("is a {node}, not a regular file: refusing to replace it")]
+    OutputNotAFile { node: crate::regular::NodeKind },
 }

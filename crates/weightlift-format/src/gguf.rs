@@ -14,7 +14,7 @@ use crate::dtype::expected_size;
 use crate::error::{ErrorKind, FormatError};
 use crate::index::{Format, Metadata, SourceFile, TensorEntry, TensorIndex};
 use crate::input::Input;
-pub use crate::metadata::GgufValue;
+pub use crate::metadata::{GgufArray, GgufValue};
 
 pub const MAGIC: [u8; 4] = *b"GGUF";
 pub const DEFAULT_ALIGNMENT: u64 = 32;
@@ -111,28 +111,53 @@ impl Cursor {
             6 => GgufValue::F32(f32::from_le_bytes(self.bytes("metadata value")?)),
             7 => GgufValue::Bool(self.bytes::<1>("metadata value")?[0] != 0),
             8 => GgufValue::String(self.string("metadata string")?),
-            9 => {
-                if depth >= MAX_NESTING {
-                    return Err(ErrorKind::NestingTooDeep { key: key.to_string(), max: MAX_NESTING });
-                }
-                let elem = self.u32("array element type")?;
-                if elem > 12 {
-                    return Err(ErrorKind::UnknownValueType { key: key.to_string(), type_id: elem, offset });
-                }
-                let count_offset = self.pos;
-                let count = self.u64("array length")?;
-                self.check_count("array element", count, min_encoded_size(elem), count_offset)?;
-                let mut items = Vec::with_capacity(count as usize);
-                for _ in 0..count {
-                    items.push(self.value(key, elem, depth + 1)?);
-                }
-                GgufValue::Array(elem, items)
-            }
+            9 => GgufValue::Array(self.array(key, depth)?),
             10 => GgufValue::U64(u64::from_le_bytes(self.bytes("metadata value")?)),
             11 => GgufValue::I64(i64::from_le_bytes(self.bytes("metadata value")?)),
             12 => GgufValue::F64(f64::from_le_bytes(self.bytes("metadata value")?)),
             other => return Err(ErrorKind::UnknownValueType { key: key.to_string(), type_id: other, offset }),
         })
+    }
+
+    /// An array (its element type, count and elements), at nesting `depth`, into a vector of its element type.
+    fn array(&mut self, key: &str, depth: usize) -> Result<GgufArray, ErrorKind> {
+        if depth >= MAX_NESTING {
+            return Err(ErrorKind::NestingTooDeep { key: key.to_string(), max: MAX_NESTING });
+        }
+        let offset = self.pos;
+        let elem = self.u32("array element type")?;
+        let count_offset = self.pos;
+        let unknown = || ErrorKind::UnknownValueType { key: key.to_string(), type_id: elem, offset };
+        if elem > 12 {
+            return Err(unknown());
+        }
+        let count = self.u64("array length")?;
+        self.check_count("array element", count, min_encoded_size(elem), count_offset)?;
+        let mut array = GgufArray::with_capacity(elem, count as usize).ok_or_else(unknown)?;
+        for _ in 0..count {
+            self.push(&mut array, key, depth)?;
+        }
+        Ok(array)
+    }
+
+    fn push(&mut self, array: &mut GgufArray, key: &str, depth: usize) -> Result<(), ErrorKind> {
+        const W: &str = "metadata value";
+        match array {
+            GgufArray::U8(v) => v.push(u8::from_le_bytes(self.bytes(W)?)),
+            GgufArray::I8(v) => v.push(i8::from_le_bytes(self.bytes(W)?)),
+            GgufArray::U16(v) => v.push(u16::from_le_bytes(self.bytes(W)?)),
+            GgufArray::I16(v) => v.push(i16::from_le_bytes(self.bytes(W)?)),
+            GgufArray::U32(v) => v.push(u32::from_le_bytes(self.bytes(W)?)),
+            GgufArray::I32(v) => v.push(i32::from_le_bytes(self.bytes(W)?)),
+            GgufArray::F32(v) => v.push(f32::from_le_bytes(self.bytes(W)?)),
+            GgufArray::Bool(v) => v.push(self.bytes::<1>(W)?[0] != 0),
+            GgufArray::String(v) => v.push(self.string("metadata string")?),
+            GgufArray::Array(v) => v.push(self.array(key, depth + 1)?),
+            GgufArray::U64(v) => v.push(u64::from_le_bytes(self.bytes(W)?)),
+            GgufArray::I64(v) => v.push(i64::from_le_bytes(self.bytes(W)?)),
+            GgufArray::F64(v) => v.push(f64::from_le_bytes(self.bytes(W)?)),
+        }
+        Ok(())
     }
 }
 
@@ -194,7 +219,7 @@ fn parse(cur: &mut Cursor) -> Result<ParsedGguf, ErrorKind> {
         let type_id = cur.u32("metadata value type")?;
         let value = cur.value(&key, type_id, 0)?;
         if !keys.insert(key.clone()) {
-            return Err(ErrorKind::DuplicateName { tensor: key });
+            return Err(ErrorKind::DuplicateMetadataKey { key });
         }
         kv.push((key, value));
     }
@@ -370,6 +395,26 @@ impl GgufLayout {
     }
 }
 
+fn put_array(h: &mut Vec<u8>, a: &GgufArray) {
+    h.extend_from_slice(&a.element_type().to_le_bytes());
+    h.extend_from_slice(&(a.len() as u64).to_le_bytes());
+    match a {
+        GgufArray::U8(v) => h.extend_from_slice(v),
+        GgufArray::I8(v) => v.iter().for_each(|x| h.extend_from_slice(&x.to_le_bytes())),
+        GgufArray::U16(v) => v.iter().for_each(|x| h.extend_from_slice(&x.to_le_bytes())),
+        GgufArray::I16(v) => v.iter().for_each(|x| h.extend_from_slice(&x.to_le_bytes())),
+        GgufArray::U32(v) => v.iter().for_each(|x| h.extend_from_slice(&x.to_le_bytes())),
+        GgufArray::I32(v) => v.iter().for_each(|x| h.extend_from_slice(&x.to_le_bytes())),
+        GgufArray::F32(v) => v.iter().for_each(|x| h.extend_from_slice(&x.to_le_bytes())),
+        GgufArray::Bool(v) => v.iter().for_each(|&x| h.push(u8::from(x))),
+        GgufArray::String(v) => v.iter().for_each(|x| put_string(h, x)),
+        GgufArray::Array(v) => v.iter().for_each(|x| put_array(h, x)),
+        GgufArray::U64(v) => v.iter().for_each(|x| h.extend_from_slice(&x.to_le_bytes())),
+        GgufArray::I64(v) => v.iter().for_each(|x| h.extend_from_slice(&x.to_le_bytes())),
+        GgufArray::F64(v) => v.iter().for_each(|x| h.extend_from_slice(&x.to_le_bytes())),
+    }
+}
+
 fn put_string(h: &mut Vec<u8>, s: &str) {
     h.extend_from_slice(&(s.len() as u64).to_le_bytes());
     h.extend_from_slice(s.as_bytes());
@@ -386,13 +431,7 @@ fn put_value(h: &mut Vec<u8>, v: &GgufValue) {
         GgufValue::F32(x) => h.extend_from_slice(&x.to_le_bytes()),
         GgufValue::Bool(x) => h.push(u8::from(*x)),
         GgufValue::String(s) => put_string(h, s),
-        GgufValue::Array(elem, items) => {
-            h.extend_from_slice(&elem.to_le_bytes());
-            h.extend_from_slice(&(items.len() as u64).to_le_bytes());
-            for item in items {
-                put_value(h, item);
-            }
-        }
+        GgufValue::Array(a) => put_array(h, a),
         GgufValue::U64(x) => h.extend_from_slice(&x.to_le_bytes()),
         GgufValue::I64(x) => h.extend_from_slice(&x.to_le_bytes()),
         GgufValue::F64(x) => h.extend_from_slice(&x.to_le_bytes()),

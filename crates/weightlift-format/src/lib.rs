@@ -6,6 +6,7 @@
 //! - [`raw`]: a file as one tensor of a given dtype,
 //! - [`pack`]: `.wlpack` files, checkpoints split into byte planes and compressed chunk by chunk.
 //! - [`regular`]: opening only regular files, refusing FIFOs, sockets and devices before anything can block.
+//! - [`output`]: the one way every writer opens its output (never an input, never a non-regular file, atomic).
 //!
 //! Every reader validates headers against the file length with checked arithmetic and never allocates a size read
 //! from the file before checking it. [`open`] picks the reader by extension, then by the file's first bytes.
@@ -19,6 +20,7 @@ pub mod gguf;
 mod index;
 mod input;
 mod metadata;
+pub mod output;
 pub mod pack;
 pub mod raw;
 pub mod regular;

@@ -26,11 +26,133 @@ pub enum GgufValue {
     Bool(bool),
     /// GGUF strings should be UTF-8; invalid sequences are replaced with U+FFFD.
     String(String),
-    /// An array with the type id of its elements (kept so an empty array round-trips).
-    Array(u32, Vec<GgufValue>),
+    Array(GgufArray),
     U64(u64),
     I64(i64),
     F64(f64),
+}
+
+/// A metadata array, stored as a vector of its element type: an array costs about what it takes in the file
+/// (16 M `uint8` are 16 MiB, not 16 M enum values of 32 bytes each). The element type is kept, so an empty array
+/// round-trips.
+#[derive(Clone, Debug, PartialEq)]
+pub enum GgufArray {
+    U8(Vec<u8>),
+    I8(Vec<i8>),
+    U16(Vec<u16>),
+    I16(Vec<i16>),
+    U32(Vec<u32>),
+    I32(Vec<i32>),
+    F32(Vec<f32>),
+    Bool(Vec<bool>),
+    String(Vec<String>),
+    /// An array of arrays, each with its own element type.
+    Array(Vec<GgufArray>),
+    U64(Vec<u64>),
+    I64(Vec<i64>),
+    F64(Vec<f64>),
+}
+
+/// Applies `$body` to the vector inside any array variant (bound as `$v`).
+macro_rules! each_array {
+    ($array:expr, $v:ident => $body:expr) => {
+        match $array {
+            GgufArray::U8($v) => $body,
+            GgufArray::I8($v) => $body,
+            GgufArray::U16($v) => $body,
+            GgufArray::I16($v) => $body,
+            GgufArray::U32($v) => $body,
+            GgufArray::I32($v) => $body,
+            GgufArray::F32($v) => $body,
+            GgufArray::Bool($v) => $body,
+            GgufArray::String($v) => $body,
+            GgufArray::Array($v) => $body,
+            GgufArray::U64($v) => $body,
+            GgufArray::I64($v) => $body,
+            GgufArray::F64($v) => $body,
+        }
+    };
+}
+
+impl GgufArray {
+    /// An empty array of elements of type `type_id` (`None` for an unknown type), with room for `capacity`.
+    pub fn with_capacity(type_id: u32, capacity: usize) -> Option<GgufArray> {
+        Some(match type_id {
+            0 => GgufArray::U8(Vec::with_capacity(capacity)),
+            1 => GgufArray::I8(Vec::with_capacity(capacity)),
+            2 => GgufArray::U16(Vec::with_capacity(capacity)),
+            3 => GgufArray::I16(Vec::with_capacity(capacity)),
+            4 => GgufArray::U32(Vec::with_capacity(capacity)),
+            5 => GgufArray::I32(Vec::with_capacity(capacity)),
+            6 => GgufArray::F32(Vec::with_capacity(capacity)),
+            7 => GgufArray::Bool(Vec::with_capacity(capacity)),
+            8 => GgufArray::String(Vec::with_capacity(capacity)),
+            9 => GgufArray::Array(Vec::with_capacity(capacity)),
+            10 => GgufArray::U64(Vec::with_capacity(capacity)),
+            11 => GgufArray::I64(Vec::with_capacity(capacity)),
+            12 => GgufArray::F64(Vec::with_capacity(capacity)),
+            _ => return None,
+        })
+    }
+
+    /// The type id of the elements.
+    pub fn element_type(&self) -> u32 {
+        match self {
+            GgufArray::U8(_) => 0,
+            GgufArray::I8(_) => 1,
+            GgufArray::U16(_) => 2,
+            GgufArray::I16(_) => 3,
+            GgufArray::U32(_) => 4,
+            GgufArray::I32(_) => 5,
+            GgufArray::F32(_) => 6,
+            GgufArray::Bool(_) => 7,
+            GgufArray::String(_) => 8,
+            GgufArray::Array(_) => 9,
+            GgufArray::U64(_) => 10,
+            GgufArray::I64(_) => 11,
+            GgufArray::F64(_) => 12,
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        each_array!(self, v => v.len())
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Element `i` as JSON.
+    fn item_json(&self, i: usize, max_items: Option<usize>) -> serde_json::Value {
+        use serde_json::Value as J;
+        match self {
+            GgufArray::String(v) => J::from(v[i].as_str()),
+            GgufArray::Array(v) => v[i].json(max_items),
+            GgufArray::F32(v) => J::from(v[i]),
+            GgufArray::F64(v) => J::from(v[i]),
+            GgufArray::Bool(v) => J::from(v[i]),
+            GgufArray::U8(v) => J::from(v[i]),
+            GgufArray::I8(v) => J::from(v[i]),
+            GgufArray::U16(v) => J::from(v[i]),
+            GgufArray::I16(v) => J::from(v[i]),
+            GgufArray::U32(v) => J::from(v[i]),
+            GgufArray::I32(v) => J::from(v[i]),
+            GgufArray::U64(v) => J::from(v[i]),
+            GgufArray::I64(v) => J::from(v[i]),
+        }
+    }
+
+    /// The array as JSON: every element, or (with `max_items`) an array that long or shorter in full and a longer
+    /// one as `{"type", "len", "head"}` with its first `max_items` elements.
+    fn json(&self, max_items: Option<usize>) -> serde_json::Value {
+        let n = self.len();
+        let shown = max_items.map_or(n, |m| m.min(n));
+        let items: Vec<serde_json::Value> = (0..shown).map(|i| self.item_json(i, max_items)).collect();
+        if shown == n {
+            return serde_json::Value::Array(items);
+        }
+        serde_json::json!({"type": type_name(self.element_type()), "len": n, "head": items})
+    }
 }
 
 impl GgufValue {
@@ -71,8 +193,18 @@ impl GgufValue {
         }
     }
 
-    /// The value as JSON (arrays become JSON arrays).
+    /// The value as JSON, arrays in full (a JSON value per element: for a long array, many times its size).
     pub fn to_json(&self) -> serde_json::Value {
+        self.json(None)
+    }
+
+    /// The value as JSON with arrays longer than `max_items` summarized as `{"type", "len", "head"}` (the first
+    /// `max_items` elements): what a report of a hostile or a large file shows by default.
+    pub fn to_json_summary(&self, max_items: usize) -> serde_json::Value {
+        self.json(Some(max_items))
+    }
+
+    fn json(&self, max_items: Option<usize>) -> serde_json::Value {
         use serde_json::Value as J;
         match self {
             GgufValue::U8(v) => J::from(*v),
@@ -84,7 +216,7 @@ impl GgufValue {
             GgufValue::F32(v) => J::from(*v),
             GgufValue::Bool(v) => J::from(*v),
             GgufValue::String(v) => J::from(v.as_str()),
-            GgufValue::Array(_, items) => J::Array(items.iter().map(GgufValue::to_json).collect()),
+            GgufValue::Array(a) => a.json(max_items),
             GgufValue::U64(v) => J::from(*v),
             GgufValue::I64(v) => J::from(*v),
             GgufValue::F64(v) => J::from(*v),

@@ -26,7 +26,7 @@ pub enum NodeKind {
 }
 
 impl NodeKind {
-    fn of(file_type: FileType) -> Option<NodeKind> {
+    pub(crate) fn of(file_type: FileType) -> Option<NodeKind> {
         match file_type {
             FileType::RegularFile => None,
             FileType::Directory => Some(NodeKind::Directory),
@@ -42,11 +42,10 @@ impl NodeKind {
     pub fn refusal(self) -> &'static str {
         match self {
             NodeKind::Directory => "is a directory, not a regular file",
-            NodeKind::Fifo => "is a FIFO (named pipe), not a regular file; checkpoints are read from regular files",
-            NodeKind::Socket => "is a socket, not a regular file; checkpoints are read from regular files",
-            NodeKind::CharDevice => {
-                "is a character device, not a regular file; checkpoints are read from regular files"
-            }
+            // Said of reads and of writes alike (save_file to a device node is refused with the same words).
+            NodeKind::Fifo => "is a FIFO (named pipe), not a regular file",
+            NodeKind::Socket => "is a socket, not a regular file",
+            NodeKind::CharDevice => "is a character device, not a regular file",
             NodeKind::BlockDevice => {
                 "is a block device: checkpoints load from regular files, block devices only through LBA reads"
             }

@@ -4,13 +4,13 @@
 //! check a loaded tensor without keeping the file's contents around.
 
 use std::collections::BTreeMap;
-use std::fs::{self, File};
+use std::fs::File;
 use std::io::{self, BufWriter, Write};
 use std::path::{Path, PathBuf};
 
 use crate::dtype::{DType, GgmlType};
-use crate::error::{ErrorKind, FormatError};
-use crate::gguf::{self, GgufTensorSpec, GgufValue};
+use crate::error::FormatError;
+use crate::gguf::{self, GgufArray, GgufTensorSpec, GgufValue};
 use crate::safetensors::{self, TensorSpec};
 
 /// Which tensors a synthetic checkpoint holds.
@@ -124,20 +124,12 @@ struct Planned {
     shape: Vec<u64>,
 }
 
-/// Generates a checkpoint at `path` (written to a temporary name, then renamed into place).
+/// Generates a checkpoint at `path` (as every writer does, see [`crate::output`]: under a temporary name, then
+/// renamed into place).
 pub fn generate(path: &Path, spec: &Spec) -> Result<Summary, FormatError> {
     let err = |kind| FormatError::new(path, kind);
-    let tmp = partial_path(path);
     let write = |f: &mut dyn FnMut(&mut BufWriter<File>) -> io::Result<()>| -> Result<(), FormatError> {
-        let file = File::create(&tmp).map_err(|e| err(ErrorKind::Open(e)))?;
-        let mut out = BufWriter::with_capacity(8 << 20, file);
-        let result = f(&mut out).and_then(|()| out.flush());
-        if let Err(e) = result {
-            let _ = fs::remove_file(&tmp);
-            return Err(err(ErrorKind::Write(e)));
-        }
-        drop(out);
-        fs::rename(&tmp, path).map_err(|e| err(ErrorKind::Write(e)))
+        crate::output::write_with(path, &[], f)
     };
     let piece = 8 << 20;
     let seed = spec.seed;
@@ -191,12 +183,6 @@ pub fn generate(path: &Path, spec: &Spec) -> Result<Summary, FormatError> {
 fn fill(seed: u64, tensor: usize, offset: u64, buf: &mut [u8]) -> io::Result<()> {
     tensor_bytes(seed, tensor as u64, offset, buf);
     Ok(())
-}
-
-fn partial_path(path: &Path) -> PathBuf {
-    let mut name = path.file_name().map(|n| n.to_os_string()).unwrap_or_default();
-    name.push(".partial");
-    path.with_file_name(name)
 }
 
 fn plan(layout: Layout, size: u64, seed: u64, gguf: bool) -> Vec<Planned> {
@@ -333,15 +319,9 @@ fn gguf_metadata(planned: &[Planned], spec: &Spec) -> Vec<(String, GgufValue)> {
     let s = |v: &str| GgufValue::String(v.to_string());
     let layers = planned.iter().filter(|p| p.name.ends_with("attn_q.weight")).count() as u32;
     let h = planned.iter().find(|p| p.name == "output_norm.weight").map_or(0, |p| p.shape[0]);
-    let tokens: Vec<GgufValue> = (0..64).map(|i| s(&format!("tok{i}"))).collect();
-    let scores: Vec<GgufValue> = (0..64).map(|i| GgufValue::F32(-(i as f32))).collect();
-    let nested = GgufValue::Array(
-        9,
-        vec![
-            GgufValue::Array(4, vec![GgufValue::U32(1), GgufValue::U32(2)]),
-            GgufValue::Array(4, vec![GgufValue::U32(3)]),
-        ],
-    );
+    let tokens = GgufArray::String((0..64).map(|i| format!("tok{i}")).collect());
+    let scores = GgufArray::F32((0..64).map(|i| -(i as f32)).collect());
+    let nested = GgufValue::Array(GgufArray::Array(vec![GgufArray::U32(vec![1, 2]), GgufArray::U32(vec![3])]));
     let mut kv = vec![
         ("general.architecture".to_string(), s("llama")),
         ("general.name".to_string(), s("weightlift synthetic")),
@@ -350,8 +330,8 @@ fn gguf_metadata(planned: &[Planned], spec: &Spec) -> Vec<(String, GgufValue)> {
         ("llama.embedding_length".to_string(), GgufValue::U32(h as u32)),
         ("llama.rope.freq_base".to_string(), GgufValue::F32(10000.0)),
         ("weightlift.seed".to_string(), GgufValue::U64(spec.seed)),
-        ("weightlift.flags".to_string(), GgufValue::Array(7, vec![GgufValue::Bool(true), GgufValue::Bool(false)])),
-        ("weightlift.small".to_string(), GgufValue::Array(1, vec![GgufValue::I8(-1), GgufValue::I8(7)])),
+        ("weightlift.flags".to_string(), GgufValue::Array(GgufArray::Bool(vec![true, false]))),
+        ("weightlift.small".to_string(), GgufValue::Array(GgufArray::I8(vec![-1, 7]))),
         ("weightlift.i64".to_string(), GgufValue::I64(-5)),
         ("weightlift.f64".to_string(), GgufValue::F64(0.25)),
         ("weightlift.u16".to_string(), GgufValue::U16(65535)),
@@ -359,8 +339,8 @@ fn gguf_metadata(planned: &[Planned], spec: &Spec) -> Vec<(String, GgufValue)> {
         ("weightlift.i32".to_string(), GgufValue::I32(-7)),
         ("weightlift.u8".to_string(), GgufValue::U8(200)),
         ("weightlift.nested".to_string(), nested),
-        ("tokenizer.ggml.tokens".to_string(), GgufValue::Array(8, tokens)),
-        ("tokenizer.ggml.scores".to_string(), GgufValue::Array(6, scores)),
+        ("tokenizer.ggml.tokens".to_string(), GgufValue::Array(tokens)),
+        ("tokenizer.ggml.scores".to_string(), GgufValue::Array(scores)),
     ];
     if let Some(a) = spec.align {
         kv.push(("general.alignment".to_string(), GgufValue::U32(a as u32)));

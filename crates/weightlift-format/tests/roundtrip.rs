@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 
 use proptest::prelude::*;
-use weightlift_format::gguf::{self, GgufTensorSpec, GgufValue};
+use weightlift_format::gguf::{self, GgufArray, GgufTensorSpec, GgufValue};
 use weightlift_format::safetensors::{self, TensorSpec};
 use weightlift_format::{DType, GgmlType, Metadata};
 
@@ -94,8 +94,10 @@ proptest! {
         }).collect();
         let mut kv = vec![
             ("general.architecture".to_string(), GgufValue::String("test".into())),
-            ("n".to_string(), GgufValue::Array(9, vec![GgufValue::Array(12, vec![GgufValue::F64(1.5)]), GgufValue::Array(8, vec![])])),
-            ("e".to_string(), GgufValue::Array(0, vec![])),
+            ("n".to_string(), GgufValue::Array(GgufArray::Array(vec![GgufArray::F64(vec![1.5]), GgufArray::String(vec![])]))),
+            ("e".to_string(), GgufValue::Array(GgufArray::U8(vec![]))),
+            ("u".to_string(), GgufValue::Array(GgufArray::U8((0..=255).collect()))),
+            ("s".to_string(), GgufValue::Array(GgufArray::String(vec!["a".into(), String::new(), "é".into()]))),
         ];
         if let Some(a) = align { kv.push(("general.alignment".to_string(), GgufValue::U64(a))); }
         let lay = gguf::layout(&kv, &specs).unwrap();

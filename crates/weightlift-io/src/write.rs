@@ -71,6 +71,13 @@ pub fn write_at(
     pinner: Option<&dyn Pinner>,
 ) -> Result<WriteReport, IoError> {
     let WriteRequest { path, offset, len, durable, faults } = *req;
+    // What pwrite(2) says of a range past the largest file offset, before anything is opened or copied.
+    let end = offset.checked_add(len).filter(|&end| end <= i64::MAX as u64).ok_or_else(|| IoError::Write {
+        path: path.to_path_buf(),
+        offset,
+        len,
+        cause: rustix::io::Errno::INVAL.into(),
+    })?;
     let t0 = Instant::now();
     let buffered = open_checked(path, Access::WRITE_CREATE)?;
     let want_direct = params.direct != DirectMode::Never;
@@ -90,7 +97,7 @@ pub fn write_at(
         buffered,
         direct,
         direct_refused: None,
-        len: offset + len,
+        len: end,
         block,
         mem_align: block,
     };
@@ -323,6 +330,20 @@ mod tests {
                     assert_eq!(r.direct_bytes, 0);
                 }
             }
+        }
+    }
+
+    #[test]
+    fn a_range_past_the_largest_offset_is_einval_before_the_file_is_touched() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("never");
+        let data = [7u8; 16];
+        for offset in [u64::MAX - 4, i64::MAX as u64 - 4] {
+            let req = WriteRequest { path: &path, offset, len: data.len() as u64, durable: false, faults: None };
+            let err = write_at(&IoParams::default(), &req, &HostSource(&data), &mut StagingPool::new(), None)
+                .expect_err("a write ending past i64::MAX");
+            assert_eq!(err.raw_os_error(), Some(rustix::io::Errno::INVAL.raw_os_error()), "{err}");
+            assert!(!path.exists(), "the file was created before the range was checked");
         }
     }
 

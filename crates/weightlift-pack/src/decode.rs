@@ -6,10 +6,10 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 use rayon::prelude::*;
+use weightlift_format::output::Output;
 use weightlift_format::pack::{self, Item, PackIndex};
 
 use crate::codec;
-use crate::encode::partial_path;
 use crate::error::PackError;
 use crate::planes;
 
@@ -173,31 +173,19 @@ pub fn unpack(
     progress: &(dyn Fn(u64, u64) + Sync),
 ) -> Result<Vec<PathBuf>, PackError> {
     let targets = output_paths(pack, out)?;
-    let partials: Vec<PathBuf> = targets.iter().map(|t| partial_path(t)).collect();
-    let result = (|| {
-        let mut files = Vec::with_capacity(targets.len());
-        for (p, f) in partials.iter().zip(&pack.index.files) {
-            let file = File::create(p).map_err(PackError::io(p))?;
-            file.set_len(f.len).map_err(PackError::io(p))?;
-            files.push(file);
-        }
-        for_each_chunk(pack, threads, progress, &|item, c, bytes| {
-            let at = item.offset + pack.index.chunks[c].raw_offset;
-            files[item.file].write_all_at(bytes, at).map_err(PackError::io(&partials[item.file]))
-        })?;
-        for (file, p) in files.iter().zip(&partials) {
-            file.sync_all().map_err(PackError::io(p))?;
-        }
-        Ok(())
-    })();
-    if let Err(e) = result {
-        for p in &partials {
-            let _ = std::fs::remove_file(p);
-        }
-        return Err(e);
+    let mut outputs = Vec::with_capacity(targets.len());
+    for (t, f) in targets.iter().zip(&pack.index.files) {
+        let output = Output::create(t, &[&pack.path])?;
+        output.file().set_len(f.len).map_err(PackError::io(output.temp_path()))?;
+        outputs.push(output);
     }
-    for (p, t) in partials.iter().zip(&targets) {
-        std::fs::rename(p, t).map_err(PackError::io(t))?;
+    for_each_chunk(pack, threads, progress, &|item, c, bytes| {
+        let at = item.offset + pack.index.chunks[c].raw_offset;
+        let output = &outputs[item.file];
+        output.file().write_all_at(bytes, at).map_err(PackError::io(output.temp_path()))
+    })?;
+    for output in outputs {
+        output.commit()?;
     }
     Ok(targets)
 }

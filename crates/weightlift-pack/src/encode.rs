@@ -8,7 +8,10 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 use rayon::prelude::*;
-use weightlift_format::pack::{Codec, ItemKind, ItemSpec, PackLayout, PackedFile, STREAM_ALIGN, Stream, planes_for};
+use weightlift_format::output::Output;
+use weightlift_format::pack::{
+    Codec, ItemKind, ItemSpec, MAX_CHUNK_BYTES, PackLayout, PackedFile, STREAM_ALIGN, Stream, planes_for,
+};
 use weightlift_format::{DType, Detected, Metadata, TensorIndex};
 
 use crate::codec::{self, Level};
@@ -27,6 +30,40 @@ pub struct PackOptions {
     pub max_ratio: f64,
     /// Encoder threads (0: one per CPU).
     pub threads: usize,
+}
+
+/// The smallest plane chunk: below it the tables outweigh the data (a 1-byte chunk turns 7 MiB into 431 MiB).
+pub const MIN_PLANE_CHUNK: u64 = 512;
+/// The largest plane chunk: eight planes of it make the largest chunk a pack may hold.
+pub const MAX_PLANE_CHUNK: u64 = MAX_CHUNK_BYTES / 8;
+
+impl PackOptions {
+    /// Refuses what cannot be honoured as asked, rather than clamping it without a word.
+    pub fn validate(&self) -> Result<(), PackError> {
+        if !(MIN_PLANE_CHUNK..=MAX_PLANE_CHUNK).contains(&self.plane_chunk) {
+            return Err(PackError::Invalid(format!(
+                "plane chunk {} bytes: must be {MIN_PLANE_CHUNK} to {MAX_PLANE_CHUNK} bytes",
+                self.plane_chunk
+            )));
+        }
+        let levels = match self.codec {
+            Codec::Deflate => 1..=9,
+            _ => 1..=22,
+        };
+        if !levels.contains(&self.level.0) {
+            return Err(PackError::Invalid(format!(
+                "level {} for {}: must be {} to {}",
+                self.level.0,
+                self.codec.name(),
+                levels.start(),
+                levels.end()
+            )));
+        }
+        if !(self.max_ratio > 0.0 && self.max_ratio <= 1.0) {
+            return Err(PackError::Invalid(format!("max ratio {}: must be in (0, 1]", self.max_ratio)));
+        }
+        Ok(())
+    }
 }
 
 impl Default for PackOptions {
@@ -166,6 +203,7 @@ pub fn pack(
     opts: &PackOptions,
     progress: &(dyn Fn(u64, u64) + Sync),
 ) -> Result<PackSummary, PackError> {
+    opts.validate()?;
     let source = open_source(input)?;
     let mut paths: Vec<PathBuf> = source.index.files.iter().map(|f| f.path.clone()).collect();
     paths.extend(source.extra.iter().cloned());
@@ -188,23 +226,11 @@ pub fn pack(
         .num_threads(opts.threads)
         .build()
         .map_err(|e| PackError::Invalid(format!("encoder threads: {e}")))?;
-    let partial = partial_path(out);
-    let result = pool.install(|| write_pack(&layout, &paths, &handles, &partial, opts, progress));
-    let summary = match result {
-        Ok(s) => s,
-        Err(e) => {
-            let _ = std::fs::remove_file(&partial);
-            return Err(e);
-        }
-    };
-    std::fs::rename(&partial, out).map_err(PackError::io(out))?;
+    let inputs: Vec<&Path> = std::iter::once(input).chain(paths.iter().map(PathBuf::as_path)).collect();
+    let output = Output::create(out, &inputs)?;
+    let summary = pool.install(|| write_pack(&layout, &paths, &handles, &output, opts, progress))?;
+    output.commit()?;
     Ok(summary)
-}
-
-pub(crate) fn partial_path(out: &Path) -> PathBuf {
-    let mut name = out.file_name().unwrap_or_default().to_os_string();
-    name.push(".partial");
-    out.with_file_name(name)
 }
 
 /// Chunks compressed in parallel per round; a round's output is written before the next starts.
@@ -214,11 +240,12 @@ fn write_pack(
     layout: &PackLayout,
     paths: &[PathBuf],
     handles: &[File],
-    partial: &Path,
+    output: &Output,
     opts: &PackOptions,
     progress: &(dyn Fn(u64, u64) + Sync),
 ) -> Result<PackSummary, PackError> {
-    let file = File::create(partial).map_err(PackError::io(partial))?;
+    let partial = output.temp_path();
+    let file = output.file().try_clone().map_err(PackError::io(partial))?;
     let mut w = BufWriter::with_capacity(8 << 20, file);
     w.seek(SeekFrom::Start(layout.data_start)).map_err(PackError::io(partial))?;
     // (item index, chunk offset, chunk length) for every chunk in table order.
@@ -272,8 +299,7 @@ fn write_pack(
     }
     w.seek(SeekFrom::Start(0)).map_err(PackError::io(partial))?;
     w.write_all(&layout.index_bytes(&checksums, &streams)).map_err(PackError::io(partial))?;
-    let file = w.into_inner().map_err(|e| PackError::Io { path: partial.to_path_buf(), cause: e.into_error() })?;
-    file.sync_all().map_err(PackError::io(partial))?;
+    w.into_inner().map_err(|e| PackError::Io { path: partial.to_path_buf(), cause: e.into_error() })?;
     Ok(PackSummary {
         files: layout.files.len(),
         tensors: layout.items.iter().filter(|i| matches!(i.kind, ItemKind::Tensor { .. })).count(),

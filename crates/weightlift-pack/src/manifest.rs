@@ -2,9 +2,11 @@
 //! tensor's start, so a loader can check a tensor wherever it lands), each chunk's xxh3-64 recorded. A loader checks
 //! the bytes it delivered against them (on the GPU, with the same kernels that check pack chunks).
 
+use std::collections::HashMap;
 use std::fs::File;
 use std::os::unix::fs::FileExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
+use std::sync::OnceLock;
 
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
@@ -24,7 +26,22 @@ pub struct Manifest {
     pub checksum: String,
     pub chunk_bytes: u64,
     pub tensors: Vec<TensorSums>,
+    /// Position of each tensor by name, built on the first lookup (a manifest of a MoE model has 100 k tensors).
+    #[serde(skip)]
+    by_name: NameIndex,
 }
+
+/// A cache, not part of what a manifest is: equal whatever it holds.
+#[derive(Clone, Debug, Default)]
+struct NameIndex(OnceLock<HashMap<String, usize>>);
+
+impl PartialEq for NameIndex {
+    fn eq(&self, _: &NameIndex) -> bool {
+        true
+    }
+}
+
+impl Eq for NameIndex {}
 
 /// One tensor's chunk checksums.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -63,8 +80,9 @@ impl TensorSums {
             .collect()
     }
 
-    /// Checks a whole tensor's bytes; the error names the first chunk that differs.
-    pub fn check(&self, chunk_bytes: u64, bytes: &[u8]) -> Result<(), PackError> {
+    /// Checks a whole tensor's bytes, read from `read_from` (the file the error names: a copy of a checkpoint is
+    /// checked under its own name, not the one the manifest recorded); the error names the first chunk that differs.
+    pub fn check(&self, chunk_bytes: u64, bytes: &[u8], read_from: &Path) -> Result<(), PackError> {
         if bytes.len() as u64 != self.nbytes {
             return Err(PackError::Invalid(format!(
                 "tensor {:?}: {} bytes given, the manifest has {}",
@@ -77,7 +95,7 @@ impl TensorSums {
             let actual = crate::checksum(&bytes[start as usize..(start + len) as usize]);
             if actual != expected {
                 return Err(PackError::Checksum {
-                    path: PathBuf::from(&self.file),
+                    path: read_from.to_path_buf(),
                     item: self.name.clone(),
                     chunk: i as u64,
                     start,
@@ -92,8 +110,20 @@ impl TensorSums {
 }
 
 impl Manifest {
+    pub fn new(chunk_bytes: u64, tensors: Vec<TensorSums>) -> Manifest {
+        Manifest { checksum: "xxh3-64".into(), chunk_bytes, tensors, by_name: NameIndex::default() }
+    }
+
+    /// The tensor named `name` (the first of that name), found through a map built once.
     pub fn tensor(&self, name: &str) -> Option<&TensorSums> {
-        self.tensors.iter().find(|t| t.name == name)
+        let index = self.by_name.0.get_or_init(|| {
+            let mut map = HashMap::with_capacity(self.tensors.len());
+            for (i, t) in self.tensors.iter().enumerate() {
+                map.entry(t.name.clone()).or_insert(i);
+            }
+            map
+        });
+        index.get(name).and_then(|&i| self.tensors.get(i))
     }
 
     pub fn read(path: &Path) -> Result<Manifest, PackError> {
@@ -111,9 +141,12 @@ impl Manifest {
         Ok(m)
     }
 
-    pub fn write(&self, path: &Path) -> Result<(), PackError> {
+    /// Writes the manifest to `path` (as every writer does, see [`weightlift_format::output`]: never over one of
+    /// `inputs`, the checkpoint's files).
+    pub fn write(&self, path: &Path, inputs: &[&Path]) -> Result<(), PackError> {
         let text = serde_json::to_vec_pretty(self).map_err(|e| PackError::Invalid(e.to_string()))?;
-        std::fs::write(path, text).map_err(PackError::io(path))
+        weightlift_format::output::write_with(path, inputs, |w| std::io::Write::write_all(w, &text))?;
+        Ok(())
     }
 }
 
@@ -151,7 +184,7 @@ pub fn create(path: &Path, threads: usize, progress: &(dyn Fn(u64, u64) + Sync))
             })
             .collect::<Result<Vec<_>, PackError>>()
     })?;
-    Ok(Manifest { checksum: "xxh3-64".into(), chunk_bytes: CHUNK_BYTES, tensors })
+    Ok(Manifest::new(CHUNK_BYTES, tensors))
 }
 
 /// Re-reads the checkpoint at `path` and checks it against `manifest`; the error names the first tensor and chunk
@@ -171,7 +204,7 @@ pub fn verify(path: &Path, manifest: &Manifest, threads: usize) -> Result<(), Pa
             let file = File::open(src).map_err(PackError::io(src))?;
             let mut bytes = vec![0u8; t.nbytes as usize];
             file.read_exact_at(&mut bytes, t.offset).map_err(PackError::io(src))?;
-            sums.check(manifest.chunk_bytes, &bytes)
+            sums.check(manifest.chunk_bytes, &bytes, src)
         })
     })
 }

@@ -219,3 +219,49 @@ fn a_truncated_or_tampered_pack_is_a_format_error() {
     flipped[40] ^= 1;
     assert!(matches!(kind(&flipped), ErrorKind::PackIndexChecksum { .. }));
 }
+
+/// Options that cannot be honoured are refused before anything is read or written, not clamped without a word.
+#[test]
+fn options_out_of_range_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("a.safetensors");
+    std::fs::write(&input, every_dtype_file()).unwrap();
+    let out = dir.path().join("a.wlpack");
+    let bad = [
+        PackOptions { plane_chunk: 0, ..PackOptions::default() },
+        PackOptions { plane_chunk: 1 << 40, ..PackOptions::default() },
+        PackOptions { level: Level(99), ..PackOptions::default() },
+        PackOptions { codec: Codec::Deflate, level: Level(10), ..PackOptions::default() },
+    ];
+    for opts in bad {
+        let e = weightlift_pack::pack(&input, &out, &opts, &none).expect_err("accepted");
+        assert!(matches!(e, PackError::Invalid(_)), "{opts:?}: {e}");
+    }
+    assert!(!out.exists());
+}
+
+/// Neither pack nor unpack ever writes over its input, by any name.
+#[test]
+fn a_pack_or_unpack_over_its_input_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("a.safetensors");
+    let original = every_dtype_file();
+    std::fs::write(&input, &original).unwrap();
+    let link = dir.path().join("link.safetensors");
+    std::fs::hard_link(&input, &link).unwrap();
+    for out in [&input, &link] {
+        let e = weightlift_pack::pack(&input, out, &PackOptions::default(), &none).expect_err("packed over the input");
+        assert!(matches!(&e, PackError::Format(f) if matches!(f.kind, ErrorKind::OutputIsInput { .. })), "{e}");
+    }
+    assert_eq!(std::fs::read(&input).unwrap(), original);
+    let packed = dir.path().join("a.wlpack");
+    weightlift_pack::pack(&input, &packed, &PackOptions::default(), &none).unwrap();
+    let before = std::fs::read(&packed).unwrap();
+    let pack = Pack::open(&packed).unwrap();
+    let e = weightlift_pack::unpack(&pack, &packed, 1, &none).expect_err("unpacked over the pack");
+    assert!(matches!(&e, PackError::Format(f) if matches!(f.kind, ErrorKind::OutputIsInput { .. })), "{e}");
+    assert_eq!(std::fs::read(&packed).unwrap(), before);
+    let mut left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+    left.sort();
+    assert_eq!(left, ["a.safetensors", "a.wlpack", "link.safetensors"]);
+}
