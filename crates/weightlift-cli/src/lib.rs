@@ -1,4 +1,5 @@
-//! `weightlift`: inspect, generate, load, bench and probe checkpoints.
+//! `weightlift`: inspect, generate, load, bench and probe checkpoints. The command is [`run`]; the `weightlift`
+//! binary and the Python package's `weightlift` command (`python -m weightlift`) both call it.
 #![forbid(unsafe_code)]
 
 mod bench;
@@ -10,8 +11,8 @@ mod plot;
 mod serve;
 mod units;
 
+use std::ffi::OsString;
 use std::path::PathBuf;
-use std::process::ExitCode;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand, ValueEnum};
@@ -121,8 +122,20 @@ enum FormatArg {
     Raw,
 }
 
-fn main() -> ExitCode {
-    let cli = Cli::parse();
+/// Runs the command line `args` (the program's name first) and returns its exit status: 0, 2 for an error (its
+/// message on stderr), 130 when interrupted. `--help` and `--version` print and return 0.
+pub fn run<I, T>(args: I) -> u8
+where
+    I: IntoIterator<Item = T>,
+    T: Into<OsString> + Clone,
+{
+    let cli = match Cli::try_parse_from(args) {
+        Ok(cli) => cli,
+        Err(e) => {
+            let _ = e.print();
+            return if e.use_stderr() { 2 } else { 0 };
+        }
+    };
     install_logging(cli.verbose);
     let result = match cli.command {
         Command::Inspect(args) => inspect::run(&args),
@@ -136,14 +149,14 @@ fn main() -> ExitCode {
         Command::Serve(args) => serve::run(&args),
     };
     match result {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(()) => 0,
         Err(e) if e.downcast_ref::<load::Interrupted>().is_some() => {
             eprintln!("weightlift: {e}");
-            ExitCode::from(130)
+            130
         }
         Err(e) => {
             eprintln!("weightlift: error: {e:#}");
-            ExitCode::from(2)
+            2
         }
     }
 }
