@@ -25,12 +25,12 @@ from __future__ import annotations
 import os
 from typing import Any, Union
 
-from . import _core, _errors, _native, cufile
-from . import distributed, nvme
+from . import _core, _errors, _native
 from ._errors import (
     ChecksumError,
     CudaError,
     FormatError,
+    GdsError,
     InvalidArgumentError,
     IoError,
     NotARegularFileError,
@@ -40,6 +40,7 @@ from ._errors import (
     WeightliftFileNotFoundError,
     WeightliftIsADirectoryError,
     WeightliftPermissionError,
+    cuFileError,
 )
 from .dstorage import Loader, load_tensor
 from .gds import File, GdsFile
@@ -121,6 +122,24 @@ def release_memory() -> None:
     engine = _core._shared  # the engine that holds what there is to free (none yet: nothing to free)
     if engine is not None:
         engine.release_memory()
+
+
+# Fronts that pull in much (ctypes layouts, torch.distributed, transformers) are imported on first use, so that
+# `import weightlift` stays cheap: `weightlift.cufile` as an attribute imports it then, as `import weightlift.cufile`
+# does.
+_LAZY_MODULES = ("cufile", "cuda_gds", "distributed", "dstorage_gpu", "nvme", "transformers")
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY_MODULES:
+        import importlib
+
+        return importlib.import_module(f"{__name__}.{name}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY_MODULES})
 
 
 def cuda_available() -> bool:

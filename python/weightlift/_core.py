@@ -102,6 +102,13 @@ def shared_engine() -> "_native.NativeEngine":
         return _shared
 
 
+def cufile_route() -> tuple[str, str]:
+    """(``"cufile"`` or ``"engine"``, why): the data path of the drop-in cuFile fronts, decided once per process by
+    the native module (its :class:`_native.CufilePath` named as reports name it)."""
+    route = _native.cufile_route()
+    return str(route.path), route.why
+
+
 def check_cuda(device: str) -> None:
     if device.startswith("cuda"):
         ok, why = _native.cuda_status()
