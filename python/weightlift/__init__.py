@@ -2,7 +2,8 @@
 
 The APIs of the tools it replaces, with their names, arguments and results:
 
-- safetensors: :func:`load_file`, :class:`safe_open`, :func:`save_file`
+- safetensors (``safetensors.torch``'s functions): :func:`load_file`, :func:`load`, :class:`safe_open`,
+  :func:`save_file`, :func:`save`, :func:`save_model`, :func:`load_model`
 - dstorage-gpu: :class:`Loader` (``load_tensor``, ``load_tensors``, ``load_tensor_timed``), :func:`load_tensor`
 - torch.cuda.gds: :class:`File` (``load_storage``, ``save_storage``, ``pread``, ``pwrite``)
 - drop-in modules with the originals' exact signatures: :mod:`weightlift.dstorage_gpu` (``DirectStorageLoader``),
@@ -35,6 +36,7 @@ from ._errors import (
     IoError,
     NotARegularFileError,
     OutOfMemoryError,
+    SharedTensorsError,
     TensorNotFoundError,
     WeightliftError,
     WeightliftFileNotFoundError,
@@ -47,7 +49,7 @@ from .gds import File, GdsFile
 from .gguf import GGUFCheckpoint, load_gguf
 from .layers import LayerStreamer, stream_model
 from .nn import load_into
-from .safetensors import load_file, safe_open, save, save_file
+from .safetensors import load, load_file, load_model, safe_open, save, save_file, save_model
 
 __version__: str = _native.__version__
 
@@ -152,6 +154,9 @@ __all__ = [
     "safe_open",
     "save_file",
     "save",
+    "load",
+    "save_model",
+    "load_model",
     "Loader",
     "load_tensor",
     "File",

@@ -74,6 +74,11 @@ class cuFileError(WeightliftError):  # noqa: N801 - the name cuda.bindings.cufil
         return (type(self), (int(self.status), self.message))
 
 
+class SharedTensorsError(InvalidArgumentError, RuntimeError):
+    """Tensors to save share memory (tied weights): refused as ``safetensors.torch.save_file`` refuses them, with
+    its ``RuntimeError``; ``save_model`` saves one of each group."""
+
+
 class TensorNotFoundError(InvalidArgumentError, KeyError):
     """A tensor name is not in the checkpoint."""
 
@@ -94,6 +99,7 @@ __all__ = [
     "OutOfMemoryError",
     "InvalidArgumentError",
     "TensorNotFoundError",
+    "SharedTensorsError",
     "GdsError",
     "cuFileError",
 ]

@@ -197,6 +197,16 @@ impl<'py> Dating<'py> {
 /// on Ctrl-C (or any signal handler raising), `cancel` is set, `work` is left to stop and drain (it must watch
 /// `cancel`), and the exception is raised once it has returned, with every resource it held released.
 pub fn interruptible<T: Send>(py: Python<'_>, work: impl FnOnce(&AtomicBool) -> T + Send) -> PyResult<T> {
+    interruptible_with(py, |_| Ok(()), work)
+}
+
+/// [`interruptible`], calling `tick` (with the GIL) every 50 ms while `work` runs, and once after it returned: a
+/// progress report's hook. An exception `tick` raises cancels `work` as a Ctrl-C does.
+pub fn interruptible_with<T: Send>(
+    py: Python<'_>,
+    tick: impl Fn(Python<'_>) -> PyResult<()>,
+    work: impl FnOnce(&AtomicBool) -> T + Send,
+) -> PyResult<T> {
     let cancel = AtomicBool::new(false);
     let (tx, rx) = std::sync::mpsc::sync_channel(1);
     // `detach` needs what it borrows to be shareable; the receiver is used by this thread alone.
@@ -223,7 +233,7 @@ pub fn interruptible<T: Send>(py: Python<'_>, work: impl FnOnce(&AtomicBool) -> 
                     // runs handing them over.
                     let stop = flush(py);
                     if interrupted.is_none() {
-                        if let Some(e) = stop.or_else(|| py.check_signals().err()) {
+                        if let Some(e) = stop.or_else(|| py.check_signals().err()).or_else(|| tick(py).err()) {
                             cancel.store(true, Ordering::Relaxed);
                             interrupted = Some(e);
                         }
@@ -234,6 +244,7 @@ pub fn interruptible<T: Send>(py: Python<'_>, work: impl FnOnce(&AtomicBool) -> 
     });
     let late = flush(py);
     let (value, interrupted) = result?;
+    let late = late.or_else(|| if interrupted.is_none() { tick(py).err() } else { None });
     // A Ctrl-C that came while the last records were handed over still interrupts (the work has ended).
     let interrupted = interrupted.or(late);
     match interrupted {
