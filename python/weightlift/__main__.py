@@ -1,41 +1,50 @@
-"""``python -m weightlift serve [--socket PATH] [--prepare cuda:N ...] [--quiet]``: the load server of :func:`weightlift.serve`
-for installs without the ``weightlift`` command-line program."""
+"""``python -m weightlift ...`` and the ``weightlift`` command that ``pip install`` brings: the weightlift command
+line (``inspect``, ``generate``, ``load``, ``bench``, ``probe``, ``pack``, ``unpack``, ``checksum``, ``serve``), the
+same program as the ``weightlift`` binary built with cargo, run in this process by the native module.
+
+``serve`` logs each load served (at INFO) unless ``--quiet`` is given; other commands log warnings, more with
+``-v`` / ``-vv``, as the binary does."""
 
 from __future__ import annotations
 
-import argparse
 import sys
 
 
-def main(argv: "list[str] | None" = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m weightlift")
-    sub = parser.add_subparsers(dest="command", required=True)
-    serve = sub.add_parser("serve", help="serve loads for other processes (see weightlift.serve)")
-    serve.add_argument("--socket", default=None, help="socket to listen on (default: the default socket)")
-    serve.add_argument("--prepare", action="append", default=None, metavar="DEVICE",
-                       help="a device to set up before serving (repeatable; default cuda:0)")
-    serve.add_argument("--quiet", action="store_true", help="log only warnings (default: each load served, at INFO)")
-    args = parser.parse_args(argv)
+def _log_level(argv: "list[str]") -> "tuple[int, list[str]]":
+    """The ``logging`` level the binary's ``-v`` flags (and ``serve``'s ``--quiet``) ask for, and ``argv`` without
+    ``--quiet``, a flag of this front's ``serve`` only."""
     import logging
 
-    import weightlift
+    verbose = sum(a.count("v") for a in argv if a.startswith("-") and not a.startswith("--") and set(a[1:]) == {"v"})
+    verbose += argv.count("--verbose")
+    serve = bool(argv) and argv[0] == "serve"
+    quiet = serve and "--quiet" in argv
+    if serve:
+        argv = [a for a in argv if a != "--quiet"]
+        verbose = max(verbose, 0 if quiet else 1)
+    return (logging.WARNING, logging.INFO, logging.DEBUG)[min(verbose, 2)], argv
 
-    # The engine's events reach the `weightlift` logger: a server says what it served and what it refused.
-    logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO, stream=sys.stderr,
-                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
 
+def main(argv: "list[str] | None" = None) -> int:
+    """Runs the command line ``argv`` (``sys.argv[1:]`` by default); returns its exit status."""
+    import logging
     import signal
 
-    # SIGTERM stops the server as Ctrl-C does (its socket removed), instead of ending the process where it stands.
-    signal.signal(signal.SIGTERM, signal.default_int_handler)
-    try:
-        weightlift.serve(args.socket, args.prepare or ["cuda:0"])
-    except KeyboardInterrupt:
-        print("weightlift serve: stopped", file=sys.stderr)
-    except weightlift.WeightliftError as e:
-        print(f"weightlift serve: error: {e}", file=sys.stderr)
-        return 2
-    return 0
+    from . import _native
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    level, argv = _log_level(argv)
+    # The engine's events reach the `weightlift` logger; the binary prints them to stderr the same way.
+    logging.basicConfig(level=level, stream=sys.stderr, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    # The command handles its own signals where it has something to clean up (a load, the server), as the binary
+    # does; elsewhere Ctrl-C and SIGTERM end the process at once, not at Python's next bytecode.
+    import threading
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    sys.stdout.flush()
+    return _native.cli_main(["weightlift", *argv])
 
 
 if __name__ == "__main__":

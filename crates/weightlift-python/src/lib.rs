@@ -706,6 +706,13 @@ fn cufile_route() -> CufileRoute {
     ROUTE.get_or_init(decide_cufile_route).clone()
 }
 
+/// Runs the `weightlift` command line `argv` (the program's name first) in this process, as the `weightlift`
+/// binary runs it, and returns its exit status. Its log records reach `logging` (logger `weightlift`).
+#[pyfunction]
+fn cli_main(py: Python<'_>, argv: Vec<String>) -> PyResult<u8> {
+    bridge::with_logs(py, move || weightlift_cli::run(argv))
+}
+
 /// Whether CUDA is usable, and why not.
 #[pyfunction]
 fn cuda_status() -> (bool, String) {
@@ -731,6 +738,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(last_report, m)?)?;
     m.add_function(wrap_pyfunction!(cuda_status, m)?)?;
     m.add_function(wrap_pyfunction!(cufile_route, m)?)?;
+    m.add_function(wrap_pyfunction!(cli_main, m)?)?;
     m.add_class::<CufilePath>()?;
     m.add_class::<CufileRoute>()?;
     m.add_function(wrap_pyfunction!(process_stream, m)?)?;

@@ -1,0 +1,56 @@
+"""The weightlift command that the Python package brings: ``python -m weightlift`` and the ``weightlift`` script of
+an installed package run the same command line as the cargo-built binary (the native module runs it)."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+
+def _module(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "weightlift", *map(str, args)], capture_output=True, text=True, timeout=300)
+
+
+def test_python_m_weightlift_is_the_cli(tmp_path, wl):
+    path = tmp_path / "m.safetensors"
+    made = _module("generate", path, "--size", "1000000", "--seed", "5")
+    assert made.returncode == 0, made.stderr
+    ours = _module("inspect", path, "--json")
+    assert ours.returncode == 0, ours.stderr
+    assert json.loads(ours.stdout) == wl.json("inspect", path, "--json")
+    loaded = _module("load", path)
+    assert loaded.returncode == 0, loaded.stderr
+
+
+def test_python_m_weightlift_version_help_and_errors(wl):
+    version = _module("--version")
+    assert version.returncode == 0 and version.stdout == wl.run("--version").stdout
+    assert _module("--help").returncode == 0
+    bad = _module("no-such-command")
+    assert bad.returncode == 2 and "no-such-command" in bad.stderr
+    missing = _module("inspect", "/nonexistent/m.safetensors")
+    assert missing.returncode == 2 and "weightlift: error:" in missing.stderr and "Traceback" not in missing.stderr
+
+
+def _console_script() -> "Path | None":
+    for ep in importlib.metadata.entry_points(group="console_scripts"):
+        if ep.name == "weightlift" and ep.value == "weightlift.__main__:main":
+            return Path(sys.executable).parent / "weightlift"
+    return None
+
+
+def test_installed_package_brings_the_weightlift_command(tmp_path, wl):
+    script = _console_script()
+    if script is None:
+        pytest.skip("weightlift is not installed as a package here (pip install . installs its command)")
+    assert script.exists(), f"the package declares the weightlift command but {script} is missing"
+    path = tmp_path / "m.safetensors"
+    wl.run("generate", path, "--size", "1000000", "--seed", "6")
+    out = subprocess.run([str(script), "inspect", str(path), "--json"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout) == wl.json("inspect", path, "--json")
