@@ -180,6 +180,10 @@ def test_out_of_range_numbers_are_weightlift_value_errors_naming_the_argument(tm
         assert isinstance(e.value, ValueError)
     with pytest.raises(TypeError):
         loader.load_tensor(raw, "4", torch.uint8)
+    for dtype in (torch.complex128, torch.complex32):  # no safetensors dtype; complex64 is C64 and loads
+        with pytest.raises(weightlift.InvalidArgumentError, match="dtype"):
+            loader.load_tensor(raw, 2, dtype)
+    assert loader.load_tensor(raw, 2, torch.complex64).dtype == torch.complex64
     assert loader.load_tensor(raw, np.int64(4), torch.uint8).numel() == 4
     f = weightlift.File(raw, "r+")
     t = torch.zeros(4, dtype=torch.uint8)

@@ -63,7 +63,7 @@ def dtype_name(dtype: "torch.dtype") -> str:
     for name, d in torch_dtypes().items():
         if d == dtype:
             return name
-    raise InvalidArgumentError(f"safetensors has no dtype for {dtype}")
+    raise InvalidArgumentError(f"dtype {dtype}: safetensors has no such dtype")
 
 
 def normalize_device(device: Any) -> str:

@@ -3,7 +3,11 @@
 **The functions of ``cuda.bindings.cufile``**, with their names, positional arguments and results: code written for
 ``from cuda.bindings import cufile`` runs after changing only the import to ``from weightlift import cufile``.
 Pointers are integers (device pointers on a GPU, host addresses such as a numpy array's ``ctypes.data`` anywhere);
-torch tensors, numpy arrays and ctypes objects are accepted as a convenience. File handles come from an fd:
+torch tensors, numpy arrays (``__array_interface__`` or ``__cuda_array_interface__``) and ctypes objects are
+accepted as a convenience. Wherever a buffer's extent is known — such an object, or a registered buffer that holds
+the address — every size and offset is checked against it before any byte moves (``CU_FILE_INVALID_VALUE``
+otherwise). A bare integer address keeps cuFile's contract: the caller vouches that the bytes asked for are there.
+File handles come from an fd:
 
 >>> cufile.driver_open()
 >>> fd = os.open("weights.bin", os.O_RDONLY | os.O_DIRECT)
@@ -866,7 +870,8 @@ def _io(op: str, fh: Any, buf_ptr_base: Any, size: Any, file_offset: Any, buf_pt
 
 def read(fh: int, buf_ptr_base: Any, size: int, file_offset: int, buf_ptr_offset: int) -> int:
     """``cuFileRead``: up to ``size`` bytes at ``file_offset`` into ``buf_ptr_base + buf_ptr_offset``; returns the
-    bytes read (fewer at the end of the file, 0 past it)."""
+    bytes read (fewer at the end of the file, 0 past it). ``buf_ptr_offset + size`` must fit in the buffer where
+    its extent is known (a tensor, an array, a registered buffer); a bare address is taken on the caller's word."""
     return _io("read", fh, buf_ptr_base, size, file_offset, buf_ptr_offset)
 
 

@@ -306,15 +306,15 @@ impl Checkpoint {
         };
         let done_ref = &done;
         let loaded = interruptible_with(py, tick, move |cancel| {
-            let opts = LoadOpts {
+            let mut opts = LoadOpts {
                 faults: faults.as_deref(),
                 cancel: Some(cancel),
-                progress: Some(done_ref),
                 checks: checks.as_ref(),
                 tensor_align: (align != 0).then_some(align),
                 device_alloc: torch_ref.map(|t| t as &dyn weightlift::cuda::DeviceAllocator),
                 ..LoadOpts::default()
             };
+            opts.progress = Some(done_ref);
             match &pack {
                 Some(p) => {
                     engine.load_pack_with(p, Some(&which), device, weightlift::Decoder::Auto, &opts, faults.clone())

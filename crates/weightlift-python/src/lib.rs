@@ -693,7 +693,9 @@ fn decide_cufile_route() -> CufileRoute {
     }
     match driver(lib.as_deref()) {
         Ok(c) => match c.mode {
-            CufileMode::PeerToPeer(d) => CufileRoute { path: CufilePath::Cufile, why: format!("cuFile runs peer-to-peer: {d}") },
+            CufileMode::PeerToPeer(d) => {
+                CufileRoute { path: CufilePath::Cufile, why: format!("cuFile runs peer-to-peer: {d}") }
+            }
             CufileMode::Compat(d) => engine(format!("cuFile not peer-to-peer here (compat: {d})")),
         },
         Err(e) => engine(format!("cuFile driver not opened: {e}")),
