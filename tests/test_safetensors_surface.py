@@ -278,3 +278,26 @@ def test_progress_of_a_load(tmp_path, capsys):
     _same(tensors, wst.load_file(path))
     with pytest.raises(weightlift.InvalidArgumentError, match="progress"):
         wst.load_file(path, progress="yes")
+
+
+def test_get_slice_reads_only_the_rows_basic_indexing_spans(tmp_path):
+    tensor = torch.arange(10 * 6 * 4, dtype=torch.float32).reshape(10, 6, 4)
+    path = tmp_path / "s.safetensors"
+    wst.save_file({"t": tensor}, path)
+    cases = [
+        (slice(2, 7),), (slice(1, 9, 3),), (3,), (-1,), (slice(None), 2), (4, slice(1, 5, 2), -1), (Ellipsis, 1),
+        (slice(8, 2),), (slice(-3, None), None), (slice(None, None, 2), Ellipsis, slice(0, 2)),
+    ]
+    with wst.safe_open(path, framework="pt") as f, st.safe_open(str(path), framework="pt") as r:
+        for index in cases:
+            got = f.get_slice("t")[index]
+            assert torch.equal(got, tensor[index]), index
+            assert torch.equal(got, r.get_slice("t")[index]), index
+            report = weightlift.last_report()
+            if index[0] is not Ellipsis:
+                rows = len(range(*index[0].indices(10))) if isinstance(index[0], slice) else 1
+                span = range(10)[index[0]] if isinstance(index[0], slice) else [index[0] % 10]
+                want = (max(span) - min(span) + 1 if rows else 0) * 6 * 4 * 4
+                assert report["bytes"] == want, (index, report["bytes"], want)
+        with pytest.raises(IndexError):
+            f.get_slice("t")[10]

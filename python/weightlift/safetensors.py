@@ -11,6 +11,7 @@ and means weightlift's own default path; ``framework="np"`` hands out numpy arra
 from __future__ import annotations
 
 import functools
+import operator
 import os
 from typing import TYPE_CHECKING, Any, Iterator, Sequence, Union
 
@@ -123,7 +124,7 @@ def _load_tensors(
 
 class _Slice:
     """A tensor's lazy slice, as ``safe_open(...).get_slice(name)`` returns: shape and dtype without reading;
-    indexing reads only the rows asked for when they are contiguous in the file."""
+    indexing reads only the rows of the first dimension it spans."""
 
     def __init__(self, handle: "safe_open", info: "_native.TensorInfo"):
         self._handle = handle
@@ -141,19 +142,40 @@ class _Slice:
         return self._info.shape[0]
 
     def __getitem__(self, index: Any) -> "torch.Tensor":
+        """Basic indexing (integers, slices with positive steps, ``...``, ``None`` after the first index) reads only
+        the rows of the first dimension it spans; other indexings read the tensor."""
         info = self._info
         idx = index if isinstance(index, tuple) else (index,)
-        first = idx[0] if idx else slice(None)
-        rest = idx[1:]
-        if info.shape and isinstance(first, slice) and first.step in (None, 1):
-            start, stop, _ = first.indices(info.shape[0])
-            stop = max(start, stop)
-            h = self._handle
-            _core.check_cuda(h._device)
-            buf = h._ckpt.rows(h._engine, info.name, start, stop, h._device)
-            t = _core.as_tensor(buf, info.dtype, [stop - start, *info.shape[1:]])
-            return self._handle._out(t[(slice(None), *rest)] if rest else t)
-        return self._handle.get_tensor(info.name)[index]
+        span = self._rows(idx[0] if idx else slice(None))
+        if span is None:
+            return self._handle._out(self._handle.get_tensor(info.name)[index])
+        start, stop, first = span
+        h = self._handle
+        _core.check_cuda(h._device)
+        buf = h._ckpt.rows(h._engine, info.name, start, stop, h._device)
+        t = _core.as_tensor(buf, info.dtype, [stop - start, *info.shape[1:]])
+        return h._out(t[(first, *idx[1:])])
+
+    def _rows(self, first: Any) -> "tuple[int, int, Any] | None":
+        """``(start, stop, index)``: the rows of the first dimension ``first`` needs, and the index that picks them
+        out of those rows; None when the whole tensor is read instead."""
+        shape = self._info.shape
+        if not shape:
+            return None
+        n = shape[0]
+        if isinstance(first, slice):
+            start, stop, step = first.indices(n)
+            if step < 0:
+                return None  # torch has no negative steps: its own error
+            count = len(range(start, stop, step))
+            return start, start + (count - 1) * step + 1 if count else start, slice(None, None, step)
+        if isinstance(first, bool) or not hasattr(first, "__index__") or hasattr(first, "shape"):
+            return None  # a mask, a tensor or an array index, ..., None
+        i = operator.index(first)
+        if not -n <= i < n:
+            raise IndexError(f"index {i} is out of bounds for dimension 0 with size {n}")
+        i %= n
+        return i, i + 1, 0
 
 
 class safe_open:
