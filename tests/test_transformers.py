@@ -251,7 +251,7 @@ def test_meta_construction_skips_torch_init(checkpoints, packed, tmp_path, wl, m
     assert calls and all(calls)
 
     calls.clear()
-    modeling_utils = wt._transformers(True)
+    modeling_utils = wt._transformers()
     wt._install(modeling_utils)
     try:
         assert activation.xavier_uniform_ is not xavier

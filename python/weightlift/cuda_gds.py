@@ -27,8 +27,8 @@ reference lists the other three names) is always true. Buffer registration on th
 Code that calls ``torch.cuda.gds.GdsFile(...)`` by its qualified name runs on weightlift after
 ``weightlift.cuda_gds.install()``, which makes ``torch.cuda.gds`` this module.
 
-File handles and buffers are registered in the native session (one registry for :mod:`weightlift.cufile` and
-this module alike); an offset out of range (negative, 2^64 or more) raises a ``RuntimeError`` that is also a
+File handles and buffers are registered in a native session (``_native.NativeSession``, whose registry
+:mod:`weightlift.cufile` uses too; this module keeps none of its own); an offset out of range (negative, 2^64 or more) raises a ``RuntimeError`` that is also a
 ``ValueError`` (:class:`weightlift.InvalidArgumentError`).
 """
 
