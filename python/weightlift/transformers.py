@@ -453,7 +453,10 @@ def _patched_pack(cls: Any, folder: str, pack: str, target: Optional[_Target], a
     if target is not None and device_map is not None and mapped != target.device:
         raise UnsupportedError(f"{folder}: device_map puts the model on {mapped}, not on {target.device}")
     device = target.device if target is not None else mapped
-    return _from_pack(cls, folder, pack, device, kw, args)
+    result = _from_pack(cls, folder, pack, device, kw, args)
+    if target is not None:
+        target.served = True  # weightlift read the pack
+    return result
 
 
 def _read(files: list, device: str) -> dict:
