@@ -263,3 +263,21 @@ def test_nvme_read_into_tensor_without_init(monkeypatch, tmp_path):
     with pytest.raises(weightlift.InvalidArgumentError, match="init"):
         nvme.read_into_tensor(t)
     nvme.cleanup()
+
+
+def test_layer_and_lba_arguments_are_checked(tmp_path):
+    image = tmp_path / "disk.img"
+    image.write_bytes(bytes(4096))
+    dev = weightlift.nvme.Device(image)
+    for kw in ({"size": -512}, {"size_mb": -1}, {"size_mb": "1"}):
+        with pytest.raises(weightlift.InvalidArgumentError):
+            dev.read_to_gpu(device="cpu", **kw)
+    assert dev.read_to_gpu(device="cpu", size=1024).numel() == 1024
+    path = tmp_path / "m.safetensors"
+    weightlift.save_file({f"model.layers.{i}.w": torch.full((4,), float(i)) for i in range(3)}, path)
+    streamer = weightlift.LayerStreamer(path, device="cpu")
+    with pytest.raises(weightlift.InvalidArgumentError, match="i 1.5"):
+        streamer.load_layer(1.5)
+    with pytest.raises(weightlift.InvalidArgumentError, match="slots"):
+        weightlift.LayerStreamer(path, device="cpu", slots=2.5)
+    assert float(next(iter(streamer.load_layer(2).values()))[0]) == 2.0

@@ -117,7 +117,12 @@ class Device:
     def read_to_gpu(self, lba: int = 0, size_mb: float = 1, *, size: Optional[int] = None, device: Any = "cuda") -> "torch.Tensor":
         """A new uint8 tensor of ``size_mb`` MiB (or ``size`` bytes) on ``device`` read from ``lba``."""
         t = _core.torch_module()
-        nbytes = int(size) if size is not None else int(size_mb * (1 << 20))
+        if size is not None:
+            nbytes = _args.unsigned("size", size)
+        elif isinstance(size_mb, (int, float)) and not isinstance(size_mb, bool) and 0 <= size_mb < 2**44:
+            nbytes = int(size_mb * (1 << 20))
+        else:
+            raise InvalidArgumentError(f"size_mb {size_mb!r}: expected a number of MiB from 0")
         if nbytes % self.block_size:
             raise InvalidArgumentError(f"{nbytes} bytes are not a whole number of {self.block_size}-byte blocks")
         dev = _core.normalize_device(device)
