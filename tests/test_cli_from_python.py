@@ -54,3 +54,15 @@ def test_installed_package_brings_the_weightlift_command(tmp_path, wl):
     out = subprocess.run([str(script), "inspect", str(path), "--json"], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout) == wl.json("inspect", path, "--json")
+
+
+def test_log_levels_follow_the_flags():
+    import logging
+
+    from weightlift.__main__ import _log_level
+
+    assert _log_level(["inspect", "f"]) == (logging.WARNING, ["inspect", "f"])
+    assert _log_level(["-vv", "load", "f"])[0] == logging.DEBUG
+    assert _log_level(["serve", "--socket", "s"]) == (logging.INFO, ["serve", "--socket", "s"])  # each load served
+    assert _log_level(["serve", "--quiet"]) == (logging.WARNING, ["serve"])
+    assert _log_level(["-v", "serve", "--quiet"]) == (logging.INFO, ["-v", "serve"])

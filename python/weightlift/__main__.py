@@ -17,7 +17,8 @@ def _log_level(argv: "list[str]") -> "tuple[int, list[str]]":
 
     verbose = sum(a.count("v") for a in argv if a.startswith("-") and not a.startswith("--") and set(a[1:]) == {"v"})
     verbose += argv.count("--verbose")
-    serve = bool(argv) and argv[0] == "serve"
+    command = next((a for a in argv if not a.startswith("-")), None)
+    serve = command == "serve"
     quiet = serve and "--quiet" in argv
     if serve:
         argv = [a for a in argv if a != "--quiet"]
