@@ -278,6 +278,10 @@ def test_progress_of_a_load(tmp_path, capsys):
     _same(tensors, wst.load_file(path))
     with pytest.raises(weightlift.InvalidArgumentError, match="progress"):
         wst.load_file(path, progress="yes")
+    model = torch.nn.ParameterDict({k: torch.nn.Parameter(torch.empty_like(v)) for k, v in tensors.items()})
+    seen.clear()
+    weightlift.load_into(model, path, progress=lambda done, total: seen.append((done, total)))
+    assert seen[-1] == (total, total) and all(torch.equal(model[k], v) for k, v in tensors.items())
 
 
 def test_get_slice_reads_only_the_rows_basic_indexing_spans(tmp_path):
