@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -38,9 +39,19 @@ def test_python_m_weightlift_version_help_and_errors(wl):
 
 
 def _console_script() -> "Path | None":
-    for ep in importlib.metadata.entry_points(group="console_scripts"):
-        if ep.name == "weightlift" and ep.value == "weightlift.__main__:main":
-            return Path(sys.executable).parent / "weightlift"
+    """The weightlift script the installed distribution of the imported package wrote, None if it declares none."""
+    import weightlift
+
+    here = Path(weightlift.__file__).resolve().parent
+    for dist in importlib.metadata.distributions(name="weightlift"):
+        if Path(dist.locate_file("weightlift")).resolve() != here:
+            continue  # another install of weightlift on the path
+        if not any(ep.name == "weightlift" and ep.value == "weightlift.__main__:main" for ep in dist.entry_points):
+            return None
+        recorded = [Path(dist.locate_file(f)).resolve() for f in dist.files or [] if f.name == "weightlift" and f.parent.name == "bin"]
+        # pip install --target records the script's path as for a venv; it lies beside the package there.
+        candidates = [*recorded, here.parent / "bin" / "weightlift", Path(sys.executable).parent / "weightlift"]
+        return next((c for c in candidates if c.exists()), candidates[0])
     return None
 
 
@@ -51,7 +62,8 @@ def test_installed_package_brings_the_weightlift_command(tmp_path, wl):
     assert script.exists(), f"the package declares the weightlift command but {script} is missing"
     path = tmp_path / "m.safetensors"
     wl.run("generate", path, "--size", "1000000", "--seed", "6")
-    out = subprocess.run([str(script), "inspect", str(path), "--json"], capture_output=True, text=True, timeout=300)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))  # a --target install is found as here
+    out = subprocess.run([str(script), "inspect", str(path), "--json"], capture_output=True, text=True, timeout=300, env=env)
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout) == wl.json("inspect", path, "--json")
 
