@@ -62,7 +62,9 @@ def test_dstorage_signatures_match_the_document():
     timed = inspect.signature(DirectStorageLoader.load_tensor_timed).parameters
     assert list(timed) == ["self", "filepath", "num_elements", "dtype"] and timed["dtype"].default is torch.float32
     module = inspect.signature(load_tensor).parameters
-    assert list(module) == ["filepath", "num_elements", "dtype"] and module["dtype"].default is torch.float32
+    positional = [n for n, p in module.items() if p.kind != inspect.Parameter.KEYWORD_ONLY]
+    assert positional == ["filepath", "num_elements", "dtype"] and module["dtype"].default is torch.float32
+    assert module["device"].kind == inspect.Parameter.KEYWORD_ONLY and module["device"].default == "cuda"  # an addition
     assert DirectStorageLoader.__init__ is not None and inspect.signature(DirectStorageLoader).bind()  # no argument needed
 
 

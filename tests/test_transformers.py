@@ -251,7 +251,7 @@ def test_meta_construction_skips_torch_init(checkpoints, packed, tmp_path, wl, m
     assert calls and all(calls)
 
     calls.clear()
-    modeling_utils = wt._transformers(True)
+    modeling_utils = wt._transformers()
     wt._install(modeling_utils)
     try:
         assert activation.xavier_uniform_ is not xavier
@@ -495,24 +495,39 @@ def test_device_maps():
     assert "CPU or CUDA" in one({"": "mps"})[1]
 
 
-def test_untested_transformers_version_is_refused(checkpoints, monkeypatch):
+def test_untested_transformers_version_is_served(checkpoints, monkeypatch, recwarn):
+    """A release outside TESTED_TRANSFORMERS whose loading has the shape weightlift hooks loads through weightlift,
+    without a warning."""
     path = checkpoints[("gpt2", False)]
     monkeypatch.setattr(wt, "TESTED_TRANSFORMERS", ((4, 0), (4, 1)))
-    with pytest.raises(wt.UnsupportedError, match=r"not a version .* tested with \(4.0 to 4.1\)"):
-        wt.patch()
-    with pytest.raises(wt.UnsupportedError, match="check_version=False"):
-        wt.from_pretrained(transformers.AutoModelForCausalLM, path, device="cpu")
-    assert not wt.is_patched()
-    got = wt.from_pretrained(transformers.AutoModelForCausalLM, path, device="cpu", check_version=False)
+    got = wt.from_pretrained(transformers.AutoModelForCausalLM, path, device="cpu")
     assert_same_model(got, transformers.GPT2LMHeadModel.from_pretrained(path), "cpu")
+    with wt.patch():
+        assert wt.is_patched()
+    assert not wt.is_patched()
+    assert not [w for w in recwarn if issubclass(w.category, RuntimeWarning) and "weightlift" in str(w.message)]
 
 
-def test_changed_loader_is_refused(monkeypatch):
+def test_changed_loader_falls_back_to_transformers(monkeypatch):
+    """A release whose loading step changed shape: patch() patches nothing and says why."""
     from transformers.modeling_utils import PreTrainedModel
 
     monkeypatch.setattr(PreTrainedModel, "_load_pretrained_model", staticmethod(lambda model, files, config: None))
-    with pytest.raises(wt.UnsupportedError, match="loads checkpoints differently"):
-        wt.patch(check_version=False)
+    with pytest.warns(RuntimeWarning, match="loads checkpoints differently .* transformers reads the checkpoint itself"):
+        p = wt.patch()
+    assert not wt.is_patched()
+    p.undo()
+
+
+def test_loader_never_handed_over_falls_back_with_a_warning(checkpoints, monkeypatch):
+    """A release that keeps the hooked function's shape but no longer calls it: the model is transformers' own
+    load, and a warning says weightlift did not serve it."""
+    path = checkpoints[("gpt2", False)]
+    monkeypatch.setattr(wt, "_install", lambda modeling_utils: None)
+    monkeypatch.setattr(wt, "_uninstall", lambda modeling_utils: None)
+    with pytest.warns(RuntimeWarning, match="did not hand its loading step to weightlift"):
+        got = wt.from_pretrained(transformers.AutoModelForCausalLM, path, device="cpu")
+    assert_same_model(got, transformers.GPT2LMHeadModel.from_pretrained(path), "cpu")
 
 
 def test_import_weightlift_does_not_import_transformers():

@@ -1,7 +1,7 @@
 /* Loads every tensor of a checkpoint through weightlift's C API and checks every byte against a plain read of
  * the file. Exits 0 when all bytes match, 1 on a mismatch, 2 on an error (with weightlift's message).
  *
- *   cc -O2 -Iinclude examples/c/load.c -Ltarget/release -lweightlift_capi -o load
+ *   cc -O2 -Iinclude examples/c/load.c -Ltarget/release -Wl,-rpath,"$PWD/target/release" -lweightlift_capi -o load
  *   ./load model.safetensors            # into host memory
  *   ./load model.safetensors cuda:0     # into device memory of GPU 0 (read back to compare)
  */

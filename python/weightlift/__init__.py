@@ -2,7 +2,8 @@
 
 The APIs of the tools it replaces, with their names, arguments and results:
 
-- safetensors: :func:`load_file`, :class:`safe_open`, :func:`save_file`
+- safetensors (``safetensors.torch``'s functions): :func:`load_file`, :func:`load`, :class:`safe_open`,
+  :func:`save_file`, :func:`save`, :func:`save_model`, :func:`load_model`
 - dstorage-gpu: :class:`Loader` (``load_tensor``, ``load_tensors``, ``load_tensor_timed``), :func:`load_tensor`
 - torch.cuda.gds: :class:`File` (``load_storage``, ``save_storage``, ``pread``, ``pwrite``)
 - drop-in modules with the originals' exact signatures: :mod:`weightlift.dstorage_gpu` (``DirectStorageLoader``),
@@ -25,28 +26,30 @@ from __future__ import annotations
 import os
 from typing import Any, Union
 
-from . import _core, _errors, _native, cufile
-from . import distributed, nvme
+from . import _core, _errors, _native
 from ._errors import (
     ChecksumError,
     CudaError,
     FormatError,
+    GdsError,
     InvalidArgumentError,
     IoError,
     NotARegularFileError,
     OutOfMemoryError,
+    SharedTensorsError,
     TensorNotFoundError,
     WeightliftError,
     WeightliftFileNotFoundError,
     WeightliftIsADirectoryError,
     WeightliftPermissionError,
+    cuFileError,
 )
 from .dstorage import Loader, load_tensor
 from .gds import File, GdsFile
 from .gguf import GGUFCheckpoint, load_gguf
 from .layers import LayerStreamer, stream_model
 from .nn import load_into
-from .safetensors import load_file, safe_open, save, save_file
+from .safetensors import load, load_file, load_model, safe_open, save, save_file, save_model
 
 __version__: str = _native.__version__
 
@@ -109,6 +112,24 @@ def release_memory() -> None:
         engine.release_memory()
 
 
+# Fronts that pull in much (ctypes layouts, torch.distributed, transformers) are imported on first use, so that
+# `import weightlift` stays cheap: `weightlift.cufile` as an attribute imports it then, as `import weightlift.cufile`
+# does.
+_LAZY_MODULES = ("cufile", "cuda_gds", "distributed", "dstorage_gpu", "nvme", "transformers")
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY_MODULES:
+        import importlib
+
+        return importlib.import_module(f"{__name__}.{name}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY_MODULES})
+
+
 def cuda_available() -> bool:
     """Whether weightlift can use a CUDA device here."""
     return bool(_native.cuda_status()[0])
@@ -119,6 +140,9 @@ __all__ = [
     "safe_open",
     "save_file",
     "save",
+    "load",
+    "save_model",
+    "load_model",
     "Loader",
     "load_tensor",
     "File",

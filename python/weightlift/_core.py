@@ -63,7 +63,7 @@ def dtype_name(dtype: "torch.dtype") -> str:
     for name, d in torch_dtypes().items():
         if d == dtype:
             return name
-    raise InvalidArgumentError(f"safetensors has no dtype for {dtype}")
+    raise InvalidArgumentError(f"dtype {dtype}: safetensors has no such dtype")
 
 
 def normalize_device(device: Any) -> str:
@@ -100,6 +100,13 @@ def shared_engine() -> "_native.NativeEngine":
             _shared = _native.NativeEngine()
             _shared_env = env
         return _shared
+
+
+def cufile_route() -> tuple[str, str]:
+    """(``"cufile"`` or ``"engine"``, why): the data path of the drop-in cuFile fronts, decided once per process by
+    the native module (its :class:`_native.CufilePath` named as reports name it)."""
+    route = _native.cufile_route()
+    return str(route.path), route.why
 
 
 def check_cuda(device: str) -> None:
@@ -198,6 +205,71 @@ def bytes_view(tensor: "torch.Tensor") -> "torch.Tensor":
 
 def iter_ranges(items: Iterable[tuple[int, int, int]]) -> list[tuple[int, int, int]]:
     return [(int(f), int(o), int(n)) for f, o, n in items]
+
+
+class _Progress:
+    """What ``progress=True`` shows: a tqdm bar where tqdm is installed, else a line on stderr; from the second
+    second of a load on, so short loads print nothing."""
+
+    def __init__(self, total: int, what: str):
+        import time
+
+        self._clock = time.monotonic
+        self._start = self._clock()
+        self._total, self._what = total, what
+        self._bar: Any = None
+        self._line = False
+
+    def __call__(self, done: int) -> None:
+        if self._bar is None and not self._line and self._clock() - self._start < 1.0:
+            return
+        if self._bar is None and not self._line:
+            try:
+                from tqdm.auto import tqdm
+            except ImportError:
+                self._line = True
+            else:
+                self._bar = tqdm(total=self._total, desc=self._what, unit="B", unit_scale=True, unit_divisor=1024)
+        if self._bar is not None:
+            self._bar.update(min(done, self._total) - self._bar.n)
+        else:
+            import sys
+
+            seconds = max(self._clock() - self._start, 1e-9)
+            share = done / self._total if self._total else 1.0
+            sys.stderr.write(f"\r{self._what}: {share:6.1%} of {self._total / 2**30:.2f} GiB, {done / seconds / 1e9:.2f} GB/s")
+            sys.stderr.flush()
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+        elif self._line:
+            import sys
+
+            sys.stderr.write("\n")
+
+
+class progress_hook:  # noqa: N801 - used as a function in a `with` statement
+    """The native load's ``progress(bytes_done)`` callable for a ``progress`` argument of the public API: False or
+    None (none), True (:class:`_Progress`), or a callable taking ``(bytes_done, bytes_total)``."""
+
+    def __init__(self, progress: Any, total: int, what: str):
+        self._shown: "_Progress | None" = None
+        if progress is None or progress is False:
+            self.hook = None
+        elif progress is True:
+            self.hook = self._shown = _Progress(total, what)
+        elif callable(progress):
+            self.hook = lambda done: progress(done, total)
+        else:
+            raise InvalidArgumentError(f"progress {progress!r}: expected True, False or a callable (done, total)")
+
+    def __enter__(self) -> Any:
+        return self.hook
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._shown is not None:
+            self._shown.close()
 
 
 # A report made in Python (a drop-in API saying which path served it) stands until the engine records a newer one:

@@ -4,6 +4,8 @@ class derives from that builtin too, so either ``except`` clause catches it."""
 
 from __future__ import annotations
 
+from ._status import Status
+
 
 class WeightliftError(Exception):
     """Base class of every weightlift error."""
@@ -60,8 +62,6 @@ class cuFileError(WeightliftError):  # noqa: N801 - the name cuda.bindings.cufil
     (:class:`weightlift.cufile.Status`), the message says what went wrong."""
 
     def __init__(self, status: int, message: str = ""):
-        from .cufile import Status  # the enumeration lives with the API it belongs to
-
         try:
             self.status = Status(status)
         except ValueError:
@@ -72,6 +72,11 @@ class cuFileError(WeightliftError):  # noqa: N801 - the name cuda.bindings.cufil
 
     def __reduce__(self):
         return (type(self), (int(self.status), self.message))
+
+
+class SharedTensorsError(InvalidArgumentError, RuntimeError):
+    """Tensors to save share memory (tied weights): refused as ``safetensors.torch.save_file`` refuses them, with
+    its ``RuntimeError``; ``save_model`` saves one of each group."""
 
 
 class TensorNotFoundError(InvalidArgumentError, KeyError):
@@ -94,6 +99,7 @@ __all__ = [
     "OutOfMemoryError",
     "InvalidArgumentError",
     "TensorNotFoundError",
+    "SharedTensorsError",
     "GdsError",
     "cuFileError",
 ]

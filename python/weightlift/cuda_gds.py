@@ -24,6 +24,12 @@ Differences from torch, each an addition: storages in host memory are accepted (
 the functions work without a PyTorch built with cuFile, and ``is_available()`` (of newer torch releases; the
 reference lists the other three names) is always true. Buffer registration on the engine path is bookkeeping
 (double registration and deregistration of an unknown buffer fail as torch's do); the engine needs no pinning.
+Code that calls ``torch.cuda.gds.GdsFile(...)`` by its qualified name runs on weightlift after
+``weightlift.cuda_gds.install()``, which makes ``torch.cuda.gds`` this module.
+
+File handles and buffers are registered in a native session (``_native.NativeSession``, whose registry
+:mod:`weightlift.cufile` uses too; this module keeps none of its own); an offset out of range (negative, 2^64 or more) raises a ``RuntimeError`` that is also a
+``ValueError`` (:class:`weightlift.InvalidArgumentError`).
 """
 
 from __future__ import annotations
@@ -33,52 +39,29 @@ import sys
 import threading
 from typing import Any, Optional
 
-from . import _core, _native
-from ._errors import GdsError, WeightliftError
+from . import _args, _core, _native
+from ._errors import GdsError, InvalidArgumentError, WeightliftError
 
-__all__: list[str] = ["is_available", "gds_register_buffer", "gds_deregister_buffer", "GdsFile"]
+__all__: list[str] = ["is_available", "gds_register_buffer", "gds_deregister_buffer", "GdsFile", "install"]
 
 Storage = Any  # torch.UntypedStorage or torch.TypedStorage (a contiguous tensor is accepted too)
 
 _lock = threading.Lock()
-_buffers: set[int] = set()
-_handles: dict[int, "_Handle"] = {}
-_next_handle = 1
-_route_cache: "tuple[str, str] | None" = None
 _session: "Any | None" = None
-
-
-class _Handle:
-    def __init__(self, fd: int, access: int, session_fh: Optional[int]):
-        self.fd = fd
-        self.path = f"/proc/self/fd/{fd}"
-        self.readable = access in (os.O_RDONLY, os.O_RDWR)
-        self.writable = access in (os.O_WRONLY, os.O_RDWR)
-        self.session_fh = session_fh
 
 
 def _route() -> tuple[str, str]:
     """(``"cufile"`` or ``"engine"``, why), decided once per process."""
-    global _route_cache
-    if _route_cache is None:
-        info = _native.probe(None).get("cufile", {})
-        mode = str(info.get("mode", ""))
-        if not info.get("found"):
-            _route_cache = ("engine", "cuFile not found")
-        elif not _native.cuda_status()[0]:
-            _route_cache = ("engine", "CUDA unavailable")
-        elif mode.startswith("peer-to-peer"):
-            _route_cache = ("cufile", f"cuFile runs {mode}")
-        else:
-            _route_cache = ("engine", f"cuFile not peer-to-peer here ({mode})")
-    return _route_cache
+    return _core.cufile_route()
 
 
 def _cufile_session():
+    """The native session whose registry holds this module's file handles and buffers; it serves through cuFile
+    where cuFile runs peer-to-peer here, through weightlift's engine otherwise."""
     global _session
     with _lock:
         if _session is None:
-            _session = _native.NativeSession(True)
+            _session = _native.NativeSession(_native.cufile_route().path == _native.CufilePath.Cufile)
         return _session
 
 
@@ -92,6 +75,11 @@ def _memory(s: Storage) -> tuple[int, int, str]:
     if hasattr(s, "_untyped_storage"):  # TypedStorage
         s = s._untyped_storage
     return s.data_ptr(), s.nbytes(), _core.normalize_device(s.device)
+
+
+class _GdsValueError(GdsError, InvalidArgumentError):
+    """A value out of range: the ``RuntimeError`` torch raises, and a ``ValueError`` as every weightlift error about
+    a value."""
 
 
 def _fail(call: str, e: Exception) -> GdsError:
@@ -109,94 +97,71 @@ def is_available() -> bool:
 def gds_register_buffer(s: Storage) -> None:
     """Registers storage ``s`` as a cuFile buffer (``cuFileBufRegister``)."""
     ptr, nbytes, device = _memory(s)
-    with _lock:
-        if ptr in _buffers:
+    try:
+        session = _cufile_session()
+        if session.buffer(ptr) is not None:
             raise GdsError("cuFileBufRegister failed: memory already registered")
-    if _route()[0] == "cufile" and device.startswith("cuda"):
-        try:
-            _cufile_session().buf_register(ptr, nbytes, device)
-        except WeightliftError as e:
-            raise _fail("cuFileBufRegister", e) from e
-    with _lock:
-        _buffers.add(ptr)
+        session.buf_register(ptr, nbytes, device)
+    except GdsError:
+        raise
+    except WeightliftError as e:
+        raise _fail("cuFileBufRegister", e) from e
 
 
 def gds_deregister_buffer(s: Storage) -> None:
     """Deregisters storage ``s``, registered by :func:`gds_register_buffer` (``cuFileBufDeregister``)."""
-    ptr, _, device = _memory(s)
-    with _lock:
-        if ptr not in _buffers:
-            raise GdsError("cuFileBufDeregister failed: memory not registered")
-        _buffers.discard(ptr)
-    if _route()[0] == "cufile" and device.startswith("cuda"):
-        try:
-            _cufile_session().buf_deregister(ptr)
-        except WeightliftError as e:
-            raise _fail("cuFileBufDeregister", e) from e
+    ptr = _memory(s)[0]
+    session = _cufile_session()
+    if session.buffer(ptr) is None:
+        raise GdsError("cuFileBufDeregister failed: memory not registered")
+    try:
+        session.buf_deregister(ptr)
+    except WeightliftError as e:
+        raise _fail("cuFileBufDeregister", e) from e
 
 
 def _register_handle(fd: int) -> int:
-    global _next_handle
-    try:
-        access = _fd_access(fd)
-        session_fh = None
-        if _route()[0] == "cufile":
-            mode = {os.O_RDONLY: "r"}.get(access, "r+")
-            session_fh = _cufile_session().handle_register(f"/proc/self/fd/{fd}", mode)
-    except (OSError, WeightliftError) as e:
-        raise _fail("cuFileHandleRegister", e) from e
-    with _lock:
-        handle, _next_handle = _next_handle, _next_handle + 1
-        _handles[handle] = _Handle(fd, access, session_fh)
-    return handle
-
-
-def _fd_access(fd: int) -> int:
     import fcntl
 
-    return fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE
+    try:
+        access = fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE
+        return _cufile_session().handle_register_fd(fd, access != os.O_WRONLY, access != os.O_RDONLY)
+    except (OSError, WeightliftError) as e:
+        raise _fail("cuFileHandleRegister", e) from e
 
 
 def _deregister_handle(handle: int) -> None:
-    with _lock:
-        h = _handles.pop(handle, None)
-    if h is not None and h.session_fh is not None:
-        _cufile_session().handle_deregister(h.session_fh)
+    try:
+        _cufile_session().handle_deregister(handle)
+    except WeightliftError:
+        pass  # not registered: torch's deregistration of an unknown handle does nothing either
 
 
-def _transfer(handle: int, storage: Storage, offset: int, write: bool) -> None:
+def _transfer(handle: int, storage: Storage, offset: Any, write: bool) -> None:
     call = "cuFileWrite" if write else "cuFileRead"
-    with _lock:
-        h = _handles.get(handle)
-    if h is None:
-        raise GdsError(f"{call} failed: file handle not registered")
-    if not (h.writable if write else h.readable):
+    session = _cufile_session()
+    try:
+        path, readable, writable = session.handle_info(handle)
+    except WeightliftError as e:
+        raise GdsError(f"{call} failed: file handle not registered") from e
+    if not (writable if write else readable):
         raise GdsError(f"{call} failed: Bad file descriptor")
-    if offset < 0:
-        raise GdsError(f"{call} failed: invalid value (offset {offset} is negative)")
+    offset = _args.unsigned("offset", offset, lambda m: _GdsValueError(f"{call} failed: invalid value ({m})"))
     ptr, nbytes, device = _memory(storage)
     if device.startswith("cuda"):
         # Work queued on the current stream may still be producing (or using) this memory.
         t = _core.torch_module()
         t.cuda.current_stream(t.device(device)).synchronize()
-    path, why = _route()
-    if path == "cufile" and not device.startswith("cuda"):
-        path, why = "engine", "host memory: cuFile serves device memory only here"
+    path_used, why = _route()
+    if path_used == "cufile" and not device.startswith("cuda"):
+        path_used, why = "engine", "host memory: cuFile serves device memory only here"
     try:
-        if h.session_fh is not None and path == "cufile":
-            session = _cufile_session()
-            n = session.pio("write" if write else "read", h.session_fh, ptr, nbytes, offset, device)
-            report = {"backend": session.backend(), "bytes": n}
-        elif write:
-            n = _core.shared_engine().write_from(h.path, offset, nbytes, ptr, device, False)
-            report = {"backend": "weightlift engine", "bytes": n}
-        else:
-            _core.check_cuda(device)
-            _core.shared_engine().read_into(h.path, offset, nbytes, ptr, device)
-            report = _native.last_report() or {}
+        _core.check_cuda(device)
+        n = session.pio("write" if write else "read", handle, ptr, nbytes, offset, device)
     except WeightliftError as e:
         raise _fail(call, e) from e
-    _core.note_report({**report, "api": "torch.cuda.gds", "call": call, "path": path, "path_why": why, "file": h.path, "offset": offset})
+    report = {"backend": session.backend(), "bytes": n, "api": "torch.cuda.gds", "call": call}
+    _core.note_report({**report, "path": path_used, "path_why": why, "file": str(path), "offset": offset})
 
 
 class GdsFile:
@@ -246,3 +211,14 @@ class GdsFile:
         if self.handle is None:
             raise AssertionError("the file must be registered before saving to it")
         _transfer(self.handle, storage, offset, write=True)
+
+
+def install() -> None:
+    """Makes ``torch.cuda.gds`` this module, so that code calling ``torch.cuda.gds.GdsFile(...)`` (qualified call
+    sites, which changing an import does not reach) runs on weightlift; ``import torch.cuda.gds`` then gives it too.
+    The same as ``sys.modules["torch.cuda.gds"] = weightlift.cuda_gds`` plus the ``torch.cuda.gds`` attribute."""
+    import torch.cuda
+
+    module = sys.modules[__name__]
+    sys.modules["torch.cuda.gds"] = module
+    torch.cuda.gds = module

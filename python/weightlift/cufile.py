@@ -3,7 +3,11 @@
 **The functions of ``cuda.bindings.cufile``**, with their names, positional arguments and results: code written for
 ``from cuda.bindings import cufile`` runs after changing only the import to ``from weightlift import cufile``.
 Pointers are integers (device pointers on a GPU, host addresses such as a numpy array's ``ctypes.data`` anywhere);
-torch tensors, numpy arrays and ctypes objects are accepted as a convenience. File handles come from an fd:
+torch tensors, numpy arrays (``__array_interface__`` or ``__cuda_array_interface__``) and ctypes objects are
+accepted as a convenience. Wherever a buffer's extent is known — such an object, or a registered buffer that holds
+the address — every size and offset is checked against it before any byte moves (``CU_FILE_INVALID_VALUE``
+otherwise). A bare integer address keeps cuFile's contract: the caller vouches that the bytes asked for are there.
+File handles come from an fd:
 
 >>> cufile.driver_open()
 >>> fd = os.open("weights.bin", os.O_RDONLY | os.O_DIRECT)
@@ -80,7 +84,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any, Optional, Sequence, Union
 
-from . import _core, _native
+from . import _args, _core, _native
 from ._errors import (
     CudaError,
     InvalidArgumentError,
@@ -91,6 +95,7 @@ from ._errors import (
     WeightliftPermissionError,
     cuFileError,
 )
+from ._status import Status
 
 if TYPE_CHECKING:
     import torch
@@ -102,6 +107,16 @@ def _mem(tensor: "torch.Tensor") -> tuple[int, int, str]:
     if not tensor.is_contiguous():
         raise InvalidArgumentError("buffers must be contiguous tensors")
     return tensor.data_ptr(), tensor.numel() * tensor.element_size(), _core.normalize_device(tensor.device)
+
+
+def _request(tensor: "torch.Tensor", size: "int | None", file_offset: int, buf_offset: int) -> tuple[int, int, int, int]:
+    """(address, size, file offset, buffer offset) of a :class:`Session` request, each number checked and the
+    request checked against the tensor's bytes before any byte moves; ``size`` None: the rest of the tensor."""
+    base, nbytes, _ = _mem(tensor)
+    buf_offset = _args.unsigned("buf_offset", buf_offset)
+    size = max(nbytes - buf_offset, 0) if size is None else _args.unsigned("size", size)
+    _args.span("the request", buf_offset, size, nbytes)
+    return base, size, _args.unsigned("file_offset", file_offset), buf_offset
 
 
 class AsyncIO:
@@ -171,15 +186,13 @@ class Session:
     # -- synchronous I/O ------------------------------------------------------------------------------------
     def read(self, fh: int, tensor: "torch.Tensor", size: "int | None" = None, file_offset: int = 0, buf_offset: int = 0) -> int:
         """``cuFileRead`` into a registered buffer; returns the bytes read (fewer at the end of the file)."""
-        base, nbytes, _ = _mem(tensor)
-        size = nbytes - buf_offset if size is None else size
+        base, size, file_offset, buf_offset = _request(tensor, size, file_offset, buf_offset)
         self._sync(tensor)
         return self._s.io("read", fh, base, size, file_offset, buf_offset)
 
     def write(self, fh: int, tensor: "torch.Tensor", size: "int | None" = None, file_offset: int = 0, buf_offset: int = 0) -> int:
         """``cuFileWrite`` from a registered buffer; returns the bytes written."""
-        base, nbytes, _ = _mem(tensor)
-        size = nbytes - buf_offset if size is None else size
+        base, size, file_offset, buf_offset = _request(tensor, size, file_offset, buf_offset)
         self._sync(tensor)
         return self._s.io("write", fh, base, size, file_offset, buf_offset)
 
@@ -187,25 +200,25 @@ class Session:
         """Reads into any contiguous tensor (registered or not); returns the bytes read."""
         base, nbytes, device = _mem(tensor)
         self._sync(tensor)
-        return self._s.pio("read", fh, base, nbytes, file_offset, device)
+        return self._s.pio("read", fh, base, nbytes, _args.unsigned("file_offset", file_offset), device)
 
     def pwrite(self, fh: int, tensor: "torch.Tensor", file_offset: int = 0) -> int:
         """Writes any contiguous tensor (registered or not); returns the bytes written."""
         base, nbytes, device = _mem(tensor)
         self._sync(tensor)
-        return self._s.pio("write", fh, base, nbytes, file_offset, device)
+        return self._s.pio("write", fh, base, nbytes, _args.unsigned("file_offset", file_offset), device)
 
     def readv(self, fh: int, tensors: Sequence["torch.Tensor"], file_offset: int = 0) -> int:
         """Consecutive file bytes into registered buffers, in order; returns the bytes read."""
         for t in tensors:
             self._sync(t)
-        return self._s.vectored("read", fh, file_offset, [_mem(t)[:2] for t in tensors])
+        return self._s.vectored("read", fh, _args.unsigned("file_offset", file_offset), [_mem(t)[:2] for t in tensors])
 
     def writev(self, fh: int, tensors: Sequence["torch.Tensor"], file_offset: int = 0) -> int:
         """Registered buffers written one after another from ``file_offset``; returns the bytes written."""
         for t in tensors:
             self._sync(t)
-        return self._s.vectored("write", fh, file_offset, [_mem(t)[:2] for t in tensors])
+        return self._s.vectored("write", fh, _args.unsigned("file_offset", file_offset), [_mem(t)[:2] for t in tensors])
 
     def batch(self, entries: Sequence[tuple]) -> list["int | WeightliftError"]:
         """``cuFileBatchIOSubmit``: entries ``(op, fh, tensor, size, file_offset, buf_offset)`` with op ``"read"``
@@ -213,6 +226,7 @@ class Session:
         raw = []
         for op, fh, tensor, size, file_offset, buf_offset in entries:
             self._sync(tensor)
+            # Each entry is checked natively against its buffer's registration, and fails alone.
             raw.append((op, fh, tensor.data_ptr(), size, file_offset, buf_offset))
         return self._s.batch(raw)
 
@@ -231,7 +245,8 @@ class Session:
         handle = None
         if stream is not None:
             handle = int(getattr(stream, "cuda_stream", stream))
-        native = self._s.submit_async(op, fh, tensor.data_ptr(), size, file_offset, buf_offset, handle)
+        base, size, file_offset, buf_offset = _request(tensor, size, file_offset, buf_offset)
+        native = self._s.submit_async(op, fh, base, size, file_offset, buf_offset, handle)
         return AsyncIO(native, tensor)
 
     def _sync(self, tensor: "torch.Tensor") -> None:
@@ -246,54 +261,6 @@ CuFileSession = Session
 # ---------------------------------------------------------------------------------------------------------------
 # The functions of cuda.bindings.cufile
 # ---------------------------------------------------------------------------------------------------------------
-
-
-class Status(enum.IntEnum):
-    """cuFile status codes (cufile.h's ``CUfileOpError``), carried by :class:`cuFileError` as ``.status``."""
-
-    CU_FILE_SUCCESS = 0
-    CU_FILE_DRIVER_NOT_INITIALIZED = 5001
-    CU_FILE_DRIVER_INVALID_PROPS = 5002
-    CU_FILE_DRIVER_UNSUPPORTED_LIMIT = 5003
-    CU_FILE_DRIVER_VERSION_MISMATCH = 5004
-    CU_FILE_DRIVER_VERSION_READ_ERROR = 5005
-    CU_FILE_DRIVER_CLOSING = 5006
-    CU_FILE_PLATFORM_NOT_SUPPORTED = 5007
-    CU_FILE_IO_NOT_SUPPORTED = 5008
-    CU_FILE_DEVICE_NOT_SUPPORTED = 5009
-    CU_FILE_NVFS_DRIVER_ERROR = 5010
-    CU_FILE_CUDA_DRIVER_ERROR = 5011
-    CU_FILE_CUDA_POINTER_INVALID = 5012
-    CU_FILE_CUDA_MEMORY_TYPE_INVALID = 5013
-    CU_FILE_CUDA_POINTER_RANGE_ERROR = 5014
-    CU_FILE_CUDA_CONTEXT_MISMATCH = 5015
-    CU_FILE_INVALID_MAPPING_SIZE = 5016
-    CU_FILE_INVALID_MAPPING_RANGE = 5017
-    CU_FILE_INVALID_FILE_TYPE = 5018
-    CU_FILE_INVALID_FILE_OPEN_FLAG = 5019
-    CU_FILE_DIO_NOT_SET = 5020
-    CU_FILE_INVALID_VALUE = 5022
-    CU_FILE_MEMORY_ALREADY_REGISTERED = 5023
-    CU_FILE_MEMORY_NOT_REGISTERED = 5024
-    CU_FILE_PERMISSION_DENIED = 5025
-    CU_FILE_DRIVER_ALREADY_OPEN = 5026
-    CU_FILE_HANDLE_NOT_REGISTERED = 5027
-    CU_FILE_HANDLE_ALREADY_REGISTERED = 5028
-    CU_FILE_DEVICE_NOT_FOUND = 5029
-    CU_FILE_INTERNAL_ERROR = 5030
-    CU_FILE_GETNEWFD_FAILED = 5031
-    CU_FILE_NVFS_SETUP_ERROR = 5033
-    CU_FILE_IO_DISABLED = 5034
-    CU_FILE_BATCH_SUBMIT_FAILED = 5035
-    CU_FILE_GPU_MEMORY_PINNING_FAILED = 5036
-    CU_FILE_BATCH_FULL = 5037
-    CU_FILE_ASYNC_NOT_SUPPORTED = 5038
-    CU_FILE_NOMEM_ERROR = 5043
-    CU_FILE_IO_ERROR = 5044
-    # The reference's names for codes cufile.h names otherwise.
-    CU_FILE_INVALID_HANDLE = 5027
-    CU_FILE_CUDA_MEMORY_TYPE_NOT_SUPPORTED = 5013
-    CU_FILE_FILE_SYSTEM_NOT_SUPPORTED = 5018
 
 
 class OpError(enum.IntEnum):
@@ -534,24 +501,43 @@ class Descr:
 _NULL_PAGE = 1 << 16  # no mapping lies below this address (vm.mmap_min_addr): a smaller integer is a value
 
 
-def _address(obj: Any) -> tuple[int, Optional[str]]:
-    """(address, device string or None when only the address is known) of a pointer-like argument."""
+def _address(obj: Any) -> tuple[int, Optional[str], Optional[int]]:
+    """(address, device string or None when only the address is known, bytes from the address or None when only
+    the address is known) of a pointer-like argument."""
     if isinstance(obj, bool):
         raise TypeError("a pointer is expected, not a bool")
     if isinstance(obj, int):
-        return obj, None
+        return obj, None, None
     t = sys.modules.get("torch")  # a tensor can only come from an imported torch
     if t is not None and isinstance(obj, t.Tensor):
+        if not obj.is_contiguous():
+            raise _invalid_value("a buffer tensor must be contiguous")
         if obj.is_cuda:
             t.cuda.current_stream(obj.device).synchronize()
-        return obj.data_ptr(), _core.normalize_device(obj.device)
-    if hasattr(obj, "__array_interface__"):
-        return int(obj.__array_interface__["data"][0]), "cpu"
-    if isinstance(obj, ctypes._SimpleCData) or isinstance(obj, (ctypes.Array, ctypes.Structure, ctypes.Union)):
-        return ctypes.addressof(obj), "cpu"
+        return obj.data_ptr(), _core.normalize_device(obj.device), obj.numel() * obj.element_size()
+    cai = getattr(obj, "__cuda_array_interface__", None)
+    if cai is not None:
+        return int(cai["data"][0]), None, _interface_bytes(cai)
+    ai = getattr(obj, "__array_interface__", None)
+    if ai is not None:
+        return int(ai["data"][0]), "cpu", _interface_bytes(ai)
+    if isinstance(obj, (ctypes._SimpleCData, ctypes.Array, ctypes.Structure, ctypes.Union)):
+        return ctypes.addressof(obj), "cpu", ctypes.sizeof(obj)
     if hasattr(obj, "ptr"):
-        return int(obj.ptr), None
-    return int(obj), None  # e.g. cuda-python's CUdeviceptr
+        return int(obj.ptr), None, None
+    return int(obj), None, None  # e.g. cuda-python's CUdeviceptr
+
+
+def _interface_bytes(iface: dict) -> int:
+    """The bytes of a contiguous array described by an array interface (numpy's or CUDA's)."""
+    if iface.get("strides") is not None:
+        raise _invalid_value("a buffer array must be C-contiguous")
+    import numpy as np  # the typestr is numpy's notation
+
+    n = np.dtype(iface["typestr"]).itemsize
+    for d in iface["shape"]:
+        n *= int(d)
+    return n
 
 
 _libcuda: "ctypes.CDLL | None | bool" = False
@@ -588,9 +574,11 @@ def _store_count(ptr: Any, n: int) -> None:
     """Writes ``n`` as a 64-bit integer at ``ptr`` (host or device memory); nothing for a null pointer."""
     if ptr is None:
         return
-    addr, device = _address(ptr)
+    addr, device, extent = _address(ptr)
     if addr == 0:
         return
+    if extent is not None:
+        _args.span("byte count", 0, 8, extent, _invalid_value)
     device = device or _device_of(addr)
     if device.startswith("cuda"):
         value = ctypes.c_int64(n)
@@ -617,36 +605,32 @@ def _sync_stream(stream: Any) -> None:
 
 # -- the driver's state -------------------------------------------------------------------------------------------
 class _FileHandle:
-    def __init__(self, fd: int, session_fh: int, access: int):
-        self.fd = fd
-        self.session_fh = session_fh
-        self.readable = access in (os.O_RDONLY, os.O_RDWR)
-        self.writable = access in (os.O_WRONLY, os.O_RDWR)
+    """A registered handle as the native session records it."""
+
+    def __init__(self, fh: int, path: str, readable: bool, writable: bool):
+        self.fh = fh
+        self.fd = int(os.path.basename(path))  # registered as /proc/self/fd/<fd> by handle_register
+        self.readable = readable
+        self.writable = writable
 
 
 class _Driver:
+    """The open count and the batches; handles and buffers are the native session's (one registry)."""
+
     def __init__(self) -> None:
         self.lock = threading.RLock()
         self.session: "Any | None" = None
         self.opens = 0
-        self.handles: dict[int, _FileHandle] = {}
-        self.buffers: dict[int, tuple[int, str, int]] = {}  # base → (size, device, flags)
         self.batches: dict[int, "_Batch"] = {}
-        self.next_id = 0x10000  # handles and batch ids: never mistaken for fds
+        self.next_id = 0x10000  # batch ids
 
 
 _driver = _Driver()
-_route_cache: "tuple[str, str] | None" = None
 
 
 def _route() -> tuple[str, str]:
     """(``"cufile"`` or ``"engine"``, why), decided once per process."""
-    global _route_cache
-    if _route_cache is None:
-        from . import cuda_gds
-
-        _route_cache = cuda_gds._route()
-    return _route_cache
+    return _core.cufile_route()
 
 
 def _status_of(e: WeightliftError) -> int:
@@ -702,8 +686,6 @@ def driver_close() -> None:
             return
         batches = list(_driver.batches.values())
         session, _driver.session = _driver.session, None
-        _driver.handles.clear()
-        _driver.buffers.clear()
         _driver.batches.clear()
     for b in batches:
         b.cancel()
@@ -751,41 +733,44 @@ def handle_register(descr: Any) -> int:
         raise cuFileError(Status.CU_FILE_INVALID_FILE_TYPE, f"fd {fd} is not a regular file")
     session = _session()
     with _driver.lock:
-        if any(h.fd == fd for h in _driver.handles.values()):
+        if session.handle_of_fd(fd) is not None:
             raise cuFileError(Status.CU_FILE_HANDLE_ALREADY_REGISTERED, f"fd {fd} is registered already")
-    try:
-        session_fh = session.handle_register(f"/proc/self/fd/{fd}", "r" if access == os.O_RDONLY else "r+")
-    except WeightliftError as e:
-        raise cuFileError(_status_of(e), str(e)) from e
-    handle = _new_id()
-    with _driver.lock:
-        _driver.handles[handle] = _FileHandle(fd, session_fh, access)
-    return handle
+        try:
+            return session.handle_register_fd(fd, access != os.O_WRONLY, access != os.O_RDONLY)
+        except WeightliftError as e:
+            raise cuFileError(_status_of(e), str(e)) from e
 
 
 def handle_deregister(fh: int) -> None:
     """Deregisters a handle (``cuFileHandleDeregister``; like it, an unknown handle is ignored)."""
     with _driver.lock:
-        h = _driver.handles.pop(int(fh), None)
         session = _driver.session
-    if h is not None and session is not None:
-        session.handle_deregister(h.session_fh)
+    if session is not None:
+        try:
+            session.handle_deregister(int(fh))
+        except WeightliftError:
+            pass
 
 
 def _handle(fh: Any) -> _FileHandle:
     with _driver.lock:
-        h = _driver.handles.get(int(fh))
-    if h is None:
-        raise cuFileError(Status.CU_FILE_INVALID_HANDLE, f"file handle {fh} is not registered")
-    return h
+        session = _driver.session
+    try:
+        if session is None:
+            raise InvalidArgumentError("the driver is not open")
+        path, readable, writable = session.handle_info(int(fh))
+    except (WeightliftError, OverflowError) as e:
+        raise cuFileError(Status.CU_FILE_INVALID_HANDLE, f"file handle {fh} is not registered") from e
+    return _FileHandle(int(fh), path, readable, writable)
 
 
 # -- buffers ------------------------------------------------------------------------------------------------------
 def buf_register(devPtr_base: Any, size: int, flags: int) -> None:  # noqa: N803 - the reference's argument name
     """Registers ``size`` bytes at ``devPtr_base`` (device or host memory) for I/O (``cuFileBufRegister``)."""
-    base, device = _address(devPtr_base)
-    if size < 0:
-        raise OverflowError(f"size {size} is negative")
+    base, device, extent = _address(devPtr_base)
+    size = _unsigned("size", size)
+    if extent is not None:
+        _args.span("buf_register", 0, size, extent, _invalid_value)
     if flags & ~_KNOWN_BUF_FLAGS:
         raise cuFileError(Status.CU_FILE_INVALID_VALUE, f"unknown buffer flags {flags:#x}")
     if base == 0 or size == 0:
@@ -793,65 +778,100 @@ def buf_register(devPtr_base: Any, size: int, flags: int) -> None:  # noqa: N803
     device = device or _device_of(base)
     session = _session()
     with _driver.lock:
-        for b, (n, _, _) in _driver.buffers.items():
-            if b < base + size and base < b + n:
-                raise cuFileError(Status.CU_FILE_MEMORY_ALREADY_REGISTERED, f"{base:#x}+{size} overlaps the buffer at {b:#x}")
+        b = session.buffer_overlapping(base, size)
+        if b is not None:
+            raise cuFileError(Status.CU_FILE_MEMORY_ALREADY_REGISTERED, f"{base:#x}+{size} overlaps the buffer at {b:#x}")
         try:
             session.buf_register(base, size, device)
         except WeightliftError as e:
             raise cuFileError(_status_of(e), str(e)) from e
-        _driver.buffers[base] = (size, device, flags)
 
 
 def buf_deregister(devPtr_base: Any) -> None:  # noqa: N803
     """Deregisters a buffer registered by :func:`buf_register` (``cuFileBufDeregister``)."""
-    base, _ = _address(devPtr_base)
+    base = _address(devPtr_base)[0]
     with _driver.lock:
-        if base not in _driver.buffers or _driver.session is None:
+        session = _driver.session
+        if session is None or session.buffer(base) is None:
             raise cuFileError(Status.CU_FILE_MEMORY_NOT_REGISTERED, f"no buffer is registered at {base:#x}")
-        del _driver.buffers[base]
-        _driver.session.buf_deregister(base)
+        session.buf_deregister(base)
 
 
 # -- I/O ----------------------------------------------------------------------------------------------------------
-def _check(size: int, file_offset: int, buf_ptr_offset: int) -> None:
-    if size < 0:
-        raise OverflowError(f"size {size} is negative")  # as a size_t argument refuses it
-    if file_offset < 0 or buf_ptr_offset < 0:
-        raise cuFileError(Status.CU_FILE_INVALID_VALUE, f"negative offset (file {file_offset}, buffer {buf_ptr_offset})")
+class _ValueStatusError(cuFileError, InvalidArgumentError, OverflowError):
+    """``CU_FILE_INVALID_VALUE`` for an argument out of range: a :class:`cuFileError`, a ``ValueError`` (as every
+    weightlift error about a value), and the ``OverflowError`` cuda.bindings raises for a negative ``size_t``."""
 
 
-def _io(op: str, fh: Any, buf_ptr_base: Any, size: int, file_offset: int, buf_ptr_offset: int) -> int:
-    """The one place an I/O call is served: checks, registered or unregistered memory, the report."""
-    call = "cuFileRead" if op == "read" else "cuFileWrite"
-    h = _handle(fh)
-    _check(size, file_offset, buf_ptr_offset)
-    if not (h.readable if op == "read" else h.writable):
-        raise cuFileError(Status.CU_FILE_PERMISSION_DENIED, f"fd {h.fd} is not open for {'reading' if op == 'read' else 'writing'}")
-    base, device = _address(buf_ptr_base)
-    session = _session()
-    with _driver.lock:
-        registered = _driver.buffers.get(base)
-    if registered is not None and buf_ptr_offset + size > registered[0]:
-        raise cuFileError(Status.CU_FILE_INVALID_VALUE, f"buf_ptr_offset {buf_ptr_offset} + size {size} is past the {registered[0]}-byte buffer at {base:#x}")
-    device = registered[1] if registered is not None else device or _device_of(base)
-    try:
-        if registered is not None:
-            n = session.io(op, h.session_fh, base, size, file_offset, buf_ptr_offset)
-        else:
-            n = session.pio(op, h.session_fh, base + buf_ptr_offset, size, file_offset, device)
-    except WeightliftError as e:
-        raise cuFileError(_status_of(e), str(e)) from e
-    path, why = _route()
-    if path == "cufile" and not device.startswith("cuda"):
-        path, why = "engine", "host memory: cuFile serves device memory only here"
-    _core.note_report({"api": "cuda.bindings.cufile", "call": call, "path": path, "path_why": why, "backend": session.backend(), "bytes": n, "fd": h.fd, "offset": file_offset})
-    return n
+def _invalid_value(message: str) -> cuFileError:
+    return _ValueStatusError(Status.CU_FILE_INVALID_VALUE, message)
+
+
+def _unsigned(name: str, value: Any) -> int:
+    return _args.unsigned(name, value, _invalid_value)
+
+
+def _bounds(base: int, extent: Optional[int], session: Any) -> Optional[int]:
+    """The bytes known to lie from ``base``: those of a registered buffer holding it, else ``extent`` (the size of
+    the tensor or array passed), else None (a bare address: the caller vouches for it, as cuFile's contract is)."""
+    b = session.buffer_overlapping(base, 1)
+    if b is not None:
+        return b + session.buffer(b)[0] - base
+    return extent
+
+
+class _Request:
+    """One checked read or write, ready to run."""
+
+    __slots__ = ("op", "h", "base", "size", "file_offset", "buf_offset", "device", "registered")
+
+    def __init__(self, op: str, fh: Any, buf_ptr_base: Any, size: Any, file_offset: Any, buf_ptr_offset: Any):
+        self.op = op
+        self.h = h = _handle(fh)
+        self.size, self.file_offset = _unsigned("size", size), _unsigned("file_offset", file_offset)
+        self.buf_offset = _unsigned("buf_ptr_offset", buf_ptr_offset)
+        if not (h.readable if op == "read" else h.writable):
+            raise cuFileError(Status.CU_FILE_PERMISSION_DENIED, f"fd {h.fd} is not open for {'reading' if op == 'read' else 'writing'}")
+        self.base, device, extent = _address(buf_ptr_base)
+        session = _session()
+        registered = session.buffer(self.base)
+        extent = _bounds(self.base, extent, session)
+        if extent is not None:
+            _args.span(self.call, self.buf_offset, self.size, extent, _invalid_value)
+        self.registered = registered is not None
+        self.device = registered[1] if registered is not None else device or _device_of(self.base)
+
+    @property
+    def call(self) -> str:
+        return "cuFileRead" if self.op == "read" else "cuFileWrite"
+
+    def run(self) -> int:
+        session = _session()
+        try:
+            if self.registered:
+                n = session.io(self.op, self.h.fh, self.base, self.size, self.file_offset, self.buf_offset)
+            else:
+                n = session.pio(self.op, self.h.fh, self.base + self.buf_offset, self.size, self.file_offset, self.device)
+        except WeightliftError as e:
+            raise cuFileError(_status_of(e), str(e)) from e
+        path, why = _route()
+        if path == "cufile" and not self.device.startswith("cuda"):
+            path, why = "engine", "host memory: cuFile serves device memory only here"
+        report = {"api": "cuda.bindings.cufile", "call": self.call, "path": path, "path_why": why, "backend": session.backend()}
+        _core.note_report({**report, "bytes": n, "fd": self.h.fd, "offset": self.file_offset})
+        return n
+
+
+def _io(op: str, fh: Any, buf_ptr_base: Any, size: Any, file_offset: Any, buf_ptr_offset: Any) -> int:
+    """The one place an I/O call is checked and served: every number, and every size and offset against the
+    buffer wherever its extent is known (a registered buffer, a tensor, an array), before a byte moves."""
+    return _Request(op, fh, buf_ptr_base, size, file_offset, buf_ptr_offset).run()
 
 
 def read(fh: int, buf_ptr_base: Any, size: int, file_offset: int, buf_ptr_offset: int) -> int:
     """``cuFileRead``: up to ``size`` bytes at ``file_offset`` into ``buf_ptr_base + buf_ptr_offset``; returns the
-    bytes read (fewer at the end of the file, 0 past it)."""
+    bytes read (fewer at the end of the file, 0 past it). ``buf_ptr_offset + size`` must fit in the buffer where
+    its extent is known (a tensor, an array, a registered buffer); a bare address is taken on the caller's word."""
     return _io("read", fh, buf_ptr_base, size, file_offset, buf_ptr_offset)
 
 
@@ -886,9 +906,12 @@ def write_async(fh: int, buf_ptr_base: Any, size: int, file_offset: int, buf_ptr
 
 
 def _vectored(op: str, fh: int, iov: Sequence[IOVec], iovcnt: int, file_offset: int, bytes_ptr: Any) -> int:
-    if iovcnt < 0 or iovcnt > len(iov):
-        raise cuFileError(Status.CU_FILE_INVALID_VALUE, f"iovcnt {iovcnt} but {len(iov)} entries")
-    total = sum(_io(op, fh, v.ptr, v.size, file_offset + v.file_offset, v.buf_offset) for v in list(iov)[:iovcnt])
+    iovcnt, file_offset = _unsigned("iovcnt", iovcnt), _unsigned("file_offset", file_offset)
+    if iovcnt > len(iov):
+        raise _invalid_value(f"iovcnt {iovcnt} but {len(iov)} entries")
+    # Every entry checked before the first moves a byte.
+    requests = [_Request(op, fh, v.ptr, v.size, file_offset + _unsigned("file_offset", v.file_offset), v.buf_offset) for v in list(iov)[:iovcnt]]
+    total = sum(r.run() for r in requests)
     _store_count(bytes_ptr, total)
     return total
 
@@ -1041,6 +1064,7 @@ def _deadline(timeout: Any) -> Optional[float]:
 def batch_io_set_up(nr: int) -> int:
     """A batch of up to ``nr`` entries in flight (``cuFileBatchIOSetUp``; at most 128, cuFile's default
     ``io_batchsize``); returns its id."""
+    nr = _unsigned("nr", nr)
     if not 0 < nr <= _MAX_BATCH:
         raise cuFileError(Status.CU_FILE_INVALID_VALUE, f"batch size {nr}: expected 1 to {_MAX_BATCH}")
     _session()
@@ -1054,6 +1078,7 @@ def batch_io_submit(batch_idp: int, nr: int, iocbp: Any, flags: int) -> None:
     """Submits the first ``nr`` entries of ``iocbp`` (an :class:`IOParams` or the address of ``CUfileIOParams_t``
     structures) to run in the background (``cuFileBatchIOSubmit``); the entries are copied, ``flags`` is unused."""
     b = _batch(batch_idp)
+    nr = _unsigned("nr", nr)
     if isinstance(iocbp, IOParams):
         if nr > len(iocbp):
             raise cuFileError(Status.CU_FILE_INVALID_VALUE, f"nr {nr} but {len(iocbp)} entries")

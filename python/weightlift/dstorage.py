@@ -8,7 +8,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any, Sequence, Union
 
-from . import _core, _native
+from . import _args, _core, _native
 
 if TYPE_CHECKING:
     import torch
@@ -48,13 +48,14 @@ class Loader:
         name = _core.dtype_name(dtype)
         dev = self.device if device is None else _core.normalize_device(device)
         paths = [os.fspath(p) for p, _ in items]
-        for p, n in items:
+        counts = [_args.unsigned("num_elements", n) for _, n in items]
+        for p, n in zip(paths, counts):
             # Validates the element count against the file (a typed error naming the file if it is too short).
-            _native.Checkpoint([os.fspath(p)], name, int(n))
+            _native.Checkpoint([p], name, n)
         size = t.empty((), dtype=dtype).element_size()
-        ranges = [(i, 0, int(n) * size) for i, (_, n) in enumerate(items)]
+        ranges = [(i, 0, n * size) for i, n in enumerate(counts)]
         buffers = _core.load_ranges(self._engine, paths, ranges, dev)
-        return [_core.as_tensor(b, name, [int(n)]) for b, (_, n) in zip(buffers, items)]
+        return [_core.as_tensor(b, name, [n]) for b, n in zip(buffers, counts)]
 
     def load_tensor(
         self,

@@ -14,7 +14,8 @@ the reads) straight into the tensor's memory. Differences, all additions that le
 
 - ``DirectStorageLoader(device=..., **settings)`` takes optional keywords: the device the loader's calls load onto
   when they do not name one (``"cuda"``, PyTorch's current GPU, as the original), and engine settings
-  (:data:`weightlift.SETTINGS`). ``device="cpu"`` is accepted (the original requires ``"cuda"``).
+  (:data:`weightlift.SETTINGS`). ``device="cpu"`` is accepted (the original requires ``"cuda"``), by the
+  module-level ``load_tensor`` too (its ``device`` keyword is an addition), so code runs on a machine without a GPU.
 - ``prepare(device="cuda")`` sets up now what the loader's first load would set up while it runs (the lanes'
   staging, pinned for a GPU, their streams, a first use of the device's memory pool): see
   :func:`weightlift.prepare`.
@@ -95,9 +96,10 @@ def _shared_loader() -> DirectStorageLoader:
         return _shared
 
 
-def load_tensor(filepath: PathLike, num_elements: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """:meth:`DirectStorageLoader.load_tensor` on one loader shared by the process (onto the current GPU)."""
-    return _shared_loader().load_tensor(filepath, num_elements, dtype)
+def load_tensor(filepath: PathLike, num_elements: int, dtype: torch.dtype = torch.float32, *, device: Union[str, int, "torch.device"] = _CUDA) -> torch.Tensor:
+    """:meth:`DirectStorageLoader.load_tensor` on one loader shared by the process, onto ``device``: the current GPU
+    as the original, or (a weightlift addition) another GPU or ``"cpu"`` on a machine without one."""
+    return _shared_loader().load_tensor(filepath, num_elements, dtype, device)
 
 
 __all__ = ["DirectStorageLoader", "load_tensor"]

@@ -8,7 +8,7 @@ import os
 import stat
 from typing import TYPE_CHECKING, Any, Union
 
-from . import _core, _native
+from . import _args, _core, _native
 from ._errors import InvalidArgumentError, IoError, NotARegularFileError
 
 if TYPE_CHECKING:
@@ -101,25 +101,24 @@ class File:
         the file, as ``pread`` does."""
         if not self.readable:
             raise InvalidArgumentError(f"{self.path}: opened write-only")
-        if offset < 0:
-            raise InvalidArgumentError(f"offset {offset} is negative")
+        offset = _args.unsigned("offset", offset)
         ptr, nbytes, device = _memory(tensor)
         # Work queued on the current stream may still use this memory: let it finish before the copies start.
         self._sync(device)
-        return self._engine.read_into(self.path, int(offset), nbytes, ptr, _core.normalize_device(device))
+        return self._engine.read_into(self.path, offset, nbytes, ptr, _core.normalize_device(device))
 
     def pwrite(self, tensor: Any, offset: int = 0) -> int:
         """Writes a contiguous tensor (or storage) at ``offset``; returns the bytes written."""
         if not self.writable:
             raise InvalidArgumentError(f"{self.path}: opened read-only")
-        if offset < 0:
-            raise InvalidArgumentError(f"offset {offset} is negative")
+        offset = _args.unsigned("offset", offset)
         ptr, nbytes, device = _memory(tensor)
         self._sync(device)
-        return self._engine.write_from(self.path, int(offset), nbytes, ptr, _core.normalize_device(device), False)
+        return self._engine.write_from(self.path, offset, nbytes, ptr, _core.normalize_device(device), False)
 
     def load_storage(self, storage: Any, offset: int = 0) -> None:
         """Fills ``storage`` from the file at ``offset``; the file must hold all of it."""
+        offset = _args.unsigned("offset", offset)
         _, nbytes, _ = _memory(storage)
         done = self.pread(storage, offset)
         if done != nbytes:
@@ -129,9 +128,10 @@ class File:
         """Writes ``storage`` into the file at ``offset``, durably (fsync)."""
         if not self.writable:
             raise InvalidArgumentError(f"{self.path}: opened read-only")
+        offset = _args.unsigned("offset", offset)
         ptr, nbytes, device = _memory(storage)
         self._sync(device)
-        self._engine.write_from(self.path, int(offset), nbytes, ptr, _core.normalize_device(device), True)
+        self._engine.write_from(self.path, offset, nbytes, ptr, _core.normalize_device(device), True)
 
     def __enter__(self) -> "File":
         return self

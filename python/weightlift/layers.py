@@ -20,7 +20,7 @@ import os
 import re
 from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence, Union
 
-from . import _core, _native
+from . import _args, _core, _native
 from ._errors import InvalidArgumentError
 
 if TYPE_CHECKING:
@@ -87,6 +87,7 @@ class LayerStreamer:
         self._info = {i.name: i for i in infos}
         position = {i.name: k for k, i in enumerate(infos)}
         self.layers, self.rest = _group([i.name for i in infos], layers)
+        slots = _args.integer("slots", slots)
         if slots < 1:
             raise InvalidArgumentError("a layer streamer needs at least one slot")
         self.device = _core.normalize_device(device)
@@ -110,13 +111,14 @@ class LayerStreamer:
     def load_layer(self, i: int) -> dict[str, "torch.Tensor"]:
         """Layer ``i`` as ``{name: tensor}`` views into its slot, valid until the next call (which may refill the
         slot); starts reading the next layers into the other slots."""
+        i = _args.integer("i", i)
         if not 0 <= i < len(self.layers):
             raise InvalidArgumentError(f"layer {i} of a streamer over {len(self.layers)} layers")
         stream = None
         if self.device.startswith("cuda"):
             t = _core.torch_module()
             stream = t.cuda.current_stream(t.device(self.device)).cuda_stream
-        slot = self._slots[self._native.load_layer(int(i), stream)]
+        slot = self._slots[self._native.load_layer(i, stream)]
         out = {}
         for name, off in zip(self.layers[i], self._offsets[i]):
             info = self._info[name]

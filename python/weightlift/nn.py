@@ -4,7 +4,7 @@ reading only the tensors the model has and reporting missing and unexpected keys
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Sequence, Union
+from typing import TYPE_CHECKING, Any, Sequence, Union
 
 from . import _core
 from .safetensors import _checkpoint, _load_tensors
@@ -22,11 +22,12 @@ def load_into(
     device: Union[str, int, "torch.device", None] = None,
     *,
     engine=None,
+    progress: Any = False,
 ):
     """Loads the checkpoint's tensors into ``model``'s parameters and buffers (assigning the loaded tensors, so no
     second copy is made). ``device`` defaults to where the model's parameters are (CPU for a model on the meta
     device). Returns torch's ``_IncompatibleKeys(missing_keys, unexpected_keys)``; with ``strict`` a mismatch raises
-    the ``RuntimeError`` torch would, before anything is read."""
+    the ``RuntimeError`` torch would, before anything is read. ``progress``: as for :func:`weightlift.load_file`."""
     t = _core.torch_module()
     ckpt = _checkpoint(path)
     expected = list(model.state_dict(keep_vars=True).keys())
@@ -44,6 +45,7 @@ def load_into(
     if device is None:
         first = next(iter(model.parameters()), None)
         device = "cpu" if first is None or first.device.type == "meta" else first.device
-    tensors = _load_tensors(ckpt, [k for k in expected if k in in_file], _core.normalize_device(device), engine)
+    names = [k for k in expected if k in in_file]
+    tensors = _load_tensors(ckpt, names, _core.normalize_device(device), engine, progress=progress)
     model.load_state_dict(tensors, strict=False, assign=True)
     return t.nn.modules.module._IncompatibleKeys(missing, unexpected)

@@ -8,8 +8,8 @@ Two styles, as GPU-storage tutorials write them::
     dev.read(lba=0, count=1024, gpu_ptr=buf)              # buf: an int address, a pycuda allocation, a tensor
     data = dev.read_to_gpu(lba=0, size_mb=100)            # a new uint8 tensor; data.nbytes == 100 MiB
 
-    weightlift.nvme.init("/dev/nvme0n1")                  # PyTorch style, module-level device
-    weightlift.nvme.read_into_tensor(tensor, lba=0)       # fills the whole tensor from that LBA
+    weightlift.nvme.init("/dev/nvme0n1")                  # PyTorch style, module-level device (optional:
+    weightlift.nvme.read_into_tensor(tensor, lba=0)       # /dev/nvme0n1 without it); fills the whole tensor
 
 and named regions: ``regions = dev.regions(); regions["weights"] = (0, 8192); regions.read("weights", index,
 length, gpu_ptr)``. Block size: the device's logical block size, or 512 bytes for a file, unless given. Opening a
@@ -24,7 +24,7 @@ import threading
 from collections.abc import MutableMapping
 from typing import TYPE_CHECKING, Any, Iterator, Optional, Union
 
-from . import _core, _native
+from . import _args, _core, _native
 from ._errors import InvalidArgumentError
 
 if TYPE_CHECKING:
@@ -97,14 +97,15 @@ class Device:
     def read(self, lba: int, count: int, gpu_ptr: Any, *, device: Any = None) -> int:
         """Reads ``count`` blocks from ``lba`` into ``gpu_ptr`` (see :func:`_memory` for what it may be; ``device``
         names the memory an integer address belongs to, ``"cpu"`` for host memory); returns the bytes read."""
-        need = int(count) * self.block_size
+        lba, count = _args.unsigned("lba", lba), _args.unsigned("count", count)
+        need = count * self.block_size
         ptr, nbytes, dev = _memory(gpu_ptr, device, need)
         _core.check_cuda(dev)
         if dev.startswith("cuda"):
             t = _core.torch_module()
             # Work queued on the current stream may still use this memory: let it finish first.
             t.cuda.current_stream(t.device(dev)).synchronize()
-        return self._dev.read(int(lba), int(count), ptr, nbytes, dev)
+        return self._dev.read(lba, count, ptr, nbytes, dev)
 
     def read_into_tensor(self, tensor: "torch.Tensor", lba: int = 0) -> int:
         """Fills all of ``tensor`` from ``lba`` (its size must be a whole number of blocks); returns the bytes."""
@@ -116,7 +117,12 @@ class Device:
     def read_to_gpu(self, lba: int = 0, size_mb: float = 1, *, size: Optional[int] = None, device: Any = "cuda") -> "torch.Tensor":
         """A new uint8 tensor of ``size_mb`` MiB (or ``size`` bytes) on ``device`` read from ``lba``."""
         t = _core.torch_module()
-        nbytes = int(size) if size is not None else int(size_mb * (1 << 20))
+        if size is not None:
+            nbytes = _args.unsigned("size", size)
+        elif isinstance(size_mb, (int, float)) and not isinstance(size_mb, bool) and 0 <= size_mb < 2**44:
+            nbytes = int(size_mb * (1 << 20))
+        else:
+            raise InvalidArgumentError(f"size_mb {size_mb!r}: expected a number of MiB from 0")
         if nbytes % self.block_size:
             raise InvalidArgumentError(f"{nbytes} bytes are not a whole number of {self.block_size}-byte blocks")
         dev = _core.normalize_device(device)
@@ -147,7 +153,7 @@ class Regions(MutableMapping):
 
     def __setitem__(self, kind: str, lba_range: tuple[int, int]) -> None:
         start, count = lba_range
-        self._native.set(str(kind), int(start), int(count))
+        self._native.set(str(kind), _args.unsigned("start_lba", start), _args.unsigned("count", count))
 
     def __getitem__(self, kind: str) -> tuple[int, int]:
         for k, r in self._native.items():
@@ -167,7 +173,8 @@ class Regions(MutableMapping):
 
     def read(self, kind: str, index: int, length: int, gpu_ptr: Any, *, device: Any = None) -> int:
         """Reads ``length`` blocks from block ``index`` of ``kind`` into ``gpu_ptr``; returns the bytes read."""
-        lba = self._native.resolve(str(kind), int(index), int(length))
+        index, length = _args.unsigned("index", index), _args.unsigned("length", length)
+        lba = self._native.resolve(str(kind), index, length)
         return self.device.read(lba, length, gpu_ptr, device=device)
 
     def read_into_tensor(self, kind: str, tensor: "torch.Tensor", index: int = 0) -> int:
@@ -191,12 +198,21 @@ def init(path: PathLike, block_size: Optional[int] = None) -> Device:
     return dev
 
 
+#: The device :func:`read_into_tensor` opens when :func:`init` was not called: the first NVMe namespace, as the
+#: tutorial's ``torch_nvme.read_into_tensor`` reads.
+DEFAULT_DEVICE = "/dev/nvme0n1"
+
+
 def read_into_tensor(tensor: "torch.Tensor", lba: int = 0) -> int:
-    """Fills ``tensor`` from ``lba`` of the device opened by :func:`init`."""
+    """Fills ``tensor`` from ``lba`` of the device opened by :func:`init`, or of :data:`DEFAULT_DEVICE` (opened on
+    first use) when :func:`init` was not called."""
+    global _default
     with _default_lock:
+        if _default is None:
+            if not os.path.exists(DEFAULT_DEVICE):
+                raise InvalidArgumentError(f"no device: {DEFAULT_DEVICE} does not exist; call weightlift.nvme.init(path) first")
+            _default = Device(DEFAULT_DEVICE)
         dev = _default
-    if dev is None:
-        raise InvalidArgumentError("no device: call weightlift.nvme.init(path) first")
     return dev.read_into_tensor(tensor, lba)
 
 
@@ -207,4 +223,4 @@ def cleanup() -> None:
         _default = None
 
 
-__all__ = ["Device", "NVMeGPU", "Regions", "init", "read_into_tensor", "cleanup"]
+__all__ = ["Device", "NVMeGPU", "Regions", "init", "read_into_tensor", "cleanup", "DEFAULT_DEVICE"]

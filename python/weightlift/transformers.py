@@ -19,9 +19,13 @@ One more difference, invisible in the result: while the model is built on the me
 return at once for its meta tensors (they have no values to fill; see ``_meta_init_skipped``).
 
 That point is an internal function of transformers (``PreTrainedModel._load_pretrained_model``), so this module
-refuses transformers versions it has not been tested with (:data:`TESTED_TRANSFORMERS`) rather than risk loading
-wrongly; ``check_version=False`` tries another version, still checking that the function has the expected shape.
-transformers is imported only when a function here is called: ``import weightlift`` never imports it.
+checks at run time, whatever the version number, that what it hooks is there with the shape it expects (the
+function's parameters, ``LoadStateDictConfig``'s fields, ``from_pretrained`` a classmethod,
+``caching_allocator_warmup``) and, after each load, that transformers did hand the loading to it. Where either check
+fails (a transformers release that changed its loading), transformers reads the checkpoint itself, as it would
+without weightlift, with a ``RuntimeWarning`` saying why: a new release works by default, at transformers' own
+speed. :data:`TESTED_TRANSFORMERS` names the releases tested. transformers is imported only when a function here
+is called: ``import weightlift`` never imports it.
 
 What weightlift cannot do, :func:`from_pretrained` refuses with :class:`UnsupportedError` naming it (inside
 :func:`patch`, transformers then reads the checkpoint itself, with a warning): weights that are not safetensors
@@ -55,7 +59,8 @@ if TYPE_CHECKING:
 
 PathLike = Union[str, "os.PathLike[str]"]
 
-#: transformers versions (major, minor) this module was tested with, inclusive; others are refused.
+#: transformers versions (major, minor) this module was tested with, inclusive; others are served while the hooks
+#: check out (see the module's documentation).
 TESTED_TRANSFORMERS: tuple[tuple[int, int], tuple[int, int]] = ((5, 17), (5, 23))
 
 # Shape of the internal function this module wraps; any other shape is refused, whatever the version says.
@@ -90,6 +95,7 @@ class _Target:
     def __init__(self, device: str, strict: bool):
         self.device = device
         self.strict = strict
+        self.served = False  # whether a loading step was handed to weightlift
 
 
 _local = threading.local()
@@ -99,36 +105,41 @@ _patched = 0  # patch() handles alive: while > 0 every thread's from_pretrained 
 _original: dict[str, Any] = {}
 
 
-def _transformers(check_version: bool) -> Any:
+def _transformers() -> Any:
     try:
-        import transformers
+        import transformers  # noqa: F401 - its absence is the error
         from transformers import modeling_utils
     except ImportError as e:
         raise UnsupportedError("weightlift.transformers needs transformers: pip install 'weightlift[transformers]'") from e
-    m = re.match(r"(\d+)\.(\d+)", transformers.__version__)
-    version = (int(m.group(1)), int(m.group(2))) if m else (0, 0)
-    lo, hi = TESTED_TRANSFORMERS
-    if check_version and not lo <= version <= hi:
-        raise UnsupportedError(
-            f"transformers {transformers.__version__} is not a version weightlift.transformers was tested with "
-            f"({lo[0]}.{lo[1]} to {hi[0]}.{hi[1]}); pass check_version=False to try it anyway"
-        )
+    return modeling_utils
+
+
+def _hooks() -> "tuple[Any, Optional[str]]":
+    """``(modeling_utils, None)`` where transformers has what this module hooks, with the shape it expects;
+    ``(None, why)`` otherwise."""
+    import transformers
+
+    modeling_utils = _transformers()
     fn = getattr(modeling_utils.PreTrainedModel, "_load_pretrained_model", None)
     entry = modeling_utils.PreTrainedModel.__dict__.get("from_pretrained")
     config_cls = getattr(modeling_utils, "LoadStateDictConfig", None)
-    params = list(inspect.signature(fn).parameters)[:4] if fn is not None else []
+    params = list(inspect.signature(fn).parameters)[:4] if callable(fn) else []
     fields = {f.name for f in dataclasses.fields(config_cls)} if dataclasses.is_dataclass(config_cls) else set()
-    if (
-        params != _HOOK_PARAMS
-        or not _LOAD_CONFIG_FIELDS <= fields
-        or not isinstance(entry, classmethod)
-        or not hasattr(modeling_utils, "caching_allocator_warmup")
-    ):
-        raise UnsupportedError(
-            f"transformers {transformers.__version__} loads checkpoints differently from the versions weightlift "
-            "knows (PreTrainedModel._load_pretrained_model or LoadStateDictConfig changed); not patching it"
-        )
-    return modeling_utils
+    if params != _HOOK_PARAMS:
+        why = f"PreTrainedModel._load_pretrained_model takes ({', '.join(params)}), not ({', '.join(_HOOK_PARAMS)})"
+    elif not _LOAD_CONFIG_FIELDS <= fields:
+        why = f"LoadStateDictConfig lacks {', '.join(sorted(_LOAD_CONFIG_FIELDS - fields))}"
+    elif not isinstance(entry, classmethod):
+        why = "PreTrainedModel.from_pretrained is not a classmethod"
+    elif not hasattr(modeling_utils, "caching_allocator_warmup"):
+        why = "modeling_utils.caching_allocator_warmup is gone"
+    else:
+        return modeling_utils, None
+    return None, f"transformers {transformers.__version__} loads checkpoints differently from the releases weightlift knows ({why})"
+
+
+def _fall_back(why: str) -> None:
+    warnings.warn(f"weightlift.transformers: {why}; transformers reads the checkpoint itself", RuntimeWarning, stacklevel=3)
 
 
 def _install(modeling_utils: Any) -> None:
@@ -442,7 +453,10 @@ def _patched_pack(cls: Any, folder: str, pack: str, target: Optional[_Target], a
     if target is not None and device_map is not None and mapped != target.device:
         raise UnsupportedError(f"{folder}: device_map puts the model on {mapped}, not on {target.device}")
     device = target.device if target is not None else mapped
-    return _from_pack(cls, folder, pack, device, False, kw, args)  # the version was checked when the hook went in
+    result = _from_pack(cls, folder, pack, device, kw, args)
+    if target is not None:
+        target.served = True  # weightlift read the pack
+    return result
 
 
 def _read(files: list, device: str) -> dict:
@@ -484,6 +498,8 @@ def _load_pretrained_model(model: Any, state_dict: Any, checkpoint_files: Any, l
         return original(model, state_dict, checkpoint_files, load_config, *args, **kwargs)
     device = mapped or (target.device if target is not None else "cpu")
     tensors = _aligned(_read(checkpoint_files, device))
+    if target is not None:
+        target.served = True
     if load_config.device_map is None and not device.startswith("cpu"):
         # Without a map transformers would move the weights to host memory. Buffers and missing keys, placed after
         # this call from the caller's own config, stay on the host until the caller moves the model (.to(device)).
@@ -499,19 +515,28 @@ def _load_pretrained_model(model: Any, state_dict: Any, checkpoint_files: Any, l
 class _Loading:
     """Routes this thread's transformers loads through weightlift onto ``device`` for the duration of a with block."""
 
-    def __init__(self, device: str, strict: bool, check_version: bool):
-        self._modeling_utils = _transformers(check_version)
+    def __init__(self, device: str, strict: bool):
+        self._modeling_utils, why = _hooks()
+        if why is not None:
+            _fall_back(why)
         self._target = _Target(device, strict)
 
     def __enter__(self) -> "_Loading":
-        _install(self._modeling_utils)
+        if self._modeling_utils is not None:
+            _install(self._modeling_utils)
         self._saved = getattr(_local, "target", None)
         _local.target = self._target
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, exc_type: Any, *exc: Any) -> None:
         _local.target = self._saved
+        if self._modeling_utils is None:
+            return
         _uninstall(self._modeling_utils)
+        if exc_type is None and not self._target.served:
+            import transformers
+
+            _fall_back(f"transformers {transformers.__version__} did not hand its loading step to weightlift")
 
 
 def _local_folder(path: PathLike, subfolder: str) -> str:
@@ -545,7 +570,10 @@ def from_pretrained(
     :class:`UnsupportedError`, as does a checkpoint weightlift cannot read (see the module's documentation).
 
     A ``dtype`` conversion holds the checkpoint's tensors and the converted ones on ``device`` together until the
-    load returns. Returns what transformers returns: the model, in eval mode, on ``device``."""
+    load returns. Returns what transformers returns: the model, in eval mode, on ``device``. On a transformers
+    release whose loading differs from what weightlift hooks, transformers reads the weights itself (a
+    ``RuntimeWarning`` says why). ``check_version`` is accepted for callers written for earlier releases of
+    weightlift, which refused untested versions."""
     refused = sorted(k for k in kwargs if k in _REFUSED_KWARGS)
     if kwargs.get("use_safetensors") is False:
         refused.append("use_safetensors")
@@ -559,8 +587,8 @@ def from_pretrained(
     dev = _core.normalize_device(device)
     pack = _packed_weights(folder, kwargs)
     if pack is not None:
-        return _from_pack(cls_or_auto, folder, pack, dev, check_version, kwargs)
-    with _Loading(dev, strict=True, check_version=check_version):
+        return _from_pack(cls_or_auto, folder, pack, dev, kwargs)
+    with _Loading(dev, strict=True):
         result = cls_or_auto.from_pretrained(folder, **kwargs)
     model = result[0] if isinstance(result, tuple) else result
     # The non-persistent buffers (and any missing keys), computed on the host as transformers computes them.
@@ -596,12 +624,14 @@ def _packed_weights(folder: str, kwargs: dict) -> Optional[str]:
     return pack if os.path.isfile(pack) and not any(os.path.isfile(p) for p in plain) else None
 
 
-def _from_pack(cls_or_auto: Any, folder: str, pack: str, dev: str, check_version: bool, kwargs: dict, model_args: tuple = ()) -> Any:
+def _from_pack(cls_or_auto: Any, folder: str, pack: str, dev: str, kwargs: dict, model_args: tuple = ()) -> Any:
     """A folder whose weights are a pack (``weightlift pack model.safetensors model.wlpack``): transformers builds
     the model from ``config.json`` and is handed the decoded tensors as its ``state_dict`` (transformers' own
     loading path for a state dict: the same renames, dtype rules, tied weights and missing-key report), with the
     folder's ``generation_config.json``."""
-    modeling_utils = _transformers(check_version)
+    modeling_utils, why = _hooks()
+    if why is not None:  # transformers cannot read a pack: there is nothing to fall back to
+        raise UnsupportedError(f"{folder} holds a pack: {why}")
     from transformers import AutoConfig, GenerationConfig
 
     kw = dict(kwargs)
@@ -652,16 +682,20 @@ class patch:
     weights are a pack (``model.wlpack``, no safetensors) loads as :func:`from_pretrained` loads it; there,
     what weightlift cannot do raises :class:`UnsupportedError` (transformers cannot read a pack).
 
-    Raises :class:`UnsupportedError` on a transformers version outside :data:`TESTED_TRANSFORMERS` unless
-    ``check_version=False``."""
+    On a transformers release whose loading differs from what this module hooks, it patches nothing, with a
+    ``RuntimeWarning``: transformers then reads checkpoints itself. ``check_version`` is accepted for callers
+    written for earlier releases of weightlift, which refused untested versions."""
 
     def __init__(self, *, check_version: bool = True):
         global _patched
-        self._modeling_utils = _transformers(check_version)
+        self._modeling_utils, why = _hooks()
+        self._active = self._modeling_utils is not None
+        if why is not None:
+            _fall_back(why)
+            return
         _install(self._modeling_utils)
         with _lock:
             _patched += 1
-        self._active = True
 
     def undo(self) -> None:
         """Restores transformers' own loading (once every other patch() handle is undone too)."""
@@ -696,7 +730,7 @@ def sentence_transformer(path: PathLike, device: Union[str, int, "torch.device"]
     folder = _local_folder(path, "")
     dev = _core.normalize_device(device)
     kwargs.setdefault("local_files_only", True)
-    with _Loading(dev, strict=True, check_version=check_version):
+    with _Loading(dev, strict=True):
         return SentenceTransformer(folder, device="cpu" if dev.startswith("cpu") else dev, **kwargs)
 
 

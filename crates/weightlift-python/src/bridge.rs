@@ -197,6 +197,49 @@ impl<'py> Dating<'py> {
 /// on Ctrl-C (or any signal handler raising), `cancel` is set, `work` is left to stop and drain (it must watch
 /// `cancel`), and the exception is raised once it has returned, with every resource it held released.
 pub fn interruptible<T: Send>(py: Python<'_>, work: impl FnOnce(&AtomicBool) -> T + Send) -> PyResult<T> {
+    interruptible_with(py, |_| Ok(()), work)
+}
+
+/// Runs `work` without the GIL on a thread of its own, handing the records it logs to `logging` every 50 ms as
+/// it runs (the command line's own signal handling stays in charge: no Python signal is checked).
+pub fn with_logs<T: Send>(py: Python<'_>, work: impl FnOnce() -> T + Send) -> PyResult<T> {
+    let (tx, rx) = std::sync::mpsc::sync_channel(1);
+    let rx = Mutex::new(rx);
+    let result = std::thread::scope(|s| {
+        let spawned = std::thread::Builder::new().name("weightlift-cli".into()).spawn_scoped(s, move || {
+            let _ = tx.send(work());
+        });
+        if let Err(e) = spawned {
+            return Err(crate::errors::to_py(weightlift::Error::Io(weightlift::io::IoError::Thread(e))));
+        }
+        loop {
+            let wait = || rx.lock().unwrap_or_else(|p| p.into_inner()).recv_timeout(Duration::from_millis(50));
+            match py.detach(wait) {
+                Ok(v) => break Ok(v),
+                Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+                    break Err(crate::errors::invalid_argument("the command's thread ended without a result"));
+                }
+                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                    if let Some(e) = flush(py) {
+                        break Err(e);
+                    }
+                }
+            }
+        }
+    });
+    match flush(py) {
+        Some(e) => Err(e),
+        None => result,
+    }
+}
+
+/// [`interruptible`], calling `tick` (with the GIL) every 50 ms while `work` runs, and once after it returned: a
+/// progress report's hook. An exception `tick` raises cancels `work` as a Ctrl-C does.
+pub fn interruptible_with<T: Send>(
+    py: Python<'_>,
+    tick: impl Fn(Python<'_>) -> PyResult<()>,
+    work: impl FnOnce(&AtomicBool) -> T + Send,
+) -> PyResult<T> {
     let cancel = AtomicBool::new(false);
     let (tx, rx) = std::sync::mpsc::sync_channel(1);
     // `detach` needs what it borrows to be shareable; the receiver is used by this thread alone.
@@ -223,7 +266,7 @@ pub fn interruptible<T: Send>(py: Python<'_>, work: impl FnOnce(&AtomicBool) -> 
                     // runs handing them over.
                     let stop = flush(py);
                     if interrupted.is_none() {
-                        if let Some(e) = stop.or_else(|| py.check_signals().err()) {
+                        if let Some(e) = stop.or_else(|| py.check_signals().err()).or_else(|| tick(py).err()) {
                             cancel.store(true, Ordering::Relaxed);
                             interrupted = Some(e);
                         }
@@ -234,6 +277,7 @@ pub fn interruptible<T: Send>(py: Python<'_>, work: impl FnOnce(&AtomicBool) -> 
     });
     let late = flush(py);
     let (value, interrupted) = result?;
+    let late = late.or_else(|| if interrupted.is_none() { tick(py).err() } else { None });
     // A Ctrl-C that came while the last records were handed over still interrupts (the work has ended).
     let interrupted = interrupted.or(late);
     match interrupted {

@@ -4,6 +4,7 @@
 
 use std::collections::HashMap;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use pyo3::prelude::*;
@@ -13,7 +14,7 @@ use weightlift::format::{DType, Metadata, RawSpec, TensorIndex};
 use weightlift::{Device, LoadOpts, Stream};
 
 use crate::alloc::TorchAllocator;
-use crate::bridge::interruptible;
+use crate::bridge::{interruptible, interruptible_with};
 use crate::errors::{invalid_argument, to_py};
 use crate::{NativeBuffer, NativeEngine, json_to_py, parse_device, remember};
 
@@ -266,7 +267,10 @@ impl Checkpoint {
     /// CUDA tensor of at least `nbytes` bytes on `device`, allocated on the stream whose handle is `stream` (0: the
     /// legacy default stream); the load's blocks are such tensors, made while the reads run. An exception it raises
     /// is raised by the load (torch's `OutOfMemoryError` as weightlift's out-of-memory error).
-    #[pyo3(signature = (engine, device, names=None, verify=false, align=0, allocator=None, stream=0))]
+    ///
+    /// `progress`: a callable `progress(bytes_done)` called every 50 ms while the load runs and once at its end
+    /// (an exception it raises cancels the load).
+    #[pyo3(signature = (engine, device, names=None, verify=false, align=0, allocator=None, stream=0, progress=None))]
     #[allow(clippy::too_many_arguments)] // a Python method's keywords
     fn load(
         &self,
@@ -278,6 +282,7 @@ impl Checkpoint {
         align: u64,
         allocator: Option<Py<PyAny>>,
         stream: usize,
+        progress: Option<Py<PyAny>>,
     ) -> PyResult<Vec<NativeBuffer>> {
         if align != 0 && (!align.is_power_of_two() || align > 256) {
             let why = format!("align={align}: expected 0 or a power of two up to 256");
@@ -294,8 +299,14 @@ impl Checkpoint {
             _ => None,
         };
         let torch_ref = torch.as_ref();
-        let loaded = interruptible(py, move |cancel| {
-            let opts = LoadOpts {
+        let done = AtomicU64::new(0);
+        let tick = |py: Python<'_>| match &progress {
+            Some(f) => f.call1(py, (done.load(Ordering::Relaxed),)).map(drop),
+            None => Ok(()),
+        };
+        let done_ref = &done;
+        let loaded = interruptible_with(py, tick, move |cancel| {
+            let mut opts = LoadOpts {
                 faults: faults.as_deref(),
                 cancel: Some(cancel),
                 checks: checks.as_ref(),
@@ -303,6 +314,7 @@ impl Checkpoint {
                 device_alloc: torch_ref.map(|t| t as &dyn weightlift::cuda::DeviceAllocator),
                 ..LoadOpts::default()
             };
+            opts.progress = Some(done_ref);
             match &pack {
                 Some(p) => {
                     engine.load_pack_with(p, Some(&which), device, weightlift::Decoder::Auto, &opts, faults.clone())

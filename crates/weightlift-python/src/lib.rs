@@ -279,6 +279,10 @@ struct NativeSession {
     session: std::sync::Arc<weightlift::cufile_api::Session>,
 }
 
+fn fd_path(fd: i32) -> PathBuf {
+    PathBuf::from(format!("/proc/self/fd/{fd}"))
+}
+
 fn op_of(s: &str) -> PyResult<weightlift::cufile_api::Op> {
     match s {
         "read" => Ok(weightlift::cufile_api::Op::Read),
@@ -308,6 +312,35 @@ impl NativeSession {
     fn handle_register(&self, path: PathBuf, mode: &str) -> PyResult<u64> {
         let mode = weightlift::cufile_api::FileMode::parse(mode).map_err(to_py)?;
         self.session.handle_register(&path, mode).map_err(to_py)
+    }
+
+    /// Registers open descriptor `fd` through `/proc/self/fd/<fd>`, so the handle reaches the file the descriptor
+    /// names (even renamed or unlinked), with the descriptor's access (`read`, `write`): nothing is created or
+    /// truncated.
+    fn handle_register_fd(&self, fd: i32, read: bool, write: bool) -> PyResult<u64> {
+        let mode = weightlift::cufile_api::FileMode { read, write, ..Default::default() };
+        self.session.handle_register(&fd_path(fd), mode).map_err(to_py)
+    }
+
+    /// The handle registered for descriptor `fd`, if any.
+    fn handle_of_fd(&self, fd: i32) -> Option<u64> {
+        self.session.handle_of(&fd_path(fd))
+    }
+
+    /// `(path, readable, writable)` of a registered handle.
+    fn handle_info(&self, fh: u64) -> PyResult<(PathBuf, bool, bool)> {
+        let mode = self.session.mode(fh).map_err(to_py)?;
+        Ok((self.session.path(fh).map_err(to_py)?, mode.read, mode.write))
+    }
+
+    /// `(bytes, device)` of the buffer registered at `base`, None if there is none.
+    fn buffer(&self, base: u64) -> Option<(u64, String)> {
+        self.session.buffer(base).map(|(len, device)| (len, device.to_string()))
+    }
+
+    /// The base of a registered buffer overlapping `len` bytes at `base`, None if there is none.
+    fn buffer_overlapping(&self, base: u64, len: u64) -> Option<u64> {
+        self.session.buffer_overlapping(base, len)
     }
 
     fn handle_deregister(&self, fh: u64) -> PyResult<()> {
@@ -581,6 +614,78 @@ fn process_stream(py: Python<'_>, ordinal: u32) -> PyResult<usize> {
         .map_err(|e| crate::errors::to_py(weightlift::Error::Cuda(e)))
 }
 
+/// Which data path serves the drop-in cuFile fronts (`weightlift.cufile`, `weightlift.cuda_gds`).
+#[pyclass(module = "weightlift._native", frozen, eq, eq_int, from_py_object)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum CufilePath {
+    /// weightlift's engine: io_uring reads and writes with pinned staging.
+    Engine,
+    /// NVIDIA's cuFile, peer-to-peer between storage and GPU memory.
+    Cufile,
+}
+
+#[pymethods]
+impl CufilePath {
+    /// The name reports use: `engine` or `cufile`.
+    fn __str__(&self) -> &'static str {
+        match self {
+            CufilePath::Engine => "engine",
+            CufilePath::Cufile => "cufile",
+        }
+    }
+}
+
+/// The cuFile fronts' route and why it was chosen, decided once per process.
+#[pyclass(module = "weightlift._native", frozen, get_all)]
+#[derive(Clone)]
+struct CufileRoute {
+    path: CufilePath,
+    why: String,
+}
+
+#[pymethods]
+impl CufileRoute {
+    fn __repr__(&self) -> String {
+        format!("CufileRoute(path={}, why={:?})", self.path.__str__(), self.why)
+    }
+}
+
+/// cuFile serves the drop-in fronts only where it runs peer-to-peer: in compat mode it bounces through host memory
+/// as the engine does, slower than the engine's pipeline.
+fn decide_cufile_route() -> CufileRoute {
+    use weightlift::cuda::cufile::{CufileMode, driver, locate};
+    let engine = |why: String| CufileRoute { path: CufilePath::Engine, why };
+    let lib = Settings::from_env().ok().and_then(|s| s.cufile_lib.value);
+    if locate(lib.as_deref()).0.found.is_none() {
+        return engine("cuFile not found".into());
+    }
+    if let Err(why) = weightlift::cuda::available() {
+        return engine(format!("CUDA unavailable: {why}"));
+    }
+    match driver(lib.as_deref()) {
+        Ok(c) => match c.mode {
+            CufileMode::PeerToPeer(d) => {
+                CufileRoute { path: CufilePath::Cufile, why: format!("cuFile runs peer-to-peer: {d}") }
+            }
+            CufileMode::Compat(d) => engine(format!("cuFile not peer-to-peer here (compat: {d})")),
+        },
+        Err(e) => engine(format!("cuFile driver not opened: {e}")),
+    }
+}
+
+#[pyfunction]
+fn cufile_route() -> CufileRoute {
+    static ROUTE: std::sync::OnceLock<CufileRoute> = std::sync::OnceLock::new();
+    ROUTE.get_or_init(decide_cufile_route).clone()
+}
+
+/// Runs the `weightlift` command line `argv` (the program's name first) in this process, as the `weightlift`
+/// binary runs it, and returns its exit status. Its log records reach `logging` (logger `weightlift`).
+#[pyfunction]
+fn cli_main(py: Python<'_>, argv: Vec<String>) -> PyResult<u8> {
+    bridge::with_logs(py, move || weightlift_cli::run(argv))
+}
+
 /// Whether CUDA is usable, and why not.
 #[pyfunction]
 fn cuda_status() -> (bool, String) {
@@ -604,6 +709,10 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(probe, m)?)?;
     m.add_function(wrap_pyfunction!(last_report, m)?)?;
     m.add_function(wrap_pyfunction!(cuda_status, m)?)?;
+    m.add_function(wrap_pyfunction!(cufile_route, m)?)?;
+    m.add_function(wrap_pyfunction!(cli_main, m)?)?;
+    m.add_class::<CufilePath>()?;
+    m.add_class::<CufileRoute>()?;
     m.add_function(wrap_pyfunction!(process_stream, m)?)?;
     m.add_function(wrap_pyfunction!(ggml_types, m)?)?;
     m.add_function(wrap_pyfunction!(parse_device_string, m)?)?;

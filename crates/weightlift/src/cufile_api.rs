@@ -227,9 +227,7 @@ impl Session {
     pub unsafe fn buf_register(&self, base: u64, len: u64, device: Device) -> Result<()> {
         self.live()?;
         let mut bufs = lock(&self.buffers);
-        let overlaps =
-            bufs.range(..base.saturating_add(len.max(1))).next_back().is_some_and(|(b, e)| b + e.len.max(1) > base);
-        if overlaps {
+        if overlapping(&bufs, base, len).is_some() {
             return Err(Error::InvalidArgument(format!("buffer {base:#x} overlaps one already registered")));
         }
         if let (Some(c), Device::Cuda(_)) = (&self.cufile, device) {
@@ -424,6 +422,31 @@ impl Session {
     pub fn path(&self, fh: u64) -> Result<PathBuf> {
         Ok(self.file(fh)?.path.clone())
     }
+
+    /// The mode a registered handle was opened with.
+    pub fn mode(&self, fh: u64) -> Result<FileMode> {
+        Ok(self.file(fh)?.mode)
+    }
+
+    /// The handle registered for `path`, if any.
+    pub fn handle_of(&self, path: &Path) -> Option<u64> {
+        lock(&self.files).iter().find(|(_, f)| f.path == path).map(|(&fh, _)| fh)
+    }
+
+    /// The registered buffer that starts at `base`: its length and device.
+    pub fn buffer(&self, base: u64) -> Option<(u64, Device)> {
+        lock(&self.buffers).get(&base).map(|b| (b.len, b.device))
+    }
+
+    /// The base of a registered buffer that overlaps `len` bytes at `base`, if any.
+    pub fn buffer_overlapping(&self, base: u64, len: u64) -> Option<u64> {
+        overlapping(&lock(&self.buffers), base, len)
+    }
+}
+
+fn overlapping(bufs: &BTreeMap<u64, BufEntry>, base: u64, len: u64) -> Option<u64> {
+    let (&b, e) = bufs.range(..base.saturating_add(len.max(1))).next_back()?;
+    (b.saturating_add(e.len.max(1)) > base).then_some(b)
 }
 
 impl Drop for Session {

@@ -1,4 +1,5 @@
-//! `weightlift`: inspect, generate, load, bench and probe checkpoints.
+//! `weightlift`: inspect, generate, load, bench and probe checkpoints. The command is [`run`]; the `weightlift`
+//! binary and the Python package's `weightlift` command (`python -m weightlift`) both call it.
 #![forbid(unsafe_code)]
 
 // Every line to stdout goes through `out::line`: a closed stdout ends the program quietly instead of panicking.
@@ -17,8 +18,8 @@ mod packing;
 mod plot;
 mod units;
 
+use std::ffi::OsString;
 use std::path::PathBuf;
-use std::process::ExitCode;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand, ValueEnum};
@@ -127,19 +128,19 @@ enum FormatArg {
 
 /// A command-line mistake in the form of every other error: one line, `weightlift: error: …`, status 2. Help and
 /// the version go to stdout with status 0.
-fn usage_error(e: &clap::Error) -> ExitCode {
+fn usage_error(e: &clap::Error) -> u8 {
     use clap::error::ErrorKind as K;
     match e.kind() {
         K::DisplayHelp | K::DisplayVersion => {
             println!("{}", e.render().to_string().trim_end());
-            return ExitCode::SUCCESS;
+            return 0;
         }
         K::DisplayHelpOnMissingArgumentOrSubcommand | K::MissingSubcommand => {
             eprintln!("weightlift: error: a command is needed (see `weightlift --help`)");
         }
         _ => eprintln!("weightlift: error: {}", one_line(&e.render().to_string())),
     }
-    ExitCode::from(2)
+    2
 }
 
 /// clap's message up to its usage, on one line: `invalid value 'abc' for '--size <SIZE>': … (see --help)`.
@@ -162,8 +163,14 @@ fn one_line(rendered: &str) -> String {
     format!("{} (see --help)", line.trim_start_matches("error: "))
 }
 
-fn main() -> ExitCode {
-    let cli = match Cli::try_parse() {
+/// Runs the command line `args` (the program's name first) and returns its exit status: 0, 2 for an error (its
+/// message on stderr), 130 when interrupted. `--help` and `--version` print and return 0.
+pub fn run<I, T>(args: I) -> u8
+where
+    I: IntoIterator<Item = T>,
+    T: Into<OsString> + Clone,
+{
+    let cli = match Cli::try_parse_from(args) {
         Ok(cli) => cli,
         Err(e) => return usage_error(&e),
     };
@@ -179,14 +186,14 @@ fn main() -> ExitCode {
         Command::Checksum(args) => packing::checksum(&args),
     };
     match result {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(()) => 0,
         Err(e) if e.downcast_ref::<load::Interrupted>().is_some() => {
             eprintln!("weightlift: {e}");
-            ExitCode::from(130)
+            130
         }
         Err(e) => {
             eprintln!("weightlift: error: {e:#}");
-            ExitCode::from(2)
+            2
         }
     }
 }
