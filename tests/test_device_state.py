@@ -48,7 +48,7 @@ CASES = {
                             "weightlift.File(PATH, 'r').load_storage(x.untyped_storage(), 0)",
     "cufile Session on cuda:1": "x = torch.empty(4096, dtype=torch.uint8, device='cuda:1')\n"
                                 "with weightlift.cufile.Session() as s:\n"
-                                "    fh = s.register_handle(PATH, 'r'); s.read(fh, x, 4096, 0, 0)",
+                                "    s.register_buffer(x); fh = s.register_handle(PATH, 'r'); s.read(fh, x, 4096, 0, 0)",
     "dstorage_gpu on cuda:1": "from weightlift.dstorage_gpu import DirectStorageLoader\n"
                               "DirectStorageLoader(device='cuda:1').load_tensor(PATH, 1024, torch.int16)",
 }

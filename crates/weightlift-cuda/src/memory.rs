@@ -143,6 +143,7 @@ pub unsafe fn free_device_memory(gpu: &Gpu, ptr: sys::CUdeviceptr, stream: sys::
     if ptr == 0 {
         return Ok(());
     }
+    let _restore = crate::ContextRestore::save(); // the caller's thread keeps its device
     gpu.bind()?;
     // SAFETY: per this function's contract.
     unsafe { sys::cuMemFreeAsync(ptr, stream) }.result().map_err(CudaError::driver(gpu.ordinal(), "cuMemFreeAsync"))
@@ -191,6 +192,7 @@ impl PinnedBuffer {
                 len,
             });
         }
+        let _restore = crate::ContextRestore::save(); // the caller's thread keeps its device
         gpu.bind()?;
         let mut p: *mut c_void = std::ptr::null_mut();
         // SAFETY: valid out-pointer; PORTABLE makes the memory pinned for every context.
@@ -292,6 +294,7 @@ pub unsafe fn copy_device_to_host(gpu: &Gpu, src: sys::CUdeviceptr, out: &mut [u
     if out.is_empty() {
         return Ok(());
     }
+    let _restore = crate::ContextRestore::save(); // the caller's thread keeps its device
     gpu.bind()?;
     // SAFETY: per the contract the source is readable; `out` is a writable host buffer of the copied length.
     unsafe { sys::cuMemcpyDtoH_v2(out.as_mut_ptr().cast(), src, out.len()) }
@@ -307,6 +310,7 @@ pub unsafe fn copy_host_to_device(gpu: &Gpu, dst: sys::CUdeviceptr, src: &[u8]) 
     if src.is_empty() {
         return Ok(());
     }
+    let _restore = crate::ContextRestore::save(); // the caller's thread keeps its device
     gpu.bind()?;
     // SAFETY: per the contract the destination is writable; `src` is a readable host buffer of the copied length.
     unsafe { sys::cuMemcpyHtoD_v2(dst, src.as_ptr().cast(), src.len()) }
@@ -387,6 +391,7 @@ impl StreamMark {
     /// # Safety
     /// `stream` must be a live stream of `gpu`'s context (or [`LEGACY_STREAM`]).
     pub unsafe fn record(gpu: &Gpu, stream: sys::CUstream) -> Result<StreamMark, CudaError> {
+        let _restore = crate::ContextRestore::save(); // the caller's thread keeps its device
         gpu.bind()?;
         let mut event: sys::CUevent = std::ptr::null_mut();
         // SAFETY: valid out-pointer.
@@ -403,6 +408,7 @@ impl StreamMark {
 
     /// Blocks until the work queued before the mark has finished.
     pub fn wait(&self) -> Result<(), CudaError> {
+        let _restore = crate::ContextRestore::save(); // the caller's thread keeps its device
         self.gpu.bind()?;
         // SAFETY: `event` is live (destroyed only on drop).
         unsafe { sys::cuEventSynchronize(self.event) }

@@ -108,7 +108,7 @@ fn kernel_compiles_with_nvrtc() {
     }
     for arch in [None, Some((8, 0)), Some((9, 0))] {
         let ptx = compile(&kernel_source(), arch).unwrap_or_else(|e| panic!("{arch:?}: {e}"));
-        let text = ptx.as_bytes().map(|b| String::from_utf8_lossy(b).into_owned()).unwrap_or_default();
+        let text = ptx.to_src();
         assert!(text.contains("wl_nvme_read"), "{arch:?}");
         assert!(text.contains("membar.sys") || text.contains("fence.sc.sys"), "__threadfence_system is in the PTX");
     }
