@@ -2,8 +2,8 @@
 // through a region table; checks every byte against std::ifstream reads. Exits 0 when all bytes match, 1 on a
 // mismatch, 2 on an error.
 //
-//   c++ -std=c++17 -O2 -Iinclude examples/cpp/layers.cpp -Ltarget/release -Wl,-rpath,"$PWD/target/release" \
-//       -lweightlift_capi -o layers
+//   c++ -std=c++17 -O2 -Iinclude examples/cpp/layers.cpp -Ltarget/release -lweightlift_capi
+//       -Wl,-rpath,"$PWD/target/release" -o layers          (one command line)
 //   ./layers model.safetensors [cpu|cuda:N]
 //
 // Tensors named `...layers.<N>....` (or `...h.<N>....`) form layer N; every other tensor forms one more layer.
