@@ -26,7 +26,7 @@ fn resealed(data: &[u8]) -> Vec<u8> {
 fuzz_target!(|data: &[u8]| {
     let data = &resealed(data)[..];
     let path = common::scratch("input.wlpack", data);
-    if let Ok(index) = weightlift_format::pack::read(&path) {
+    if let Ok(index) = weightlift_format::wlpack::read(&path) {
         for s in &index.streams {
             assert!(s.end() <= data.len() as u64);
         }

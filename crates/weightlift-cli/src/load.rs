@@ -243,7 +243,7 @@ fn ceiling(engine: &Engine, device: Device, skip: bool) -> Result<Option<f64>> {
 /// checked, so `--verify` has nothing to add but is accepted).
 fn run_pack(path: &std::path::Path, args: &Args) -> Result<()> {
     let start = Instant::now();
-    let index = weightlift::format::pack::read(path)?;
+    let index = weightlift::format::wlpack::read(path)?;
     let (device, why) = args.engine.device()?;
     let engine = Engine::new(args.engine.settings()?)?;
     let interrupt = Interrupt::watch()?;

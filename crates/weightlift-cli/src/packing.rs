@@ -7,7 +7,7 @@ use std::time::Instant;
 use anyhow::Result;
 use indicatif::ProgressBar;
 use serde_json::{Value, json};
-use weightlift::format::pack::{Codec, ItemKind, PackIndex};
+use weightlift::format::wlpack::{Codec, ItemKind, PackIndex};
 use weightlift_pack::{Level, Pack, PackOptions, manifest};
 
 use crate::units;
@@ -189,7 +189,7 @@ impl Sizes {
     }
 }
 
-fn plane_sizes(index: &PackIndex, item: &weightlift::format::pack::Item) -> Vec<Sizes> {
+fn plane_sizes(index: &PackIndex, item: &weightlift::format::wlpack::Item) -> Vec<Sizes> {
     let mut planes = vec![Sizes::default(); usize::from(item.planes)];
     for c in item.chunks.clone() {
         for s in index.chunk_streams(c, item.planes) {
@@ -203,7 +203,7 @@ fn plane_sizes(index: &PackIndex, item: &weightlift::format::pack::Item) -> Vec<
 
 /// `inspect` of a pack: the ratio overall, per dtype and plane, and per tensor.
 pub fn inspect(path: &Path, json_out: bool, top: usize) -> Result<()> {
-    let index = weightlift::format::pack::read(path)?;
+    let index = weightlift::format::wlpack::read(path)?;
     let mut by_dtype: BTreeMap<String, Vec<Sizes>> = BTreeMap::new();
     let mut tensors = Vec::new();
     let mut codecs: BTreeMap<&str, u64> = BTreeMap::new();

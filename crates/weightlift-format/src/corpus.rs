@@ -414,7 +414,7 @@ fn pack_image(header: &serde_json::Value, chunks: &[[u64; 4]], streams: &[[u64; 
     let mut hasher = xxhash_rust::xxh3::Xxh3::new();
     hasher.update(&h);
     hasher.update(&tables);
-    let mut v = crate::pack::MAGIC.to_vec();
+    let mut v = crate::wlpack::MAGIC.to_vec();
     for w in [h.len() as u64, tables.len() as u64, hasher.digest()] {
         v.extend_from_slice(&w.to_le_bytes());
     }
@@ -456,7 +456,7 @@ pub fn valid_pack() -> Vec<u8> {
 /// Changes a valid pack's header, chunk records and stream records; returns the stream data length to write.
 type PackEdit<'a> = &'a dyn Fn(&mut serde_json::Value, &mut Vec<[u64; 4]>, &mut Vec<[u64; 4]>) -> usize;
 
-/// Hostile packs: one defect each, with the `ErrorKind` variant `pack::read` must give.
+/// Hostile packs: one defect each, with the `ErrorKind` variant `wlpack::read` must give.
 pub fn hostile_packs() -> Vec<Hostile> {
     let (h, c, s) = pack_parts();
     let with = |edit: PackEdit| {

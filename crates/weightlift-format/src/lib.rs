@@ -4,7 +4,7 @@
 //! - [`safetensors`]: single files (reader and writer), [`sharded`]: `*.safetensors.index.json` checkpoints,
 //! - [`gguf`]: GGUF v2/v3 (reader and writer), every ggml tensor type,
 //! - [`raw`]: a file as one tensor of a given dtype,
-//! - [`pack`]: `.wlpack` files, checkpoints split into byte planes and compressed chunk by chunk.
+//! - [`wlpack`]: `.wlpack` files, checkpoints split into byte planes and compressed chunk by chunk.
 //! - [`regular`]: opening only regular files, refusing FIFOs, sockets and devices before anything can block.
 //! - [`output`]: the one way every writer opens its output (never an input, never a non-regular file, atomic).
 //!
@@ -21,7 +21,7 @@ mod index;
 mod input;
 mod metadata;
 pub mod output;
-pub mod pack;
+pub mod wlpack;
 pub mod raw;
 pub mod regular;
 pub mod safetensors;

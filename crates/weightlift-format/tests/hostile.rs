@@ -144,7 +144,7 @@ fn every_hostile_pack_gives_its_specific_error() {
     let dir = tempfile::tempdir().unwrap();
     let valid = dir.path().join("valid.wlpack");
     std::fs::write(&valid, corpus::valid_pack()).unwrap();
-    let index = weightlift_format::pack::read(&valid).unwrap();
+    let index = weightlift_format::wlpack::read(&valid).unwrap();
     assert_eq!((index.items.len(), index.chunks.len(), index.streams.len()), (2, 2, 3));
     let cases = corpus::hostile_packs();
     assert!(cases.len() >= 30, "the pack corpus shrank: {}", cases.len());
@@ -154,7 +154,7 @@ fn every_hostile_pack_gives_its_specific_error() {
         std::fs::write(&path, bytes).unwrap();
         LARGEST.store(0, Ordering::Relaxed);
         TRACKING.store(1, Ordering::Relaxed);
-        let result = weightlift_format::pack::read(&path);
+        let result = weightlift_format::wlpack::read(&path);
         TRACKING.store(0, Ordering::Relaxed);
         let err = match result {
             Ok(index) => panic!("{}: read without error: {index:?}", case.name),

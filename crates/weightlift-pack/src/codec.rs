@@ -4,7 +4,7 @@
 use std::cell::RefCell;
 use std::io::Write;
 
-use weightlift_format::pack::Codec;
+use weightlift_format::wlpack::Codec;
 
 /// Compression effort: a zstd level (1–22), mapped onto deflate's 1–9; LZ4 and Huffman have one level.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use rayon::prelude::*;
 use weightlift_format::output::Output;
-use weightlift_format::pack::{self, Item, PackIndex};
+use weightlift_format::wlpack::{self, Item, PackIndex};
 
 use crate::codec;
 use crate::error::PackError;
@@ -23,7 +23,7 @@ pub struct Pack {
 
 impl Pack {
     pub fn open(path: &Path) -> Result<Pack, PackError> {
-        let index = pack::read(path)?;
+        let index = wlpack::read(path)?;
         let file = File::open(path).map_err(PackError::io(path))?;
         Ok(Pack { path: path.to_path_buf(), index, file })
     }

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 
 use rayon::prelude::*;
 use weightlift_format::output::Output;
-use weightlift_format::pack::{
+use weightlift_format::wlpack::{
     Codec, ItemKind, ItemSpec, MAX_CHUNK_BYTES, PackLayout, PackedFile, STREAM_ALIGN, Stream, planes_for,
 };
 use weightlift_format::{DType, Detected, Metadata, TensorIndex};

@@ -66,7 +66,7 @@ fn pack_index(pack: &weightlift::Pack) -> (TensorIndex, String) {
     let tensors = p
         .tensors()
         .filter_map(|item| match &item.kind {
-            weightlift::format::pack::ItemKind::Tensor { name, dtype, shape } => {
+            weightlift::format::wlpack::ItemKind::Tensor { name, dtype, shape } => {
                 Some(weightlift::format::TensorEntry {
                     name: name.clone(),
                     dtype: *dtype,
@@ -76,7 +76,7 @@ fn pack_index(pack: &weightlift::Pack) -> (TensorIndex, String) {
                     nbytes: item.nbytes,
                 })
             }
-            weightlift::format::pack::ItemKind::Gap => None,
+            weightlift::format::wlpack::ItemKind::Gap => None,
         })
         .collect();
     let metadata = if p.metadata.is_empty() { Metadata::None } else { Metadata::Safetensors(p.metadata.clone()) };

@@ -46,7 +46,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         lap(4, &mut steps, &mut t);
         drop((header, tables));
         t = Instant::now();
-        std::hint::black_box(weightlift::format::pack::read(&path)?);
+        std::hint::black_box(weightlift::format::wlpack::read(&path)?);
         lap(5, &mut steps, &mut t);
         std::hint::black_box(weightlift::Pack::open(&path)?);
         lap(6, &mut steps, &mut t);

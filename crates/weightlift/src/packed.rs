@@ -1,4 +1,4 @@
-//! Loading packed checkpoints (`.wlpack`, see [`weightlift_format::pack`]).
+//! Loading packed checkpoints (`.wlpack`, see [`weightlift_format::wlpack`]).
 //!
 //! The stored streams of the tensors asked for are cut into batches of whole chunks (contiguous in the pack) and
 //! read by a streaming load over those byte ranges, so the reads go through the same lanes, page-cache policy and
@@ -25,7 +25,7 @@ use std::time::Instant;
 use rayon::prelude::*;
 use weightlift_cuda::unpack::{BatchError, ChunkJob, GpuCodec, GpuUnpacker, PendingBatch, StreamSrc, UnpackError};
 use weightlift_cuda::{DeviceBuffer, Gpu, PinnedBuffer};
-use weightlift_format::pack::{Codec, Item, ItemKind, PackIndex};
+use weightlift_format::wlpack::{Codec, Item, ItemKind, PackIndex};
 use weightlift_format::{DType, Format, SourceFile, TensorEntry, TensorIndex};
 use weightlift_io::HostBuffer;
 use weightlift_pack::PackError;
@@ -44,7 +44,7 @@ pub fn is_pack_file(path: &Path) -> bool {
     let Ok(mut f) = weightlift_format::regular::open(path, weightlift_format::regular::Access::READ) else {
         return false;
     };
-    std::io::Read::read_exact(&mut f, &mut head).is_ok() && weightlift_format::pack::is_pack(&head)
+    std::io::Read::read_exact(&mut f, &mut head).is_ok() && weightlift_format::wlpack::is_pack(&head)
 }
 
 /// Which decoder a packed load uses.
@@ -199,7 +199,7 @@ pub struct Pack {
 impl Pack {
     /// Reads and checks the index of the pack at `path`.
     pub fn open(path: &Path) -> Result<Pack> {
-        Ok(Pack { path: path.to_path_buf(), index: weightlift_format::pack::read(path)? })
+        Ok(Pack { path: path.to_path_buf(), index: weightlift_format::wlpack::read(path)? })
     }
 
     pub fn path(&self) -> &Path {

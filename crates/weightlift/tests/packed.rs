@@ -148,7 +148,7 @@ fn the_gpu_decoder_is_refused_for_host_destinations() {
 
 /// Flips one byte inside stream `s` of the pack.
 fn corrupt_stream(packed: &Path, s: usize) -> PathBuf {
-    let index = weightlift_format::pack::read(packed).unwrap();
+    let index = weightlift_format::wlpack::read(packed).unwrap();
     let stream = index.streams[s];
     let mut bytes = std::fs::read(packed).unwrap();
     bytes[(stream.offset + stream.stored_len / 2) as usize] ^= 0x10;
@@ -159,7 +159,7 @@ fn corrupt_stream(packed: &Path, s: usize) -> PathBuf {
 
 /// The first stream stored with `codec` in a tensor named `name`, and the tensor's chunk it belongs to.
 fn stream_of(packed: &Path, codec: Codec) -> Option<(usize, String, u64)> {
-    let index = weightlift_format::pack::read(packed).unwrap();
+    let index = weightlift_format::wlpack::read(packed).unwrap();
     index.tensors().find_map(|item| {
         item.chunks.clone().find_map(|c| {
             let first = index.chunks[c].first_stream as usize;
