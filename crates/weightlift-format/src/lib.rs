@@ -21,12 +21,12 @@ mod index;
 mod input;
 mod metadata;
 pub mod output;
-pub mod wlpack;
 pub mod raw;
 pub mod regular;
 pub mod safetensors;
 pub mod sharded;
 pub mod synth;
+pub mod wlpack;
 mod writer;
 
 use std::path::{Path, PathBuf};
