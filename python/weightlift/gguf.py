@@ -26,6 +26,9 @@ class GGUFCheckpoint:
     types: dict[str, str] = field(default_factory=dict)
     #: Logical (dequantized) shape of each tensor, row-major.
     shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    #: The file's key/values in file order: scalars as ``int``, ``float``, ``bool``, ``str``; numeric arrays as
+    #: ``array.array`` of their element type (an array costs about its size in the file); arrays of strings, bools
+    #: and arrays as lists.
     metadata: dict[str, Any] = field(default_factory=dict)
     version: int = 3
 

@@ -9,7 +9,6 @@ use std::sync::{Arc, Mutex};
 
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
-use serde_json::Value;
 use weightlift::format::{DType, Metadata, RawSpec, TensorIndex};
 use weightlift::{Device, LoadOpts, Stream};
 
@@ -242,12 +241,17 @@ impl Checkpoint {
             d.set_item("format", f.format.name())?;
             d.set_item("len", f.len)?;
             d.set_item("data_start", f.data_start)?;
-            let meta: Value = match &f.metadata {
-                Metadata::None => Value::Null,
-                Metadata::Safetensors(m) => serde_json::json!(m),
-                Metadata::Gguf(kv) => Value::Object(kv.iter().map(|(k, v)| (k.clone(), v.to_json())).collect()),
-            };
-            d.set_item("metadata", json_to_py(py, &meta)?)?;
+            match &f.metadata {
+                Metadata::None => d.set_item("metadata", py.None())?,
+                Metadata::Safetensors(m) => d.set_item("metadata", json_to_py(py, &serde_json::json!(m))?)?,
+                Metadata::Gguf(kv) => {
+                    let meta = PyDict::new(py);
+                    for (k, v) in kv {
+                        meta.set_item(k, gguf_to_py(py, v)?)?;
+                    }
+                    d.set_item("metadata", meta)?;
+                }
+            }
             files.append(d)?;
         }
         Ok(files.unbind())
@@ -621,4 +625,59 @@ impl NativeStream {
             }
         }
     }
+}
+
+/// A GGUF metadata value as Python: scalars as `int`, `float`, `bool`, `str`; numeric arrays as `array.array` of
+/// their element type, made from the vector's bytes at once, so that an array costs about its size in the file (a
+/// list of 16 M small ints cost 115× the file through JSON); arrays of strings, of bools and of arrays as lists.
+fn gguf_to_py(py: Python<'_>, v: &weightlift::format::gguf::GgufValue) -> PyResult<Py<PyAny>> {
+    use weightlift::format::gguf::GgufValue as V;
+    Ok(match v {
+        V::U8(x) => x.into_pyobject(py)?.into_any().unbind(),
+        V::I8(x) => x.into_pyobject(py)?.into_any().unbind(),
+        V::U16(x) => x.into_pyobject(py)?.into_any().unbind(),
+        V::I16(x) => x.into_pyobject(py)?.into_any().unbind(),
+        V::U32(x) => x.into_pyobject(py)?.into_any().unbind(),
+        V::I32(x) => x.into_pyobject(py)?.into_any().unbind(),
+        V::U64(x) => x.into_pyobject(py)?.into_any().unbind(),
+        V::I64(x) => x.into_pyobject(py)?.into_any().unbind(),
+        V::F32(x) => x.into_pyobject(py)?.into_any().unbind(),
+        V::F64(x) => x.into_pyobject(py)?.into_any().unbind(),
+        V::Bool(x) => pyo3::types::PyBool::new(py, *x).to_owned().into_any().unbind(),
+        V::String(x) => x.into_pyobject(py)?.into_any().unbind(),
+        V::Array(a) => gguf_array_to_py(py, a)?,
+    })
+}
+
+fn gguf_array_to_py(py: Python<'_>, a: &weightlift::format::gguf::GgufArray) -> PyResult<Py<PyAny>> {
+    use weightlift::format::gguf::GgufArray as A;
+    fn typed<T: Copy, const N: usize>(
+        py: Python<'_>,
+        code: &str,
+        v: &[T],
+        bytes: impl Fn(T) -> [u8; N],
+    ) -> PyResult<Py<PyAny>> {
+        let raw: Vec<u8> = v.iter().flat_map(|&x| bytes(x)).collect();
+        let array = py.import("array")?.getattr("array")?.call1((code,))?;
+        // The machine's byte order is little-endian on every platform weightlift builds for, as GGUF's is.
+        array.call_method1("frombytes", (pyo3::types::PyBytes::new(py, &raw),))?;
+        Ok(array.unbind())
+    }
+    Ok(match a {
+        A::U8(v) => typed(py, "B", v, |x| [x])?,
+        A::I8(v) => typed(py, "b", v, i8::to_le_bytes)?,
+        A::U16(v) => typed(py, "H", v, u16::to_le_bytes)?,
+        A::I16(v) => typed(py, "h", v, i16::to_le_bytes)?,
+        A::U32(v) => typed(py, "I", v, u32::to_le_bytes)?,
+        A::I32(v) => typed(py, "i", v, i32::to_le_bytes)?,
+        A::U64(v) => typed(py, "Q", v, u64::to_le_bytes)?,
+        A::I64(v) => typed(py, "q", v, i64::to_le_bytes)?,
+        A::F32(v) => typed(py, "f", v, f32::to_le_bytes)?,
+        A::F64(v) => typed(py, "d", v, f64::to_le_bytes)?,
+        A::Bool(v) => PyList::new(py, v.iter().copied())?.into_any().unbind(),
+        A::String(v) => PyList::new(py, v.iter().map(String::as_str))?.into_any().unbind(),
+        A::Array(v) => PyList::new(py, v.iter().map(|a| gguf_array_to_py(py, a)).collect::<PyResult<Vec<_>>>()?)?
+            .into_any()
+            .unbind(),
+    })
 }
