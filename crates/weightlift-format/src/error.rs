@@ -21,7 +21,11 @@ impl FormatError {
 
 impl fmt::Display for FormatError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}: {}", self.path.display(), self.kind)
+        match &self.kind {
+            // An object's error names its URL already.
+            ErrorKind::Remote(e) => write!(f, "{e}"),
+            kind => write!(f, "{}: {kind}", self.path.display()),
+        }
     }
 }
 
@@ -35,6 +39,9 @@ impl std::error::Error for FormatError {}
 pub enum ErrorKind {
     #[error("cannot open: {0}")]
     Open(io::Error),
+    /// An object (a URL) could not be opened or read.
+    #[error("{0}")]
+    Remote(weightlift_remote::RemoteError),
     #[error("{}", node.refusal())]
     NotAFile { node: crate::regular::NodeKind },
     #[error("read failed at offset {offset}: {cause}")]

@@ -5,15 +5,14 @@
 //! allocated for it, so a hostile header fails with a specific error instead of exhausting memory.
 
 use std::collections::HashSet;
-use std::fs::File;
-use std::io::{self, BufReader, Read, Seek, SeekFrom, Write};
+use std::io::{self, BufReader, Read, Write};
 use std::path::Path;
 
 use crate::dtype::GgmlType;
 use crate::dtype::expected_size;
 use crate::error::{ErrorKind, FormatError};
 use crate::index::{Format, Metadata, SourceFile, TensorEntry, TensorIndex};
-use crate::input::Input;
+use crate::input::{Input, Sequential};
 pub use crate::metadata::{GgufArray, GgufValue};
 
 pub const MAGIC: [u8; 4] = *b"GGUF";
@@ -38,7 +37,7 @@ fn min_encoded_size(type_id: u32) -> u64 {
 /// A position-tracking reader over the file that refuses to read past its end.
 struct Cursor {
     input_len: u64,
-    reader: BufReader<File>,
+    reader: BufReader<Sequential>,
     pos: u64,
 }
 
@@ -170,9 +169,9 @@ pub fn read(path: impl AsRef<Path>) -> Result<TensorIndex, FormatError> {
 pub(crate) fn read_input(input: Input) -> Result<TensorIndex, FormatError> {
     let path = input.path.clone();
     let len = input.len;
-    let mut file = input.into_file();
-    file.seek(SeekFrom::Start(0)).map_err(|e| FormatError::new(&path, ErrorKind::Read { offset: 0, cause: e }))?;
-    let mut cur = Cursor { input_len: len, reader: BufReader::with_capacity(1 << 16, file), pos: 0 };
+    let etag = input.etag();
+    let reader = Sequential { input, pos: 0 };
+    let mut cur = Cursor { input_len: len, reader: BufReader::with_capacity(1 << 16, reader), pos: 0 };
     let parsed = parse(&mut cur).map_err(|k| FormatError::new(&path, k))?;
     let file = SourceFile {
         path,
@@ -181,6 +180,7 @@ pub(crate) fn read_input(input: Input) -> Result<TensorIndex, FormatError> {
         data_start: parsed.data_start,
         metadata: Metadata::Gguf(parsed.kv),
         gguf_version: Some(parsed.version),
+        etag,
     };
     Ok(TensorIndex { files: vec![file], tensors: parsed.tensors })
 }

@@ -37,6 +37,8 @@ pub struct SourceFile {
     pub metadata: Metadata,
     /// GGUF version (2 or 3), when the file is GGUF.
     pub gguf_version: Option<u32>,
+    /// For an object (a URL): the ETag it had when parsed, which a load of it then requires.
+    pub etag: Option<String>,
 }
 
 /// One tensor: its name, type, shape and the absolute byte range that holds it.

@@ -1,28 +1,53 @@
-//! Bounded reads from a file being parsed: every read is checked against the file length first, so a header
-//! cannot make the parser read (or allocate for) bytes the file does not have.
+//! Bounded reads from a file or object being parsed: every read is checked against its length first, so a header
+//! cannot make the parser read (or allocate for) bytes the input does not have.
 
 use std::fs::File;
 use std::io;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use weightlift_remote::{Head, Object};
 
 use crate::error::{ErrorKind, FormatError};
 use crate::regular::{self, Access, OpenError};
 
 pub(crate) struct Input {
     pub path: PathBuf,
-    file: File,
+    src: Src,
     pub len: u64,
 }
 
+/// Where an input's bytes come from: a local file, or an object whose first bytes one GET fetched.
+enum Src {
+    File(File),
+    Object(Head),
+}
+
 impl Input {
+    /// Opens a local path, or the object a URL names (`s3://`, `gs://`, `az://`, `http(s)://`).
     pub fn open(path: &Path) -> Result<Input, FormatError> {
+        if let Some(url) = path.to_str().filter(|p| weightlift_remote::is_url(p)) {
+            let remote = |e| FormatError::new(path, ErrorKind::Remote(e));
+            let object = Arc::new(Object::open(url).map_err(remote)?);
+            let len = object.len();
+            let head = Head::new(object).map_err(remote)?;
+            return Ok(Input { path: path.to_path_buf(), src: Src::Object(head), len });
+        }
         let file = regular::open(path, Access::READ).map_err(|e| match e {
             OpenError::Io(e) => FormatError::new(path, ErrorKind::Open(e)),
             OpenError::NotAFile(node) => FormatError::new(path, ErrorKind::NotAFile { node }),
         })?;
         let meta = file.metadata().map_err(|e| FormatError::new(path, ErrorKind::Open(e)))?;
-        Ok(Input { path: path.to_path_buf(), file, len: meta.len() })
+        Ok(Input { path: path.to_path_buf(), src: Src::File(file), len: meta.len() })
+    }
+
+    /// The ETag an object was pinned to when opened (`None` for a local file).
+    pub fn etag(&self) -> Option<String> {
+        match &self.src {
+            Src::Object(head) => head.object().etag().map(str::to_string),
+            Src::File(_) => None,
+        }
     }
 
     pub fn err(&self, kind: ErrorKind) -> FormatError {
@@ -36,14 +61,17 @@ impl Input {
         if end > self.len {
             return Err(self.err(truncated()));
         }
-        self.file.read_exact_at(buf, offset).map_err(|e| {
-            // The file shrank after we measured it.
-            if e.kind() == io::ErrorKind::UnexpectedEof {
-                self.err(truncated())
-            } else {
-                self.err(ErrorKind::Read { offset, cause: e })
-            }
-        })
+        match &self.src {
+            Src::File(file) => file.read_exact_at(buf, offset).map_err(|e| {
+                // The file shrank after we measured it.
+                if e.kind() == io::ErrorKind::UnexpectedEof {
+                    self.err(truncated())
+                } else {
+                    self.err(ErrorKind::Read { offset, cause: e })
+                }
+            }),
+            Src::Object(head) => head.read_at(offset, buf).map_err(|e| self.err(ErrorKind::Remote(e))),
+        }
     }
 
     /// Reads `len` bytes at `offset` into a new buffer; the length is checked against the file before allocating.
@@ -61,8 +89,28 @@ impl Input {
     pub fn prefix(&self, max: u64) -> Result<Vec<u8>, FormatError> {
         self.read_vec(0, self.len.min(max), "file start")
     }
+}
 
-    pub fn into_file(self) -> File {
-        self.file
+/// An [`Input`] read in order (for parsers that stream, as GGUF's does): each `read` is a bounded `read_at`.
+pub(crate) struct Sequential {
+    pub input: Input,
+    pub pos: u64,
+}
+
+impl io::Read for Sequential {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = (buf.len() as u64).min(self.input.len.saturating_sub(self.pos)) as usize;
+        match &self.input.src {
+            Src::File(file) => {
+                let n = file.read_at(&mut buf[..n], self.pos)?;
+                self.pos += n as u64;
+                Ok(n)
+            }
+            Src::Object(head) => {
+                head.read_at(self.pos, &mut buf[..n]).map_err(weightlift_remote::RemoteError::into_io)?;
+                self.pos += n as u64;
+                Ok(n)
+            }
+        }
     }
 }

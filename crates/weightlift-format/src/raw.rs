@@ -50,6 +50,7 @@ pub fn read(path: impl AsRef<Path>, spec: RawSpec) -> Result<TensorIndex, Format
         data_start: 0,
         metadata: Metadata::None,
         gguf_version: None,
+        etag: input.etag(),
     };
     let tensor = TensorEntry { name, dtype, shape: vec![count], file: 0, offset: 0, nbytes: need };
     Ok(TensorIndex { files: vec![file], tensors: vec![tensor] })

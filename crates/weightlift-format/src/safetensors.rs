@@ -67,6 +67,7 @@ pub(crate) fn read_input(input: &Input) -> Result<TensorIndex, FormatError> {
         data_start,
         metadata: Metadata::Safetensors(metadata),
         gguf_version: None,
+        etag: input.etag(),
     };
     Ok(TensorIndex { files: vec![file], tensors })
 }

@@ -108,7 +108,7 @@ impl IoEngine {
             } else {
                 Box::new(crate::pread::Blocking::default())
             };
-            let lane = Lane::new(id, io, shared.clone());
+            let lane = Lane::new(id, Box::new(crate::objects::WithObjects::new(io)), shared.clone());
             let mine = shared.clone();
             let h = std::thread::Builder::new()
                 .name(format!("weightlift-io-{id}"))

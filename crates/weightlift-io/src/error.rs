@@ -48,6 +48,9 @@ pub enum IoError {
     Sink(#[source] Box<dyn std::error::Error + Send + Sync>),
     #[error("load cancelled")]
     Cancelled,
+    /// An object could not be opened or read (its message names the URL and the byte range).
+    #[error("{0}")]
+    Remote(weightlift_remote::RemoteError),
 }
 
 fn copy_io(e: &io::Error) -> io::Error {
@@ -93,6 +96,7 @@ impl IoError {
             IoError::Destinations(why) => IoError::Destinations(why.clone()),
             IoError::Sink(cause) => IoError::Sink(text(cause.as_ref())),
             IoError::Cancelled => IoError::Cancelled,
+            IoError::Remote(e) => IoError::Remote(e.clone()),
         }
     }
 

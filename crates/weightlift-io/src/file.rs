@@ -1,26 +1,38 @@
-//! Input files opened twice where the filesystem allows it: one buffered descriptor and one O_DIRECT descriptor,
-//! with the alignment O_DIRECT needs there.
+//! Inputs: local files opened twice where the filesystem allows it (one buffered descriptor and one O_DIRECT
+//! descriptor, with the alignment O_DIRECT needs there), and objects of a store, read by ranged GETs.
 
 use std::fs::File;
 use std::io;
 use std::io::Seek;
 use std::os::unix::fs::{FileExt, FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use rustix::fs::{AtFlags, StatxFlags};
 use weightlift_format::regular::{self, OpenError};
 pub use weightlift_format::regular::{Access, NodeKind};
+use weightlift_remote::Object;
 
 use crate::error::IoError;
 
 /// Alignment assumed when the kernel cannot tell (no `STATX_DIOALIGN`, not a block device).
 pub const FALLBACK_BLOCK: u64 = 4096;
 
-/// One input file.
+/// Where an input's buffered reads go.
+#[derive(Debug)]
+pub enum Source {
+    /// A local file's buffered descriptor.
+    Local(File),
+    /// An object (`path` is its URL), pinned to the ETag it had when opened.
+    Object(Arc<Object>),
+}
+
+/// One input file, or object.
 #[derive(Debug)]
 pub struct OpenFile {
+    /// The file's path, or the object's URL.
     pub path: PathBuf,
-    pub buffered: File,
+    pub source: Source,
     /// The O_DIRECT descriptor, when the filesystem accepts O_DIRECT reads.
     pub direct: Option<File>,
     /// Why there is no O_DIRECT descriptor.
@@ -57,7 +69,7 @@ impl OpenFile {
         };
         let mut f = OpenFile {
             path: path.to_path_buf(),
-            buffered,
+            source: Source::Local(buffered),
             direct: None,
             direct_refused: None,
             len,
@@ -68,7 +80,8 @@ impl OpenFile {
             f.direct_refused = Some("O_DIRECT not requested".into());
             return Ok(f);
         }
-        match dio_alignment(&f.buffered) {
+        let Source::Local(buffered) = &f.source else { return Ok(f) };
+        match dio_alignment(buffered) {
             Some((0, _)) => {
                 f.direct_refused = Some("filesystem does not support O_DIRECT (statx)".into());
                 return Ok(f);
@@ -78,14 +91,14 @@ impl OpenFile {
                 f.mem_align = u64::from(mem_align).max(1);
             }
             None => {
-                if let Ok(b) = rustix::fs::ioctl_blksszget(&f.buffered) {
+                if let Ok(b) = rustix::fs::ioctl_blksszget(buffered) {
                     f.block = u64::from(b).max(512);
                     f.mem_align = f.block;
                 }
             }
         }
         match open_checked(path, access.direct()) {
-            Ok(direct) if !same_file(&direct, &f.buffered) => {
+            Ok(direct) if !same_file(&direct, buffered) => {
                 f.direct_refused = Some("the path named another file when opened again for O_DIRECT".into());
             }
             Ok(direct) => match probe_direct_read(&direct, f.block, len) {
@@ -101,8 +114,45 @@ impl OpenFile {
         Ok(f)
     }
 
+    /// Opens the object `url` names (a HEAD request pins its length and ETag); `etag`, where given, is the one
+    /// its header was parsed from, and an object that no longer has it is refused.
+    pub fn open_object(url: &str, etag: Option<&str>) -> Result<OpenFile, IoError> {
+        let object = Object::open(url).map_err(IoError::Remote)?;
+        if let (Some(was), Some(now)) = (etag, object.etag()) {
+            if was != now {
+                let (was, now) = (was.to_string(), now.to_string());
+                return Err(IoError::Remote(weightlift_remote::RemoteError::Changed { url: url.into(), was, now }));
+            }
+        }
+        Ok(OpenFile {
+            path: PathBuf::from(url),
+            len: object.len(),
+            source: Source::Object(Arc::new(object)),
+            direct: None,
+            direct_refused: Some("an object: read by ranged GETs".into()),
+            block: FALLBACK_BLOCK,
+            mem_align: FALLBACK_BLOCK,
+        })
+    }
+
     pub fn supports_direct(&self) -> bool {
         self.direct.is_some()
+    }
+
+    /// The buffered descriptor of a local file (`None` for an object).
+    pub fn local(&self) -> Option<&File> {
+        match &self.source {
+            Source::Local(f) => Some(f),
+            Source::Object(_) => None,
+        }
+    }
+
+    /// The object this input reads (`None` for a local file).
+    pub fn object(&self) -> Option<&Arc<Object>> {
+        match &self.source {
+            Source::Object(o) => Some(o),
+            Source::Local(_) => None,
+        }
     }
 }
 
@@ -153,8 +203,8 @@ fn probe_direct_read(direct: &File, block: u64, len: u64) -> io::Result<()> {
 }
 
 /// Opens several files; `want_direct` says whether O_DIRECT descriptors are wanted at all.
-pub fn open_all(paths: &[PathBuf], want_direct: bool) -> Result<Vec<std::sync::Arc<OpenFile>>, IoError> {
-    paths.iter().map(|p| OpenFile::open(p, want_direct).map(std::sync::Arc::new)).collect()
+pub fn open_all(paths: &[PathBuf], want_direct: bool) -> Result<Vec<Arc<OpenFile>>, IoError> {
+    paths.iter().map(|p| OpenFile::open(p, want_direct).map(Arc::new)).collect()
 }
 
 #[cfg(test)]

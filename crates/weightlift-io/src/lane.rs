@@ -14,6 +14,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::error::{IoError, panic_text};
+use crate::file::Source;
 use crate::job::{Job, LaneTotals};
 use crate::queue::{Shared, Work};
 use crate::reading::{Next, Reading, in_place_targets, iovecs};
@@ -524,8 +525,10 @@ impl Lane {
         let op = &job.plan.ops[op_idx];
         let direct = op.direct && job.files[op.file as usize].direct.is_some();
         let reading = Reading::start(direct);
-        let in_place =
-            in_place_targets(&job.plan, op, job.sink()).map(|targets| InPlaceIo { targets, iov: Vec::new() });
+        // An object's bytes land in a slot: the network runtime copies each body chunk there.
+        let in_place = in_place_targets(&job.plan, op, job.sink())
+            .filter(|_| job.files[op.file as usize].object().is_none())
+            .map(|targets| InPlaceIo { targets, iov: Vec::new() });
         let req = reading.request(op);
         // Cold pages the cache keeps: brought in as 2 MiB folios first (see `populate`), then read from the cache.
         let populated = match &job.cold_maps {
@@ -560,20 +563,26 @@ impl Lane {
             f.before_read(o.file, &file.path, req.offset, req.len);
         }
         let at = req.offset - o.offset;
-        let submission = match in_place {
-            Some(ip) => {
+        let submission = match (in_place, &file.source) {
+            (_, Source::Object(object)) => {
+                let len = req.len.min((slot_len as u64).saturating_sub(at)) as u32;
+                // SAFETY: as below.
+                let buf = unsafe { base.add(at as usize) };
+                Submission::Object { object: object.clone(), buf, len, offset: req.offset }
+            }
+            (Some(ip), Source::Local(buffered)) => {
                 ip.iov = iovecs(&ip.targets, at, req.len);
                 Submission::Vectored {
-                    fd: file.buffered.as_raw_fd(),
+                    fd: buffered.as_raw_fd(),
                     iov: ip.iov.as_ptr(),
                     count: ip.iov.len() as u32,
                     offset: req.offset,
                 }
             }
-            None => {
+            (None, Source::Local(buffered)) => {
                 let fd = match (&file.direct, req.direct) {
                     (Some(d), true) => d.as_raw_fd(),
-                    _ => file.buffered.as_raw_fd(),
+                    _ => buffered.as_raw_fd(),
                 };
                 let len = req.len.min((slot_len as u64).saturating_sub(at)) as u32;
                 // SAFETY: `at < slot_len` since `req.offset - op.offset < op.len <= slot_bytes`.

@@ -32,6 +32,7 @@ pub mod file;
 mod job;
 mod lane;
 mod load;
+mod objects;
 pub mod params;
 pub mod plan;
 mod populate;

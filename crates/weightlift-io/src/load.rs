@@ -198,7 +198,8 @@ impl IoEngine {
             .iter()
             .zip(&spans)
             .map(|(f, &(lo, hi, n))| {
-                (mode == DirectMode::Auto).then(|| Residency::probe_for(&f.buffered, f.len, lo, hi, n)).flatten()
+                let local = f.local().filter(|_| mode == DirectMode::Auto);
+                local.and_then(|file| Residency::probe_for(file, f.len, lo, hi, n))
             })
             .collect();
         if mode == DirectMode::Auto {

@@ -106,14 +106,15 @@ impl ColdMaps {
 }
 
 /// A read-only shared mapping of the whole of `file`, advised `MADV_HUGEPAGE`; None where populating does not
-/// apply (not a regular file, such as a block device read by LBA, or an empty one).
+/// apply (an object, not a regular file such as a block device read by LBA, or an empty one).
 fn map_file(file: &OpenFile) -> Result<Option<MmapRaw>, String> {
-    let meta = file.buffered.metadata().map_err(|e| format!("metadata: {e}"))?;
+    let Some(local) = file.local() else { return Ok(None) };
+    let meta = local.metadata().map_err(|e| format!("metadata: {e}"))?;
     if !meta.is_file() || file.len == 0 {
         return Ok(None);
     }
     let len = usize::try_from(file.len).map_err(|_| "too large to map".to_string())?;
-    let map = MmapOptions::new().len(len).map_raw_read_only(&file.buffered).map_err(|e| format!("mmap: {e}"))?;
+    let map = MmapOptions::new().len(len).map_raw_read_only(local).map_err(|e| format!("mmap: {e}"))?;
     map.advise(Advice::HugePage).map_err(|e| format!("MADV_HUGEPAGE: {e}"))?;
     Ok(Some(map))
 }

@@ -25,6 +25,9 @@ impl Submitter for Blocking {
             Submission::Vectored { fd, iov, count, offset } => unsafe {
                 libc::preadv(fd, iov, count as i32, offset as libc::off_t)
             },
+            Submission::Object { .. } => {
+                return Err(IoError::Destinations("an object read reached the file interface".into()));
+            }
         };
         self.done.push_back((user_data, if r < 0 { Err(io::Error::last_os_error()) } else { Ok(r as usize) }));
         Ok(())

@@ -151,6 +151,10 @@ impl Reading {
     }
 
     fn failure(&self, file: &OpenFile, offset: u64, len: u64, cause: io::Error) -> IoError {
+        // An object's failure names its URL and byte range itself.
+        if let Some(e) = cause.get_ref().and_then(|e| e.downcast_ref::<weightlift_remote::RemoteError>()) {
+            return IoError::Remote(e.clone());
+        }
         let path = file.path.clone();
         match self.dir {
             Dir::Read => IoError::Read { path, offset, len, cause },
@@ -230,7 +234,7 @@ mod tests {
         let f = tempfile::tempfile().unwrap();
         OpenFile {
             path: "/x".into(),
-            buffered: f.try_clone().unwrap(),
+            source: crate::file::Source::Local(f.try_clone().unwrap()),
             direct: None,
             direct_refused: None,
             len: 10_000,

@@ -11,6 +11,8 @@ pub(crate) enum Submission {
     Slot { fd: i32, buf: *mut u8, len: u32, offset: u64, fixed: bool },
     /// Straight into host destinations.
     Vectored { fd: i32, iov: *const libc::iovec, count: u32, offset: u64 },
+    /// Into a staging slot, from an object (a ranged GET, see `objects`).
+    Object { object: std::sync::Arc<weightlift_remote::Object>, buf: *mut u8, len: u32, offset: u64 },
 }
 
 /// The kernel interface of a lane: io_uring, or blocking reads that complete as they are pushed.

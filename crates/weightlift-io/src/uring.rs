@@ -66,6 +66,9 @@ impl Submitter for Ring {
             Submission::Vectored { fd, iov, count, offset } => {
                 opcode::Readv::new(types::Fd(fd), iov, count).offset(offset).build()
             }
+            Submission::Object { .. } => {
+                return Err(IoError::Destinations("an object read reached the file interface".into()));
+            }
         };
         self.push_entry(entry.user_data(user_data))
     }

@@ -10,7 +10,7 @@ use std::time::Instant;
 use io_uring::{IoUring, opcode, squeue, types};
 
 use crate::error::IoError;
-use crate::file::{Access, OpenFile, open_checked, same_file};
+use crate::file::{Access, OpenFile, Source, open_checked, same_file};
 use crate::params::{DirectMode, IoParams, ReadEngine};
 use crate::plan::ReadOp;
 use crate::reading::{LaneStats, Next, Reading};
@@ -94,7 +94,7 @@ pub fn write_at(
     let mut report = WriteReport { bytes: len, ..WriteReport::default() };
     let target = OpenFile {
         path: path.to_path_buf(),
-        buffered,
+        source: Source::Local(buffered),
         direct,
         direct_refused: None,
         len: end,
@@ -122,7 +122,9 @@ pub fn write_at(
     }
     if durable {
         let t = Instant::now();
-        target.buffered.sync_all().map_err(|cause| IoError::Write { path: path.to_path_buf(), offset, len, cause })?;
+        if let Some(file) = target.local() {
+            file.sync_all().map_err(|cause| IoError::Write { path: path.to_path_buf(), offset, len, cause })?;
+        }
         report.fsync_secs = t.elapsed().as_secs_f64();
     }
     report.seconds = t0.elapsed().as_secs_f64();
@@ -162,7 +164,8 @@ impl Writer<'_> {
     fn fd(&self, direct: bool) -> i32 {
         match (&self.target.direct, direct) {
             (Some(d), true) => d.as_raw_fd(),
-            _ => self.target.buffered.as_raw_fd(),
+            // The target is always a local file (opened above).
+            _ => self.target.local().map_or(-1, |f| f.as_raw_fd()),
         }
     }
 

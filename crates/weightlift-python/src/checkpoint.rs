@@ -88,6 +88,7 @@ fn pack_index(pack: &weightlift::Pack) -> (TensorIndex, String) {
                 data_start: p.data_start,
                 metadata,
                 gguf_version: None,
+                etag: None,
             }],
             tensors,
         },

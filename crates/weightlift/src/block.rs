@@ -36,13 +36,19 @@ impl BlockDevice {
     /// partial block of a file is not addressable. FIFOs, sockets and character devices are refused.
     pub fn open(engine: Arc<Engine>, path: &Path, block_size: Option<u32>) -> Result<BlockDevice> {
         let file = engine.open_device(path)?;
-        let meta = file
-            .buffered
+        // `open_device` opens local paths only.
+        let Some(local) = file.local() else {
+            return Err(Error::InvalidArgument(format!(
+                "{}: reads by LBA need a local file or device",
+                path.display()
+            )));
+        };
+        let meta = local
             .metadata()
             .map_err(|cause| Error::Io(weightlift_io::IoError::Open { path: path.to_path_buf(), cause }))?;
         let is_block_device = std::os::unix::fs::FileTypeExt::is_block_device(&meta.file_type());
         let native = if is_block_device {
-            weightlift_io::file::logical_block_size(&file.buffered).map_err(|e| {
+            weightlift_io::file::logical_block_size(local).map_err(|e| {
                 Error::InvalidArgument(format!("{}: cannot read the logical block size: {e}", path.display()))
             })?
         } else {

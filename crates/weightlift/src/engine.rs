@@ -19,7 +19,7 @@ use crate::error::{Error, Result};
 use crate::files::FileCache;
 use crate::path::{DeviceRead, LoadOpts, PathOutcome, ResolvedPath};
 use crate::placement;
-use crate::report::{CheckStats, Report};
+use crate::report::{CheckStats, NetworkStats, Report};
 use crate::settings::Settings;
 use crate::tensor::{DeviceTensor, Loaded, RawDest, RawSrc, Tensor, TensorData};
 
@@ -276,6 +276,7 @@ impl Engine {
             .map(|(t, data)| Tensor { name: t.name.clone(), dtype: t.dtype, shape: t.shape.clone(), data })
             .collect();
         report.files = index.files.iter().map(|f| f.path.clone()).collect();
+        report.network = NetworkStats::of(&files);
         report.seconds = start.elapsed().as_secs_f64();
         Ok(Loaded { tensors, report })
     }
@@ -615,6 +616,7 @@ fn ranges_index(paths: &[PathBuf], ranges: &[(usize, u64, u64)]) -> Result<Tenso
             data_start: 0,
             metadata: weightlift_format::Metadata::None,
             gguf_version: None,
+            etag: None,
         });
     }
     let mut tensors = Vec::with_capacity(ranges.len());

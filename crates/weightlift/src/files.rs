@@ -71,13 +71,17 @@ impl FileCache {
         Ok(f)
     }
 
-    /// The index's files, refusing any whose length changed since the index was read.
+    /// The index's files, refusing any whose length changed since the index was read. An object (a URL) is
+    /// opened afresh for each load: its HEAD request checks the ETag the index was parsed from.
     pub fn open_index(&self, index: &TensorIndex, want_direct: bool) -> Result<Vec<Arc<OpenFile>>> {
         index
             .files
             .iter()
             .map(|f| {
-                let file = self.open(&f.path, want_direct)?;
+                let file = match f.path.to_str().filter(|p| weightlift_remote::is_url(p)) {
+                    Some(url) => Arc::new(OpenFile::open_object(url, f.etag.as_deref())?),
+                    None => self.open(&f.path, want_direct)?,
+                };
                 if file.len != f.len {
                     return Err(Error::Io(IoError::PastEnd {
                         path: f.path.clone(),

@@ -50,6 +50,7 @@ pub use tensor::{DeviceTensor, Loaded, RawDest, RawSrc, Tensor, TensorData};
 pub use weightlift_cuda as cuda;
 pub use weightlift_format as format;
 pub use weightlift_io as io;
+pub use weightlift_remote as remote;
 
 /// Whether NVIDIA's cuFile library can be loaded here, where from, and what was tried (this loads it).
 pub fn cufile_status(settings: &Settings) -> serde_json::Value {

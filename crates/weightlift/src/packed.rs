@@ -152,6 +152,7 @@ fn batch_index(path: &Path, index: &PackIndex, batches: &[Batch]) -> TensorIndex
             data_start: index.data_start,
             metadata: weightlift_format::Metadata::None,
             gguf_version: None,
+            etag: None,
         }],
         tensors: batches
             .iter()

@@ -94,7 +94,7 @@ fn probe_file(path: &Path) -> Value {
     let target = scratch.as_deref().or(path);
     let file = target.map(|p| match OpenFile::open_device(p, true) {
         Ok(f) => {
-            let resident = Residency::probe(&f.buffered, f.len).map(|r| r.resident_bytes());
+            let resident = f.local().and_then(|l| Residency::probe(l, f.len)).map(|r| r.resident_bytes());
             json!({
                 "path": p, "len": f.len, "o_direct": f.supports_direct(), "o_direct_refused": f.direct_refused,
                 "logical_block_size": f.block, "dio_mem_align": f.mem_align, "resident_bytes": resident,

@@ -8,7 +8,7 @@ use weightlift_io::{IoReport, ReadEngineUsed};
 
 mod stats;
 
-pub use stats::{CheckStats, NvmeStats, PackStats, StreamStats};
+pub use stats::{CheckStats, NetworkStats, NvmeStats, PackStats, StreamStats};
 
 use crate::device::Device;
 use crate::settings::Source;
@@ -72,6 +72,8 @@ pub struct Report {
     pub pack: Option<PackStats>,
     /// For loads given expected checksums: what was hashed, where, and how much of it during the load.
     pub checks: Option<CheckStats>,
+    /// For loads from objects (URLs): what their requests did.
+    pub network: Option<NetworkStats>,
 }
 
 impl Report {
@@ -99,6 +101,7 @@ impl Report {
             stream: None,
             pack: None,
             checks: None,
+            network: None,
         }
     }
 
@@ -176,6 +179,7 @@ impl Report {
         v["populate_refusal"] = json!(io.populate_refusal);
         v["checks"] = self.checks.as_ref().map_or(Value::Null, |c| c.to_json());
         v["device_memory"] = json!(self.device_memory);
+        v["network"] = self.network.as_ref().map_or(Value::Null, |n| n.to_json());
         v
     }
 
@@ -228,6 +232,16 @@ impl Report {
             io.stats.deliver.as_secs_f64(),
             io.stats.backpressure.as_secs_f64()
         );
+        if let Some(n) = &self.network {
+            s += &format!(
+                "\n  from {} object(s): {} requests, {:.2} GiB received, {} retries, {:.2} s in requests (summed over those in flight)",
+                n.objects.len(),
+                n.requests,
+                gib(n.bytes),
+                n.retries,
+                n.waiting_secs
+            );
+        }
         if let Some(p) = &self.pack {
             s += &format!(
                 "\n  packed: {:.2} GiB stored for {:.2} GiB raw ({:.3}), {} chunks in {} batches, every checksum checked; \

@@ -3,6 +3,44 @@
 
 use serde_json::{Value, json};
 
+/// What the requests of a load from objects (URLs) did, for its report.
+#[derive(Clone, Debug, Default)]
+pub struct NetworkStats {
+    /// The objects read.
+    pub objects: Vec<String>,
+    /// HTTP requests (HEAD and ranged GETs, retries included).
+    pub requests: u64,
+    /// Body bytes received.
+    pub bytes: u64,
+    /// Requests sent again after a transient failure.
+    pub retries: u64,
+    /// Time spent in requests, summed over those in flight at once.
+    pub waiting_secs: f64,
+}
+
+impl NetworkStats {
+    /// The stats of the objects among `files` (`None` when all are local files).
+    pub fn of(files: &[std::sync::Arc<weightlift_io::OpenFile>]) -> Option<NetworkStats> {
+        let mut n = NetworkStats::default();
+        for o in files.iter().filter_map(|f| f.object()) {
+            let s = o.stats();
+            n.objects.push(o.url().to_string());
+            n.requests += s.requests;
+            n.bytes += s.bytes;
+            n.retries += s.retries;
+            n.waiting_secs += s.waiting.as_secs_f64();
+        }
+        (!n.objects.is_empty()).then_some(n)
+    }
+
+    pub fn to_json(&self) -> Value {
+        json!({
+            "objects": self.objects, "requests": self.requests, "bytes": self.bytes, "retries": self.retries,
+            "waiting_secs": self.waiting_secs,
+        })
+    }
+}
+
 /// What a streaming load read, for its report.
 #[derive(Clone, Debug, Default)]
 pub struct StreamStats {

@@ -1,0 +1,89 @@
+//! A lane's reads from objects, beside its reads from files: each is a ranged GET on the network runtime
+//! (`weightlift_remote`), writing into the same staging slot a file read would, and completing through the lane's
+//! one completion queue, so that the lane loop, `Reading::on_result` and the deliveries are the same for both.
+
+use std::io;
+use std::sync::mpsc::{Receiver, Sender, channel};
+
+use crate::error::IoError;
+use crate::submit::{Submission, Submitter};
+
+type Completion = (u64, io::Result<usize>);
+
+/// A lane's kernel interface for files, with object reads beside it.
+pub(crate) struct WithObjects {
+    files: Box<dyn Submitter>,
+    done_tx: Sender<Completion>,
+    done_rx: Receiver<Completion>,
+    files_inflight: usize,
+    objects_inflight: usize,
+}
+
+impl WithObjects {
+    pub fn new(files: Box<dyn Submitter>) -> WithObjects {
+        let (done_tx, done_rx) = channel();
+        WithObjects { files, done_tx, done_rx, files_inflight: 0, objects_inflight: 0 }
+    }
+
+    fn take_ready(&mut self, out: &mut Vec<Completion>) -> usize {
+        let mut n = 0;
+        while let Ok(c) = self.done_rx.try_recv() {
+            out.push(c);
+            n += 1;
+        }
+        self.objects_inflight -= n;
+        n
+    }
+}
+
+impl Submitter for WithObjects {
+    unsafe fn push(&mut self, user_data: u64, s: Submission) -> Result<(), IoError> {
+        match s {
+            Submission::Object { object, buf, len, offset } => {
+                let tx = self.done_tx.clone();
+                // SAFETY: the caller keeps `buf..buf + len` valid and untouched until this read's completion is
+                // returned by `complete`, which happens only after `done` below has run.
+                unsafe {
+                    object.start_read(offset, buf, len as usize, move |r| {
+                        let _ = tx.send((user_data, r.map_err(weightlift_remote::RemoteError::into_io)));
+                    })
+                };
+                self.objects_inflight += 1;
+                Ok(())
+            }
+            s => {
+                // SAFETY: forwarded with the caller's guarantee.
+                unsafe { self.files.push(user_data, s) }?;
+                self.files_inflight += 1;
+                Ok(())
+            }
+        }
+    }
+
+    fn complete(&mut self, out: &mut Vec<Completion>) -> Result<(), IoError> {
+        if self.take_ready(out) > 0 {
+            return Ok(());
+        }
+        if self.files_inflight > 0 {
+            // File reads complete quickly; an object read that completes meanwhile is taken on the next call.
+            let before = out.len();
+            self.files.complete(out)?;
+            self.files_inflight -= out.len() - before;
+            return Ok(());
+        }
+        if self.objects_inflight > 0 {
+            // `done_tx` lives in `self`, so the channel cannot disconnect while reads are outstanding.
+            if let Ok(c) = self.done_rx.recv() {
+                out.push(c);
+                self.objects_inflight -= 1;
+                self.take_ready(out);
+            }
+        }
+        Ok(())
+    }
+
+    unsafe fn register(&mut self, region: Option<(*mut u8, usize)>) -> (bool, Option<String>) {
+        // SAFETY: forwarded with the caller's guarantee (object reads never use the fixed buffer).
+        unsafe { self.files.register(region) }
+    }
+}

@@ -1,0 +1,347 @@
+//! Real servers for the object-storage tests, started on 127.0.0.1 by the tests themselves: an S3-compatible one
+//! (`s3s-fs`, from crates.io: a Rust S3 server over a directory, quick to start and serving ranges and ETags as S3
+//! does), nginx (Debian's; real HTTP with ranges, ETags and If-Match), and a fault proxy of our own in front of
+//! either. A server missing here skips its test with the reason, unless `WEIGHTLIFT_REQUIRE_SERVERS=1` (CI sets it,
+//! having installed them), where it fails.
+
+#![allow(dead_code)]
+
+use std::io::{Read, Write};
+use std::net::{Shutdown, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::SeqCst};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+pub const ACCESS_KEY: &str = "weightlift-test";
+pub const SECRET_KEY: &str = "weightlift-test-secret";
+
+/// Says why a server is missing: a skip, or a failure where CI requires the servers.
+pub fn missing(what: &str) -> Option<()> {
+    if std::env::var("WEIGHTLIFT_REQUIRE_SERVERS").is_ok_and(|v| v == "1") {
+        panic!("{what} (WEIGHTLIFT_REQUIRE_SERVERS=1)");
+    }
+    println!("skipped: {what}");
+    None
+}
+
+fn find(name: &str, also: &[&str]) -> Option<PathBuf> {
+    let from_path = std::env::var_os("PATH")
+        .map(|p| std::env::split_paths(&p).map(|d| d.join(name)).collect::<Vec<_>>())
+        .unwrap_or_default();
+    let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_default();
+    from_path
+        .into_iter()
+        .chain(also.iter().map(PathBuf::from))
+        .chain([home.join(".cargo/bin").join(name)])
+        .find(|p| p.is_file())
+}
+
+/// A command whose process dies with the test process (servers kept in statics are never dropped).
+fn dies_with_us(mut cmd: Command) -> Command {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: prctl is async-signal-safe, as a pre_exec hook must be.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+            Ok(())
+        })
+    };
+    cmd
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+fn wait_for(port: u16, child: &mut Child, what: &str) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while TcpStream::connect(("127.0.0.1", port)).is_err() {
+        if let Ok(Some(status)) = child.try_wait() {
+            panic!("{what} exited at start: {status}");
+        }
+        assert!(Instant::now() < deadline, "{what} did not listen on port {port} within 20 s");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A server process, killed when dropped.
+pub struct Server {
+    child: Child,
+    pub port: u16,
+    /// The directory it serves (for S3: the directory holding the buckets).
+    pub root: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Server {
+    pub fn base(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+}
+
+/// `s3s-fs` serving a fresh directory; bucket `bucket` exists in it.
+pub fn s3() -> Option<Server> {
+    let Some(bin) = std::env::var_os("WEIGHTLIFT_S3S_FS").map(PathBuf::from).or_else(|| find("s3s-fs", &[])) else {
+        return missing("no s3s-fs here (cargo install s3s-fs --features binary, or set WEIGHTLIFT_S3S_FS)")
+            .map(|_| unreachable!());
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("s3");
+    std::fs::create_dir_all(root.join("bucket")).unwrap();
+    let port = free_port();
+    let mut child = dies_with_us(Command::new(&bin))
+        .args([
+            "--host",
+            "127.0.0.1",
+            "--port",
+            &port.to_string(),
+            "--access-key",
+            ACCESS_KEY,
+            "--secret-key",
+            SECRET_KEY,
+        ])
+        .arg(&root)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap_or_else(|e| panic!("{}: {e}", bin.display()));
+    wait_for(port, &mut child, "s3s-fs");
+    Some(Server { child, port, root, _dir: dir })
+}
+
+/// nginx serving a fresh directory; `ranges: false` turns byte ranges off (`max_ranges 0`).
+pub fn nginx(ranges: bool) -> Option<Server> {
+    let Some(bin) = find("nginx", &["/usr/sbin/nginx"]) else {
+        return missing("no nginx here (apt-get install nginx-light)").map(|_| unreachable!());
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("www");
+    std::fs::create_dir_all(&root).unwrap();
+    let port = free_port();
+    let conf = dir.path().join("nginx.conf");
+    let p = dir.path().display();
+    std::fs::write(
+        &conf,
+        format!(
+            "daemon off; master_process off; worker_processes 1; pid {p}/nginx.pid; error_log {p}/error.log;\n\
+             events {{ worker_connections 256; }}\n\
+             http {{ access_log off; client_body_temp_path {p}/tmp; proxy_temp_path {p}/tmp; fastcgi_temp_path {p}/tmp;\n\
+             uwsgi_temp_path {p}/tmp; scgi_temp_path {p}/tmp; sendfile on; {}\n\
+             server {{ listen 127.0.0.1:{port}; root {}; }} }}\n",
+            if ranges { "" } else { "max_ranges 0;" },
+            root.display()
+        ),
+    )
+    .unwrap();
+    let mut child = dies_with_us(Command::new(&bin))
+        .args(["-p", &p.to_string(), "-c"])
+        .arg(&conf)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap_or_else(|e| panic!("{}: {e}", bin.display()));
+    wait_for(port, &mut child, "nginx");
+    Some(Server { child, port, root, _dir: dir })
+}
+
+/// What the proxy does to the requests passing through it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fault {
+    /// Answers 503 without asking the server.
+    Unavailable,
+    /// Answers 429 (throttling).
+    Throttled,
+    /// Forwards, then resets the connection after the headers and a few body bytes.
+    Reset,
+    /// Forwards, then closes cleanly with the body cut short.
+    Truncate,
+    /// Waits this long before forwarding.
+    Slow(Duration),
+}
+
+/// A proxy in front of `upstream` that applies `faults` to ranged GETs, one each, in order; then passes all
+/// through. A hook runs before each ranged GET is forwarded, with its number (to replace an object mid-load).
+pub struct Proxy {
+    pub port: u16,
+    pub faults: Arc<Mutex<Vec<Fault>>>,
+    pub ranged_gets: Arc<AtomicUsize>,
+    pub after_get: Arc<Mutex<Option<Box<dyn FnMut(usize) + Send>>>>,
+    stop: Arc<AtomicU64>,
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        self.stop.store(1, SeqCst);
+        let _ = TcpStream::connect(("127.0.0.1", self.port));
+    }
+}
+
+impl Proxy {
+    pub fn start(upstream: u16, faults: Vec<Fault>) -> Proxy {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let proxy = Proxy {
+            port,
+            faults: Arc::new(Mutex::new(faults)),
+            ranged_gets: Arc::new(AtomicUsize::new(0)),
+            after_get: Arc::new(Mutex::new(None)),
+            stop: Arc::new(AtomicU64::new(0)),
+        };
+        let (faults, gets, hook, stop) =
+            (proxy.faults.clone(), proxy.ranged_gets.clone(), proxy.after_get.clone(), proxy.stop.clone());
+        std::thread::spawn(move || {
+            for conn in listener.incoming() {
+                if stop.load(SeqCst) != 0 {
+                    return;
+                }
+                let Ok(conn) = conn else { continue };
+                let (faults, gets, hook) = (faults.clone(), gets.clone(), hook.clone());
+                std::thread::spawn(move || serve(conn, upstream, &faults, &gets, &hook));
+            }
+        });
+        proxy
+    }
+
+    pub fn base(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+}
+
+/// One request per connection: read it, apply the next fault if it is a ranged GET, forward it with
+/// `Connection: close`, relay the answer.
+fn serve(
+    mut client: TcpStream,
+    upstream: u16,
+    faults: &Mutex<Vec<Fault>>,
+    gets: &AtomicUsize,
+    hook: &Mutex<Option<Box<dyn FnMut(usize) + Send>>>,
+) {
+    let Some(head) = read_head(&mut client) else { return };
+    let text = String::from_utf8_lossy(&head).to_string();
+    let ranged_get = text.starts_with("GET ") && text.to_ascii_lowercase().contains("\r\nrange:");
+    let fault = if ranged_get {
+        let mut f = faults.lock().unwrap();
+        (!f.is_empty()).then(|| f.remove(0))
+    } else {
+        None
+    };
+    let canned = |status: &str| format!("HTTP/1.1 {status}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
+    match fault {
+        Some(Fault::Unavailable) => {
+            let _ = client.write_all(canned("503 Service Unavailable").as_bytes());
+            return;
+        }
+        Some(Fault::Throttled) => {
+            let _ = client.write_all(canned("429 Too Many Requests").as_bytes());
+            return;
+        }
+        Some(Fault::Slow(d)) => std::thread::sleep(d),
+        _ => {}
+    }
+    if ranged_get {
+        let k = gets.fetch_add(1, SeqCst) + 1;
+        if let Some(h) = hook.lock().unwrap().as_mut() {
+            h(k);
+        }
+    }
+    let Ok(mut server) = TcpStream::connect(("127.0.0.1", upstream)) else { return };
+    let mut forwarded = String::new();
+    for line in text.split("\r\n").filter(|l| !l.is_empty()) {
+        if !line.to_ascii_lowercase().starts_with("connection:") {
+            forwarded.push_str(line);
+            forwarded.push_str("\r\n");
+        }
+    }
+    forwarded.push_str("Connection: close\r\n\r\n");
+    if server.write_all(forwarded.as_bytes()).is_err() {
+        return;
+    }
+    let mut relayed = 0usize;
+    let mut buf = vec![0u8; 64 << 10];
+    let cut_at = match fault {
+        Some(Fault::Reset) | Some(Fault::Truncate) => Some(600usize),
+        _ => None,
+    };
+    loop {
+        let n = match server.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        let n = cut_at.map_or(n, |c| n.min(c.saturating_sub(relayed)));
+        if client.write_all(&buf[..n]).is_err() {
+            return;
+        }
+        relayed += n;
+        if cut_at.is_some_and(|c| relayed >= c) {
+            if fault == Some(Fault::Reset) {
+                // SO_LINGER 0: the close sends a reset.
+                let _ = socket_linger_zero(&client);
+            }
+            let _ = client.shutdown(Shutdown::Both);
+            return;
+        }
+    }
+}
+
+fn socket_linger_zero(s: &TcpStream) -> std::io::Result<()> {
+    let sock = socket2_free::Linger(s);
+    sock.zero()
+}
+
+/// `SO_LINGER` with a zero timeout, through std's raw descriptor (no socket crate needed for one option).
+mod socket2_free {
+    use std::os::fd::AsRawFd;
+
+    pub struct Linger<'a>(pub &'a std::net::TcpStream);
+
+    impl Linger<'_> {
+        pub fn zero(&self) -> std::io::Result<()> {
+            let l = libc::linger { l_onoff: 1, l_linger: 0 };
+            // SAFETY: a valid socket descriptor, and a pointer to a `linger` of the size given.
+            let r = unsafe {
+                libc::setsockopt(
+                    self.0.as_raw_fd(),
+                    libc::SOL_SOCKET,
+                    libc::SO_LINGER,
+                    (&l as *const libc::linger).cast(),
+                    std::mem::size_of::<libc::linger>() as u32,
+                )
+            };
+            if r == 0 { Ok(()) } else { Err(std::io::Error::last_os_error()) }
+        }
+    }
+}
+
+fn read_head(s: &mut TcpStream) -> Option<Vec<u8>> {
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        match s.read(&mut byte) {
+            Ok(1) => head.push(byte[0]),
+            _ => return None,
+        }
+        if head.len() > 64 << 10 {
+            return None;
+        }
+    }
+    Some(head)
+}
+
+/// Copies `file` into `dir` under `name`.
+pub fn put(dir: &Path, name: &str, file: &Path) -> PathBuf {
+    let to = dir.join(name);
+    if let Some(parent) = to.parent() {
+        std::fs::create_dir_all(parent).unwrap();
+    }
+    std::fs::copy(file, &to).unwrap();
+    to
+}
