@@ -21,6 +21,11 @@ pub fn is_url(location: &str) -> bool {
         .is_some_and(|(scheme, rest)| !rest.is_empty() && SCHEMES.iter().any(|s| s.eq_ignore_ascii_case(scheme)))
 }
 
+/// Retries of a request after a transient failure, unless configured.
+pub const DEFAULT_RETRIES: u32 = 8;
+/// Longest time a request may take, unless configured.
+pub const DEFAULT_TIMEOUT_SECS: u32 = 60;
+
 /// How requests behave. Set once per process by the engine from its settings ([`configure`]); the defaults
 /// serve a process that never configures.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -35,7 +40,11 @@ pub struct Config {
 
 impl Default for Config {
     fn default() -> Self {
-        Config { retries: 8, timeout: Duration::from_secs(60), connect_timeout: Duration::from_secs(10) }
+        Config {
+            retries: DEFAULT_RETRIES,
+            timeout: Duration::from_secs(DEFAULT_TIMEOUT_SECS.into()),
+            connect_timeout: Duration::from_secs(10),
+        }
     }
 }
 

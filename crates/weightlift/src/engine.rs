@@ -120,6 +120,7 @@ impl Engine {
     pub fn new(settings: Settings) -> Result<Engine> {
         settings.validate()?;
         let io = IoEngine::new(settings.io_params(), settings.backend_origin())?;
+        weightlift_remote::configure(settings.remote_config());
         Ok(Engine {
             host_cache: HostCache::new(settings.host_cache_bytes.value),
             settings,

@@ -258,6 +258,10 @@ settings! {
         "where the Python package's loads onto a GPU (load_file, safe_open's get_tensors, load_gguf, weightlift.nn, weightlift.transformers; packed checkpoints excepted) take their tensors' memory: torch (PyTorch's caching allocator, on a side stream and marked used by the caller's current stream: torch counts it in memory_allocated, reuses it when the tensors are freed and returns it on empty_cache, as for its own tensors) or pool (the device's stream-ordered pool, which the Rust crate, the C API and the Python package's other GPU loads, safe_open's streamed get_tensor among them, always use; release_memory returns what it keeps)";
     cufile_lib: Option<PathBuf> = None, "searched", env "WEIGHTLIFT_CUFILE_LIB", parse path, values &[],
         "path of libcufile to load (searched in the CUDA and Python-wheel folders otherwise); the first engine to open cuFile in a process decides";
+    remote_retries: u32 = weightlift_remote::DEFAULT_RETRIES, "8", env "WEIGHTLIFT_REMOTE_RETRIES", parse count::<u32>, values &[],
+        "objects (URLs): retries of a request after a transient failure (5xx, throttling, a reset, a timeout, a body cut short), each after a doubling backoff from 50 ms to 2 s; a cut body resumes where it stopped; process-wide, set by the last engine made";
+    remote_timeout_secs: u32 = weightlift_remote::DEFAULT_TIMEOUT_SECS, "60", env "WEIGHTLIFT_REMOTE_TIMEOUT_SECS", parse count::<u32>, values &[],
+        "objects (URLs): longest time one request may take, from sending it to the last byte of its body, before it counts as a transient failure; process-wide, set by the last engine made";
 }
 
 /// Settings given by name and text (command-line flags, Python keywords), applied over defaults and the
@@ -333,7 +337,19 @@ impl Settings {
     /// Checks every value's range.
     pub fn validate(&self) -> Result<()> {
         self.io_params().validate()?;
+        if self.remote_timeout_secs.value == 0 {
+            return Err(Error::InvalidArgument("remote_timeout_secs 0: expected at least 1 second".into()));
+        }
         Ok(())
+    }
+
+    /// How requests to objects behave under these settings.
+    pub fn remote_config(&self) -> weightlift_remote::Config {
+        weightlift_remote::Config {
+            retries: self.remote_retries.value,
+            timeout: std::time::Duration::from_secs(u64::from(self.remote_timeout_secs.value)),
+            ..weightlift_remote::Config::default()
+        }
     }
 
     /// Who chose the backend, for reports.

@@ -1,0 +1,160 @@
+"""Python loads from objects: checkpoints written by the upstream tools, served on 127.0.0.1 by real servers
+(s3s-fs for S3, nginx for HTTP, started here), loaded from s3:// and http:// URLs and compared tensor by tensor with
+the upstream packages' own reads of the local files. A missing server skips, unless WEIGHTLIFT_REQUIRE_SERVERS=1
+(CI), where it fails."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file as upstream_load, save_file as upstream_save
+
+import weightlift
+import weightlift.safetensors as wst
+
+ACCESS_KEY, SECRET_KEY = "weightlift-test", "weightlift-test-secret"
+
+
+def _missing(what: str):
+    if os.environ.get("WEIGHTLIFT_REQUIRE_SERVERS") == "1":
+        pytest.fail(f"{what} (WEIGHTLIFT_REQUIRE_SERVERS=1)")
+    pytest.skip(what)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait(port: int, proc: subprocess.Popen, what: str) -> None:
+    deadline = time.monotonic() + 20
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            return
+        except OSError:
+            if proc.poll() is not None:
+                raise RuntimeError(f"{what} exited at start ({proc.returncode})")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{what} did not listen on {port}")
+            time.sleep(0.02)
+
+
+@pytest.fixture(scope="module")
+def s3(tmp_path_factory):
+    binary = os.environ.get("WEIGHTLIFT_S3S_FS") or shutil.which("s3s-fs") or shutil.which(
+        "s3s-fs", path=os.path.expanduser("~/.cargo/bin"))
+    if not binary:
+        _missing("no s3s-fs here (cargo install s3s-fs --features binary, or set WEIGHTLIFT_S3S_FS)")
+    root = tmp_path_factory.mktemp("s3")
+    (root / "bucket").mkdir()
+    port = _free_port()
+    proc = subprocess.Popen([binary, "--host", "127.0.0.1", "--port", str(port), "--access-key", ACCESS_KEY,
+                             "--secret-key", SECRET_KEY, str(root)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    _wait(port, proc, "s3s-fs")
+    env = {"AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}", "AWS_ACCESS_KEY_ID": ACCESS_KEY,
+           "AWS_SECRET_ACCESS_KEY": SECRET_KEY, "AWS_REGION": "us-east-1", "AWS_ALLOW_HTTP": "true"}
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    yield root / "bucket"
+    for k, v in saved.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+    proc.kill()
+    proc.wait()
+
+
+@pytest.fixture(scope="module")
+def http(tmp_path_factory):
+    binary = shutil.which("nginx") or shutil.which("nginx", path="/usr/sbin")
+    if not binary:
+        _missing("no nginx here (apt-get install nginx-light)")
+    base = tmp_path_factory.mktemp("nginx")
+    root = base / "www"
+    root.mkdir()
+    port = _free_port()
+    (base / "nginx.conf").write_text(
+        f"daemon off; master_process off; worker_processes 1; pid {base}/nginx.pid; error_log {base}/error.log;\n"
+        "events { worker_connections 256; }\n"
+        f"http {{ access_log off; client_body_temp_path {base}/t; proxy_temp_path {base}/t; "
+        f"fastcgi_temp_path {base}/t; uwsgi_temp_path {base}/t; scgi_temp_path {base}/t;\n"
+        f"server {{ listen 127.0.0.1:{port}; root {root}; }} }}\n")
+    proc = subprocess.Popen([binary, "-p", str(base), "-c", str(base / "nginx.conf")],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    _wait(port, proc, "nginx")
+    yield root, f"http://127.0.0.1:{port}"
+    proc.kill()
+    proc.wait()
+
+
+def _checkpoint(path: Path) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(11)
+    tensors = {
+        "embed.weight": torch.randn(512, 384, generator=g).to(torch.bfloat16),
+        "layers.0.attn.q.weight": torch.randn(384, 384, generator=g).to(torch.float16),
+        "layers.0.mlp.up.weight": torch.randn(1024, 384, generator=g),
+        "layers.0.norm.weight": torch.rand(384, generator=g),
+        "positions": torch.arange(4097, dtype=torch.int64),
+    }
+    upstream_save(tensors, str(path), metadata={"format": "pt"})
+    return upstream_load(str(path))
+
+
+def _same(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> None:
+    assert sorted(got) == sorted(want)
+    for k in want:
+        assert got[k].dtype == want[k].dtype and got[k].shape == want[k].shape, k
+        assert torch.equal(got[k].view(torch.uint8), want[k].view(torch.uint8)) if got[k].dim() else True, k
+        assert torch.equal(got[k].cpu(), want[k]), k
+
+
+def test_load_file_and_safe_open_from_a_bucket(s3, tmp_path):
+    want = _checkpoint(tmp_path / "m.safetensors")
+    shutil.copy(tmp_path / "m.safetensors", s3 / "m.safetensors")
+    _same(wst.load_file("s3://bucket/m.safetensors", device="cpu"), want)
+    with wst.safe_open("s3://bucket/m.safetensors", framework="pt", device="cpu") as f:
+        assert f.metadata() == {"format": "pt"}
+        _same({k: f.get_tensor(k) for k in f.keys()}, want)
+        assert torch.equal(f.get_slice("layers.0.mlp.up.weight")[10:20], want["layers.0.mlp.up.weight"][10:20])
+
+
+def test_load_file_over_http_and_missing_objects(http, tmp_path):
+    root, base = http
+    want = _checkpoint(tmp_path / "m.safetensors")
+    shutil.copy(tmp_path / "m.safetensors", root / "m.safetensors")
+    _same(wst.load_file(f"{base}/m.safetensors"), want)
+    with pytest.raises(weightlift.WeightliftError, match="no such object") as e:
+        wst.load_file(f"{base}/none.safetensors")
+    assert "\n" not in str(e.value)
+
+
+def test_load_gguf_over_http(http, tmp_path):
+    gguf = pytest.importorskip("gguf")
+    import numpy as np
+    root, base = http
+    path = tmp_path / "m.gguf"
+    w = gguf.GGUFWriter(str(path), "llama")
+    rng = np.random.default_rng(3)
+    arrays = {"tok_embd.weight": rng.standard_normal((64, 32), dtype=np.float32),
+              "blk.0.ffn_up.weight": rng.standard_normal((32, 96)).astype(np.float16)}
+    for name, a in arrays.items():
+        w.add_tensor(name, a)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    shutil.copy(path, root / "m.gguf")
+    tensors = weightlift.load_gguf(f"{base}/m.gguf", device="cpu").tensors
+    for name, a in arrays.items():
+        assert tensors[name].contiguous().numpy().tobytes() == a.tobytes(), name
