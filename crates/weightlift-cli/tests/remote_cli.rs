@@ -50,13 +50,13 @@ fn inspect_and_load_read_buckets_and_errors_are_one_line() {
 
     let wrong = weightlift(&["inspect", "s3://bucket/m.safetensors"], &s3_env(&s3, "not-the-secret"));
     let err = String::from_utf8_lossy(&wrong.stderr);
-    assert_eq!(wrong.status.code(), Some(1), "{err}");
+    assert_eq!(wrong.status.code(), Some(2), "{err}");
     assert!(err.contains("s3://bucket/m.safetensors: access denied"), "{err}");
     assert_eq!(err.trim_end().lines().count(), 1, "{err}");
 
     let missing = weightlift(&["load", "--device", "cpu", "s3://bucket/none.safetensors"], &env);
     let err = String::from_utf8_lossy(&missing.stderr);
-    assert_eq!(missing.status.code(), Some(1), "{err}");
+    assert_eq!(missing.status.code(), Some(2), "{err}");
     assert!(err.contains("s3://bucket/none.safetensors: no such object"), "{err}");
 }
 

@@ -260,7 +260,9 @@ impl Object {
             object_store::Error::Precondition { .. } => Failure::Fatal(self.changed("a newer version".into())),
             object_store::Error::PermissionDenied { source, .. }
             | object_store::Error::Unauthenticated { source, .. } => {
-                Failure::Fatal(RemoteError::Denied { url, message: one_line(&*source) })
+                let message = one_line(&*source);
+                let message = status_in(&message).map_or(message, |s| format!("HTTP {s}"));
+                Failure::Fatal(RemoteError::Denied { url, message })
             }
             // The HTTP client's word for a 200 answer to a ranged GET.
             object_store::Error::NotSupported { source }

@@ -38,9 +38,13 @@ fn find(name: &str, also: &[&str]) -> Option<PathBuf> {
         .find(|p| p.is_file())
 }
 
-/// A command whose process dies with the test process (servers kept in statics are never dropped).
-fn dies_with_us(mut cmd: Command) -> Command {
+/// Starts `cmd` so that its process dies with the test process (servers kept in statics are never dropped): it
+/// asks for SIGKILL when its parent thread ends, and is started by a thread that lives as long as the process.
+fn spawn_owned(mut cmd: Command) -> std::io::Result<Child> {
     use std::os::unix::process::CommandExt;
+    use std::sync::mpsc::{Sender, channel};
+    type Ask = (Command, Sender<std::io::Result<Child>>);
+    static SPAWNER: std::sync::OnceLock<Mutex<Sender<Ask>>> = std::sync::OnceLock::new();
     // SAFETY: prctl is async-signal-safe, as a pre_exec hook must be.
     unsafe {
         cmd.pre_exec(|| {
@@ -48,7 +52,18 @@ fn dies_with_us(mut cmd: Command) -> Command {
             Ok(())
         })
     };
-    cmd
+    let spawner = SPAWNER.get_or_init(|| {
+        let (tx, rx) = channel::<Ask>();
+        std::thread::spawn(move || {
+            for (mut cmd, back) in rx {
+                let _ = back.send(cmd.spawn());
+            }
+        });
+        Mutex::new(tx)
+    });
+    let (back, answer) = channel();
+    spawner.lock().unwrap().send((cmd, back)).expect("the spawner thread lives as long as the process");
+    answer.recv().expect("the spawner answers")
 }
 
 fn free_port() -> u16 {
@@ -98,22 +113,21 @@ pub fn s3() -> Option<Server> {
     let root = dir.path().join("s3");
     std::fs::create_dir_all(root.join("bucket")).unwrap();
     let port = free_port();
-    let mut child = dies_with_us(Command::new(&bin))
-        .args([
-            "--host",
-            "127.0.0.1",
-            "--port",
-            &port.to_string(),
-            "--access-key",
-            ACCESS_KEY,
-            "--secret-key",
-            SECRET_KEY,
-        ])
-        .arg(&root)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap_or_else(|e| panic!("{}: {e}", bin.display()));
+    let mut cmd = Command::new(&bin);
+    cmd.args([
+        "--host",
+        "127.0.0.1",
+        "--port",
+        &port.to_string(),
+        "--access-key",
+        ACCESS_KEY,
+        "--secret-key",
+        SECRET_KEY,
+    ])
+    .arg(&root)
+    .stdout(Stdio::null())
+    .stderr(Stdio::null());
+    let mut child = spawn_owned(cmd).unwrap_or_else(|e| panic!("{}: {e}", bin.display()));
     wait_for(port, &mut child, "s3s-fs");
     Some(Server { child, port, root, _dir: dir })
 }
@@ -142,13 +156,9 @@ pub fn nginx(ranges: bool) -> Option<Server> {
         ),
     )
     .unwrap();
-    let mut child = dies_with_us(Command::new(&bin))
-        .args(["-p", &p.to_string(), "-c"])
-        .arg(&conf)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap_or_else(|e| panic!("{}: {e}", bin.display()));
+    let mut cmd = Command::new(&bin);
+    cmd.args(["-p", &p.to_string(), "-c"]).arg(&conf).stdout(Stdio::null()).stderr(Stdio::null());
+    let mut child = spawn_owned(cmd).unwrap_or_else(|e| panic!("{}: {e}", bin.display()));
     wait_for(port, &mut child, "nginx");
     Some(Server { child, port, root, _dir: dir })
 }
