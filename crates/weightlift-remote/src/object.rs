@@ -375,3 +375,35 @@ impl Head {
         Ok(())
     }
 }
+
+/// Writes the local file `path` as the object `url` (in parts of 16 MiB, several in flight), and returns its
+/// length: what fills a bucket for tests and benchmarks, through the same clients that read it.
+pub fn upload(path: &std::path::Path, url: &str) -> Result<u64, RemoteError> {
+    use std::io::Read;
+    use tokio::io::AsyncWriteExt;
+    let (store, location) = store_for(url)?;
+    let fail = |message: String| RemoteError::Other { url: url.to_string(), message };
+    let mut file = std::fs::File::open(path).map_err(|e| fail(format!("{}: {e}", path.display())))?;
+    let url_text = url.to_string();
+    block_on(async move {
+        let fail = |message: String| RemoteError::Other { url: url_text.clone(), message };
+        let mut writer = object_store::buffered::BufWriter::with_capacity(store, location, 16 << 20);
+        let mut total = 0u64;
+        loop {
+            let mut chunk = vec![0u8; 16 << 20];
+            // A blocking read on a runtime thread: uploads are test and benchmark set-up, one at a time.
+            let n = file.read(&mut chunk).map_err(|e| fail(e.to_string()))?;
+            if n == 0 {
+                break;
+            }
+            chunk.truncate(n);
+            total += n as u64;
+            if let Err(e) = writer.put(chunk.into()).await {
+                let _ = writer.abort().await;
+                return Err(fail(one_line(&e)));
+            }
+        }
+        writer.shutdown().await.map_err(|e| fail(e.to_string()))?;
+        Ok(total)
+    })?
+}

@@ -72,7 +72,7 @@ fn s3_objects_load_byte_exact() {
         ("llama.gguf", Layout::Llama, Container::Gguf),
     ] {
         let local = generate(dir.path(), name, layout, container);
-        servers::put(&s3.root.join("bucket"), &format!("models/{name}"), &local);
+        weightlift::remote::upload(&local, &format!("s3://bucket/models/{name}")).unwrap();
         let (index, loaded) = load(&engine, &format!("s3://bucket/models/{name}"));
         assert_same_as(&local, &index, &loaded);
         let net = loaded.report.network.as_ref().expect("a load from an object reports its requests");
@@ -93,9 +93,9 @@ fn a_shard_index_finds_its_shards_beside_it_in_the_bucket() {
     let json = serde_json::json!({"metadata": {}, "weight_map": map});
     let index_path = dir.path().join("model.safetensors.index.json");
     std::fs::write(&index_path, serde_json::to_vec(&json).unwrap()).unwrap();
-    let bucket = s3.root.join("bucket");
-    servers::put(&bucket, "sharded/model-00001-of-00001.safetensors", &local);
-    servers::put(&bucket, "sharded/model.safetensors.index.json", &index_path);
+    let _ = s3;
+    weightlift::remote::upload(&local, "s3://bucket/sharded/model-00001-of-00001.safetensors").unwrap();
+    weightlift::remote::upload(&index_path, "s3://bucket/sharded/model.safetensors.index.json").unwrap();
     let (index, loaded) = load(&engine(), "s3://bucket/sharded/model.safetensors.index.json");
     assert_eq!(index.files[0].path, PathBuf::from("s3://bucket/sharded/model-00001-of-00001.safetensors"));
     assert_same_as(&local, &index, &loaded);
