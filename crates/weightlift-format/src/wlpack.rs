@@ -201,6 +201,8 @@ pub struct PackIndex {
     pub data_start: u64,
     /// Length of the pack file.
     pub len: u64,
+    /// For a pack read from an object (a URL): the ETag it had when its tables were read.
+    pub etag: Option<String>,
 }
 
 impl PackIndex {
@@ -378,7 +380,9 @@ fn read_input(input: &Input) -> Result<PackIndex, FormatError> {
     }
     let (chunk_bytes, stream_bytes) = tables.split_at((json.chunks * RECORD_BYTES) as usize);
     let data_start = tables_end.next_multiple_of(STREAM_ALIGN);
-    validate(json, chunk_bytes, stream_bytes, data_start, input.len).map_err(err)
+    let mut index = validate(json, chunk_bytes, stream_bytes, data_start, input.len).map_err(err)?;
+    index.etag = input.etag();
+    Ok(index)
 }
 
 fn validate(
@@ -428,7 +432,17 @@ fn validate(
     check_file_coverage(&items, &files)?;
     let chunks = read_chunks(&items, &files, chunk_bytes, json.streams)?;
     let streams = read_streams(&items, &chunks, stream_bytes, data_start, len)?;
-    Ok(PackIndex { source: json.source, files, items, chunks, streams, metadata: json.metadata, data_start, len })
+    Ok(PackIndex {
+        source: json.source,
+        files,
+        items,
+        chunks,
+        streams,
+        metadata: json.metadata,
+        data_start,
+        len,
+        etag: None,
+    })
 }
 
 fn validate_files(files: Vec<PackedFile>) -> Result<Vec<PackedFile>, ErrorKind> {

@@ -40,6 +40,10 @@ use crate::tensor::{DeviceTensor, Loaded, Tensor, TensorData};
 /// Whether `path` is a packed checkpoint (by its first bytes). Opened as a regular file only: a FIFO or a device
 /// must not block here (the reader that follows names it).
 pub fn is_pack_file(path: &Path) -> bool {
+    // An object is not fetched to tell: its name says it (`weightlift pack` writes `.wlpack` files).
+    if let Some(url) = path.to_str().filter(|p| weightlift_remote::is_url(p)) {
+        return url.ends_with(".wlpack");
+    }
     let mut head = [0u8; 8];
     let Ok(mut f) = weightlift_format::regular::open(path, weightlift_format::regular::Access::READ) else {
         return false;
@@ -152,7 +156,7 @@ fn batch_index(path: &Path, index: &PackIndex, batches: &[Batch]) -> TensorIndex
             data_start: index.data_start,
             metadata: weightlift_format::Metadata::None,
             gguf_version: None,
-            etag: None,
+            etag: index.etag.clone(),
         }],
         tensors: batches
             .iter()
@@ -363,6 +367,7 @@ impl Engine {
             })
             .collect();
         let mut io = None;
+        let mut network = None;
         if let Some(stream) = stream {
             let ctx = Ctx { path, index, items: &items, dsts: &dsts, opts };
             let decoded = match (&gpu, kind) {
@@ -370,6 +375,7 @@ impl Engine {
                 (Some(gpu), _) => decode_on_cpu(&stream, &batches, &ctx, Some(gpu), &mut stats),
                 (None, _) => decode_on_cpu(&stream, &batches, &ctx, None, &mut stats),
             };
+            network = stream.network();
             let finished = stream.finish();
             decoded?;
             io = finished?.1;
@@ -392,6 +398,7 @@ impl Engine {
         report.alloc_secs = alloc_secs;
         report.gpu = gpu.as_ref().map(|g| g.info().clone());
         report.pack = Some(stats);
+        report.network = network;
         report.seconds = start.elapsed().as_secs_f64();
         Ok(Loaded { tensors, report })
     }

@@ -576,6 +576,11 @@ impl Stream {
         self.shared.lock().stats.clone()
     }
 
+    /// What the requests of a stream from objects (URLs) did so far (`None` when it reads local files only).
+    pub fn network(&self) -> Option<crate::report::NetworkStats> {
+        crate::report::NetworkStats::of(&self.files)
+    }
+
     /// Stops reading ahead and reports what the stream did.
     pub fn close(mut self) -> Result<StreamStats> {
         self.stop().map(|(stats, _)| stats)

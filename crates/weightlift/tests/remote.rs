@@ -188,3 +188,29 @@ fn replace(path: &Path) {
     std::fs::File::options().write(true).open(&tmp).unwrap().set_modified(later).unwrap();
     std::fs::rename(&tmp, path).unwrap();
 }
+
+#[test]
+fn a_packed_checkpoint_loads_from_a_url() {
+    let Some(nginx) = servers::nginx(true) else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let local = generate(dir.path(), "m.safetensors", Layout::Llama, Container::Safetensors);
+    let packed = dir.path().join("m.wlpack");
+    let opts = weightlift_pack::PackOptions { plane_chunk: 256 << 10, ..weightlift_pack::PackOptions::default() };
+    weightlift_pack::pack(&local, &packed, &opts, &|_: u64, _: u64| {}).unwrap();
+    servers::put(&nginx.root, "m.wlpack", &packed);
+    let url = PathBuf::from(format!("{}/m.wlpack", nginx.base()));
+    assert!(weightlift::packed::is_pack_file(&url));
+    let loaded = engine()
+        .load_pack(&url, None, Device::Cpu, weightlift::packed::Decoder::Auto, &LoadOpts::default())
+        .unwrap_or_else(|e| panic!("{}: {e}", url.display()));
+    let index = weightlift::format::open(&[local.clone()], None).unwrap();
+    let file = std::fs::read(&local).unwrap();
+    assert_eq!(loaded.tensors.len(), index.tensors.len());
+    for t in &loaded.tensors {
+        let e = index.get(&t.name).unwrap();
+        let mut got = vec![0u8; t.data.len()];
+        t.data.read_back(0, &mut got).unwrap();
+        assert!(got == file[e.offset as usize..e.end() as usize], "{}", t.name);
+    }
+    assert!(loaded.report.network.is_some(), "the report names the object's requests");
+}
