@@ -61,6 +61,8 @@ impl Submitter for WithObjects {
     }
 
     fn complete(&mut self, out: &mut Vec<Completion>) -> Result<(), IoError> {
+        // Object completions ready now are returned without waiting on the file interface; a lane reading files
+        // and objects at once (a load of both) submits its queued file reads on a later call.
         if self.take_ready(out) > 0 {
             return Ok(());
         }

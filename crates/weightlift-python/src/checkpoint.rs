@@ -363,14 +363,15 @@ impl Checkpoint {
             let data = loaded.tensors.into_iter().next().ok_or_else(|| invalid_argument("no rows were loaded"))?.data;
             return Ok(NativeBuffer::new(rows_of(data, start * row, (stop - start) * row).map_err(to_py)?));
         }
-        let path = self.index.files[t.file].path.clone();
+        // The file as parsed: an object's rows come from the version its header was read from.
+        let file = self.index.files[t.file].clone();
         let range = (0usize, t.offset + start * row, (stop - start) * row);
         let device = parse_device(device)?;
         let engine = engine.engine.clone();
         let faults = self.faults()?;
         let loaded = interruptible(py, move |cancel| {
             let opts = LoadOpts { faults: faults.as_ref(), cancel: Some(cancel), ..LoadOpts::default() };
-            engine.load_ranges(&[path], &[range], device, &opts)
+            engine.load_ranges_of(vec![file], &[range], device, &opts)
         })?
         .map_err(to_py)?;
         remember(loaded.report.to_json());

@@ -240,7 +240,7 @@ mod tests {
 
     #[test]
     fn a_bucket_without_an_object_is_refused() {
-        let err = store_for("s3://bucket/").err().expect("no object named");
+        let err = store_for("s3://bucket/").expect_err("no object named");
         assert!(err.to_string().contains("no object"), "{err}");
     }
 }

@@ -17,7 +17,7 @@ use crate::checked::{Checks, CpuChecker, GpuChecker, HostDest, Layout, Watch};
 use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::files::FileCache;
-use crate::path::{DeviceRead, LoadOpts, PathOutcome, ResolvedPath};
+use crate::path::{DeviceRead, LoadOpts, PathKind, PathOutcome, ResolvedPath};
 use crate::placement;
 use crate::report::{CheckStats, NetworkStats, Report};
 use crate::settings::Settings;
@@ -354,6 +354,14 @@ impl Engine {
         let _restore = weightlift_cuda::ContextRestore::save(); // the caller's thread keeps its device
         gpu.bind()?;
         let path = self.gpu_path(n)?;
+        if let Some(object) = files.iter().find(|f| f.object().is_some()).filter(|_| path.kind != PathKind::Pipeline) {
+            return Err(Error::InvalidArgument(format!(
+                "{}: objects are read through the pinned pipeline; the {:?} path ({}) reads local files only",
+                object.path.display(),
+                path.kind,
+                path.reason
+            )));
+        }
         // Every lane's stream and the allocation's, made now: made by the lanes as they start, beside their pinning
         // and the allocation, 17 took 9.2 ms of a first load on the H100, against 0.7 ms made together before
         // (bench/results/2026-11-25-h100-zc at b3a4ec8). Nothing to do once made.
@@ -502,9 +510,46 @@ impl Engine {
         device: Device,
         opts: &LoadOpts<'_>,
     ) -> Result<Loaded> {
-        let index = ranges_index(paths, ranges)?;
+        let files = paths.iter().map(|p| raw_source(p)).collect::<Result<Vec<_>>>()?;
+        self.load_ranges_of(files, ranges, device, opts)
+    }
+
+    /// [`Engine::load_ranges`] over files described already (as a parsed index gives them: an object's ranges are
+    /// then read from the version the index was parsed from, or not at all).
+    pub fn load_ranges_of(
+        &self,
+        files: Vec<weightlift_format::SourceFile>,
+        ranges: &[(usize, u64, u64)],
+        device: Device,
+        opts: &LoadOpts<'_>,
+    ) -> Result<Loaded> {
+        let index = ranges_index(files, ranges)?;
         self.load(&index, device, opts)
     }
+}
+
+/// `path` as a raw source: its length (an object's from a HEAD request, with its ETag).
+fn raw_source(path: &Path) -> Result<weightlift_format::SourceFile> {
+    let (len, etag) = match path.to_str().filter(|p| weightlift_remote::is_url(p)) {
+        Some(url) => {
+            let f = OpenFile::open_object(url, None)?;
+            (f.len, f.object().and_then(|o| o.etag().map(str::to_string)))
+        }
+        None => {
+            let meta = std::fs::metadata(path)
+                .map_err(|cause| Error::Io(weightlift_io::IoError::Open { path: path.to_path_buf(), cause }))?;
+            (meta.len(), None)
+        }
+    };
+    Ok(weightlift_format::SourceFile {
+        path: path.to_path_buf(),
+        format: weightlift_format::Format::Raw,
+        len,
+        data_start: 0,
+        metadata: weightlift_format::Metadata::None,
+        gguf_version: None,
+        etag,
+    })
 }
 
 /// The extents of byte ranges `(file, offset, len, destination, destination offset)` of `files` into `dests`
@@ -604,27 +649,12 @@ fn io_opts<'a>(opts: &LoadOpts<'a>) -> LoadOptions<'a> {
 }
 
 /// An index of raw byte ranges of `paths` (each a 1-D byte tensor named `""`).
-fn ranges_index(paths: &[PathBuf], ranges: &[(usize, u64, u64)]) -> Result<TensorIndex> {
-    let mut files = Vec::with_capacity(paths.len());
-    for p in paths {
-        let len = std::fs::metadata(p)
-            .map_err(|cause| Error::Io(weightlift_io::IoError::Open { path: p.clone(), cause }))?
-            .len();
-        files.push(weightlift_format::SourceFile {
-            path: p.clone(),
-            format: weightlift_format::Format::Raw,
-            len,
-            data_start: 0,
-            metadata: weightlift_format::Metadata::None,
-            gguf_version: None,
-            etag: None,
-        });
-    }
+fn ranges_index(files: Vec<weightlift_format::SourceFile>, ranges: &[(usize, u64, u64)]) -> Result<TensorIndex> {
     let mut tensors = Vec::with_capacity(ranges.len());
     for &(file, offset, len) in ranges {
         let f = files
             .get(file)
-            .ok_or_else(|| Error::InvalidArgument(format!("range names file {file} of {}", paths.len())))?;
+            .ok_or_else(|| Error::InvalidArgument(format!("range names file {file} of {}", files.len())))?;
         if offset.checked_add(len).is_none_or(|end| end > f.len) {
             return Err(Error::Io(weightlift_io::IoError::PastEnd {
                 path: f.path.clone(),

@@ -163,6 +163,9 @@ pub fn nginx(ranges: bool) -> Option<Server> {
     Some(Server { child, port, root, _dir: dir })
 }
 
+/// What runs before a ranged GET is forwarded, given its number.
+pub type Hook = Box<dyn FnMut(usize) + Send>;
+
 /// What the proxy does to the requests passing through it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Fault {
@@ -184,7 +187,7 @@ pub struct Proxy {
     pub port: u16,
     pub faults: Arc<Mutex<Vec<Fault>>>,
     pub ranged_gets: Arc<AtomicUsize>,
-    pub after_get: Arc<Mutex<Option<Box<dyn FnMut(usize) + Send>>>>,
+    pub after_get: Arc<Mutex<Option<Hook>>>,
     stop: Arc<AtomicU64>,
 }
 
@@ -233,7 +236,7 @@ fn serve(
     upstream: u16,
     faults: &Mutex<Vec<Fault>>,
     gets: &AtomicUsize,
-    hook: &Mutex<Option<Box<dyn FnMut(usize) + Send>>>,
+    hook: &Mutex<Option<Hook>>,
 ) {
     let Some(head) = read_head(&mut client) else { return };
     let text = String::from_utf8_lossy(&head).to_string();
