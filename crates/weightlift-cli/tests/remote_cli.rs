@@ -66,3 +66,43 @@ fn serde_json_tensors(stdout: &[u8]) -> String {
     let start = text.find("\"tensors\"").unwrap_or_else(|| panic!("no tensors in {text}"));
     text[start..].to_string()
 }
+
+#[test]
+fn sigint_stops_a_load_waiting_on_a_slow_server() {
+    let Some(nginx) = servers::nginx(true) else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let local = dir.path().join("m.safetensors");
+    let spec = Spec { layout: Layout::Llama, container: Container::Safetensors, size: 24 << 20, seed: 6, align: None };
+    synth::generate(&local, &spec).unwrap();
+    servers::put(&nginx.root, "m.safetensors", &local);
+    // The header's GET passes; every GET of the load then waits 30 s before the server sees it.
+    let proxy = servers::Proxy::start(nginx.port, Vec::new());
+    let hold = proxy.faults.clone();
+    *proxy.after_get.lock().unwrap() = Some(Box::new(move |k| {
+        if k == 1 {
+            *hold.lock().unwrap() = vec![servers::Fault::Slow(std::time::Duration::from_secs(30)); 64];
+        }
+    }));
+    let url = format!("{}/m.safetensors", proxy.base());
+    let mut child = Command::new(env!("CARGO_BIN_EXE_weightlift"))
+        .args(["load", &url, "--device", "cpu"])
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run weightlift");
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    assert!(child.try_wait().unwrap().is_none(), "the load finished before the signal");
+    let sent = std::time::Instant::now();
+    assert!(Command::new("kill").args(["-INT", &child.id().to_string()]).status().unwrap().success());
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(sent.elapsed() < std::time::Duration::from_secs(5), "no exit 5 s after SIGINT");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    };
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
+    println!("exit {:?} {:.0} ms after SIGINT", status.code(), sent.elapsed().as_secs_f64() * 1e3);
+    assert_eq!(status.code(), Some(130), "{err}");
+    assert!(err.contains("interrupted"), "{err}");
+}

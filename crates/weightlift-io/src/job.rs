@@ -203,6 +203,12 @@ impl Job {
         self.cancel.as_ref().is_some_and(|c| unsafe { c.get() }.load(Ordering::Relaxed))
     }
 
+    /// Whether the job is stopping: failed, or cancelled by its caller (asked while a read of the job is in
+    /// flight, so the caller is still waiting and the flag it lent is alive).
+    pub(crate) fn stopping(&self) -> bool {
+        self.aborted() || self.cancelled()
+    }
+
     /// Whether the job stopped early (an error or a cancellation).
     pub(crate) fn aborted(&self) -> bool {
         self.abort.load(Ordering::Relaxed)

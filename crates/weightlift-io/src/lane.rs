@@ -568,7 +568,9 @@ impl Lane {
                 let len = req.len.min((slot_len as u64).saturating_sub(at)) as u32;
                 // SAFETY: as below.
                 let buf = unsafe { base.add(at as usize) };
-                Submission::Object { object: object.clone(), buf, len, offset: req.offset }
+                let stopping = job.clone();
+                let stop = Arc::new(move || stopping.stopping());
+                Submission::Object { object: object.clone(), buf, len, offset: req.offset, stop }
             }
             (Some(ip), Source::Local(buffered)) => {
                 ip.iov = iovecs(&ip.targets, at, req.len);

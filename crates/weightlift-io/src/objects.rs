@@ -39,12 +39,12 @@ impl WithObjects {
 impl Submitter for WithObjects {
     unsafe fn push(&mut self, user_data: u64, s: Submission) -> Result<(), IoError> {
         match s {
-            Submission::Object { object, buf, len, offset } => {
+            Submission::Object { object, buf, len, offset, stop } => {
                 let tx = self.done_tx.clone();
                 // SAFETY: the caller keeps `buf..buf + len` valid and untouched until this read's completion is
                 // returned by `complete`, which happens only after `done` below has run.
                 unsafe {
-                    object.start_read(offset, buf, len as usize, move |r| {
+                    object.start_read(offset, buf, len as usize, Some(stop), move |r| {
                         let _ = tx.send((user_data, r.map_err(weightlift_remote::RemoteError::into_io)));
                     })
                 };

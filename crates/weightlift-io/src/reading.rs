@@ -152,8 +152,11 @@ impl Reading {
 
     fn failure(&self, file: &OpenFile, offset: u64, len: u64, cause: io::Error) -> IoError {
         // An object's failure names its URL and byte range itself.
-        if let Some(e) = cause.get_ref().and_then(|e| e.downcast_ref::<weightlift_remote::RemoteError>()) {
-            return IoError::Remote(e.clone());
+        match cause.get_ref().and_then(|e| e.downcast_ref::<weightlift_remote::RemoteError>()) {
+            // Stopped because its job was cancelled, or failed already (whose first error then stands).
+            Some(weightlift_remote::RemoteError::Stopped { .. }) => return IoError::Cancelled,
+            Some(e) => return IoError::Remote(e.clone()),
+            None => {}
         }
         let path = file.path.clone();
         match self.dir {

@@ -12,7 +12,14 @@ pub(crate) enum Submission {
     /// Straight into host destinations.
     Vectored { fd: i32, iov: *const libc::iovec, count: u32, offset: u64 },
     /// Into a staging slot, from an object (a ranged GET, see `objects`).
-    Object { object: std::sync::Arc<weightlift_remote::Object>, buf: *mut u8, len: u32, offset: u64 },
+    Object {
+        object: std::sync::Arc<weightlift_remote::Object>,
+        buf: *mut u8,
+        len: u32,
+        offset: u64,
+        /// Whether the read's job is stopping (cancelled or failed): the read then ends early.
+        stop: std::sync::Arc<dyn Fn() -> bool + Send + Sync>,
+    },
 }
 
 /// The kernel interface of a lane: io_uring, or blocking reads that complete as they are pushed.

@@ -23,6 +23,9 @@ pub enum RemoteError {
     /// A ranged GET failed for good (after its retries).
     #[error("{url}: bytes {}..{} failed after {retries} retries: {message}", range.start, range.end)]
     Request { url: String, range: Range<u64>, retries: u32, message: String },
+    /// The read was stopped (its load was cancelled or failed elsewhere) before it completed.
+    #[error("{url}: the read was stopped")]
+    Stopped { url: String },
     /// Anything else the store reported.
     #[error("{url}: {message}")]
     Other { url: String, message: String },

@@ -143,7 +143,9 @@ impl Object {
     }
 
     /// Starts reading `len` bytes at `offset` into `dest` on the runtime; `done` gets the bytes read (all of them)
-    /// or the error, on a runtime thread.
+    /// or the error, on a runtime thread. `stop`, asked every 20 ms, ends the read early (a cancelled load: an
+    /// interrupted user must not wait for a slow server): its request is dropped, nothing more is written into
+    /// `dest`, and `done` gets [`RemoteError::Stopped`].
     ///
     /// # Safety
     /// `dest..dest + len` must be valid for writes, and neither read nor written by anything else, until `done`
@@ -153,6 +155,7 @@ impl Object {
         offset: u64,
         dest: *mut u8,
         len: usize,
+        stop: Option<Arc<dyn Fn() -> bool + Send + Sync>>,
         done: impl FnOnce(Result<usize, RemoteError>) + Send + 'static,
     ) {
         if let Err(e) = self.check_range(offset, len as u64) {
@@ -164,7 +167,23 @@ impl Object {
         };
         let this = self.clone();
         let dest = Dest { ptr: dest, len };
-        rt.spawn(async move { done(this.fetch(offset, dest).await.map(|()| len)) });
+        rt.spawn(async move {
+            let fetch = this.fetch(offset, dest);
+            let Some(stop) = stop else { return done(fetch.await.map(|()| len)) };
+            tokio::pin!(fetch);
+            let mut poll = tokio::time::interval(Duration::from_millis(20));
+            let result = loop {
+                tokio::select! {
+                    r = &mut fetch => break r.map(|()| len),
+                    _ = poll.tick() => if stop() {
+                        break Err(RemoteError::Stopped { url: this.url.clone() });
+                    }
+                }
+            };
+            // Dropped before `done`: once `done` runs, nothing writes into `dest` any more.
+            drop(fetch);
+            done(result)
+        });
     }
 
     fn check_range(&self, offset: u64, len: u64) -> Result<(), RemoteError> {
