@@ -1,18 +1,19 @@
 //! NVRTC, loaded at run time: checked for every symbol before cudarc touches it (cudarc panics on a missing one),
 //! then used to compile CUDA source to PTX. Needs no GPU.
 //!
-//! What it compiles is kept: for the process, and on disk (`kernels/` under `WEIGHTLIFT_CACHE`, else
-//! `$XDG_CACHE_HOME/weightlift`, else `~/.cache/weightlift`), keyed by the source, its name, the target
-//! architecture and NVRTC's version. Compiling the unpack kernels cost every fresh process 65-75 ms on its first
-//! packed or checked load (0.090-0.104 s against 0.023-0.028 s for its second, H100,
-//! bench/results/2026-11-28-h100-a); the driver keeps its own compilation of the PTX across processes.
+//! What it compiles is kept: for the process, and on disk (`kernel_cache`: refusing anything there that is not a
+//! regular file of a sane size), keyed by the source, its name, the target architecture and NVRTC's version.
+//! Compiling the unpack kernels cost every fresh process 65-75 ms on its first packed or checked load (0.090-0.104 s
+//! against 0.023-0.028 s for its second, H100, bench/results/2026-11-28-h100-a); the driver keeps its own
+//! compilation of the PTX across processes.
 
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
-use std::path::PathBuf;
 use std::sync::Mutex;
 
 use cudarc::nvrtc::{CompileOptions, Ptx};
+
+use crate::kernel_cache;
 
 const SYMBOLS: &[&str] = &[
     "nvrtcCreateProgram",
@@ -52,14 +53,18 @@ pub fn compile(source: &str, name: &str, arch: Option<(i32, i32)>) -> Result<Ptx
     if let Some(text) = MEMO.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert_with(HashMap::new).get(&key) {
         return Ok(Ptx::from_src(text.clone()));
     }
-    let file = cache_dir().map(|d| d.join(format!("{name}-{key:016x}.ptx")));
-    let cached = file.as_ref().and_then(|f| std::fs::read_to_string(f).ok()).filter(|t| looks_like_ptx(t));
+    let file = kernel_cache::dir().map(|d| d.join(format!("{name}-{key:016x}.ptx")));
+    let cached = file
+        .as_deref()
+        .and_then(kernel_cache::read)
+        .and_then(|bytes| String::from_utf8(bytes).ok())
+        .filter(|t| looks_like_ptx(t));
     let text = match cached {
         Some(text) => text,
         None => {
             let text = compile_uncached(source, name, arch)?.to_src();
             if let Some(f) = &file {
-                store(f, &text);
+                kernel_cache::store(f, text.as_bytes());
             }
             text
         }
@@ -94,36 +99,9 @@ fn cache_key(source: &str, name: &str, arch: Option<(i32, i32)>) -> u64 {
     h.finish()
 }
 
-fn cache_dir() -> Option<PathBuf> {
-    let base = std::env::var_os("WEIGHTLIFT_CACHE").map(PathBuf::from).or_else(|| {
-        std::env::var_os("XDG_CACHE_HOME")
-            .map(PathBuf::from)
-            .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
-            .map(|c| c.join("weightlift"))
-    })?;
-    Some(base.join("kernels"))
-}
-
 /// A cached file is used only if it is whole PTX (a write cut short is compiled again).
 fn looks_like_ptx(text: &str) -> bool {
     text.contains(".version") && text.contains(".target") && text.trim_end().ends_with('}')
-}
-
-/// Writes the PTX under a temporary name and renames it into place, so that readers never see part of it; a cache
-/// that cannot be written only costs the next process a compilation.
-fn store(file: &std::path::Path, text: &str) {
-    let write = || -> std::io::Result<()> {
-        let dir = file.parent().ok_or(std::io::ErrorKind::NotFound)?;
-        std::fs::create_dir_all(dir)?;
-        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let tmp = dir.join(format!(".{}-{n}.tmp", std::process::id()));
-        std::fs::write(&tmp, text)?;
-        std::fs::rename(&tmp, file)
-    };
-    if let Err(e) = write() {
-        tracing::debug!("kernel cache not written ({}): {e}", file.display());
-    }
 }
 
 #[cfg(test)]
