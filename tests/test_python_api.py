@@ -361,6 +361,7 @@ def test_save_file_killed_midway_leaves_the_old_file(tmp_path):
     p.send_signal(signal.SIGKILL)
     p.wait()
     assert target.read_bytes() == before
+    assert list(tmp_path.iterdir()) == [target], "the killed writer left a file behind"
 
 
 @pytest.mark.parametrize("device", DEVICES)

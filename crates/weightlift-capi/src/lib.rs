@@ -202,8 +202,12 @@ fn format_status(f: &FormatError) -> wl_status {
     }
 }
 
-/// Runs `f`, turning an error or a panic into a status and a message.
+/// Runs `f`, turning an error or a panic into a status and a message. Every entry point that can touch CUDA runs
+/// its work through here (or [`close`]): the caller's thread keeps its current CUDA context whatever `f` binds
+/// there (cudarc's safe calls, and dropping its streams, events and contexts, bind theirs on the calling thread).
+/// `tests/entry_points.rs` checks that every entry point does.
 fn guard(f: impl FnOnce() -> Result<(), Error>) -> wl_status {
+    let _restore = weightlift::cuda::ContextRestore::save();
     match catch_unwind(AssertUnwindSafe(f)) {
         Ok(Ok(())) => wl_status::WL_OK,
         Ok(Err(e)) => {
@@ -219,6 +223,20 @@ fn guard(f: impl FnOnce() -> Result<(), Error>) -> wl_status {
             set_error(format!("internal error (please report): {what}"));
             wl_status::WL_ERR_INTERNAL
         }
+    }
+}
+
+/// Frees a handle the caller closes, through [`guard`].
+///
+/// # Safety
+/// `p` must be NULL or from `Box::into_raw`, freed once, unused afterwards.
+unsafe fn close<T>(p: *mut T) {
+    if !p.is_null() {
+        let _ = guard(|| {
+            // SAFETY: per the contract, it came from Box::into_raw and is freed once.
+            drop(unsafe { Box::from_raw(p) });
+            Ok(())
+        });
     }
 }
 
@@ -381,10 +399,8 @@ pub unsafe extern "C" fn wl_engine_open(settings: *const c_char, out: *mut *mut 
 /// `engine` must be NULL or from `wl_engine_open`, closed once, unused afterwards.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn wl_engine_close(engine: *mut wl_engine) {
-    if !engine.is_null() {
-        // SAFETY: per the contract, it came from Box::into_raw and is freed once.
-        let _ = catch_unwind(AssertUnwindSafe(|| drop(unsafe { Box::from_raw(engine) })));
-    }
+    // SAFETY: per the contract, it came from `Box::into_raw` and is closed once.
+    unsafe { close(engine) };
 }
 
 /// Sets the engine up for loads onto `device` (`WL_HOST` or a CUDA ordinal) now, so that the first load pays
@@ -442,10 +458,8 @@ pub unsafe extern "C" fn wl_checkpoint_open(path: *const c_char, out: *mut *mut 
 /// shapes its `wl_tensor_info`s point at).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn wl_checkpoint_close(ckpt: *mut wl_checkpoint) {
-    if !ckpt.is_null() {
-        // SAFETY: per the contract.
-        let _ = catch_unwind(AssertUnwindSafe(|| drop(unsafe { Box::from_raw(ckpt) })));
-    }
+    // SAFETY: per the contract, it came from `Box::into_raw` and is closed once.
+    unsafe { close(ckpt) };
 }
 
 /// The number of tensors (0 for NULL).
@@ -897,10 +911,8 @@ pub unsafe extern "C" fn wl_block_read_async(
 /// `dev` must be NULL or from `wl_block_open`, closed once, with no operation on it pending.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn wl_block_close(dev: *mut wl_block) {
-    if !dev.is_null() {
-        // SAFETY: per the contract.
-        let _ = catch_unwind(AssertUnwindSafe(|| drop(unsafe { Box::from_raw(dev) })));
-    }
+    // SAFETY: per the contract, it came from `Box::into_raw` and is closed once.
+    unsafe { close(dev) };
 }
 
 /// A region table over `dev` (which may be closed afterwards: the table keeps what it needs).
@@ -996,10 +1008,8 @@ pub unsafe extern "C" fn wl_regions_read(
 /// `regions` must be NULL or from `wl_regions_new`, freed once.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn wl_regions_free(regions: *mut wl_regions) {
-    if !regions.is_null() {
-        // SAFETY: per the contract.
-        let _ = catch_unwind(AssertUnwindSafe(|| drop(unsafe { Box::from_raw(regions) })));
-    }
+    // SAFETY: per the contract, it came from `Box::into_raw` and is closed once.
+    unsafe { close(regions) };
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -1123,10 +1133,8 @@ pub unsafe extern "C" fn wl_layers_stats_get(layers: *const wl_layers, out: *mut
 /// `layers` must be NULL or from `wl_layers_open`, closed once; work on its slots must be finished.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn wl_layers_close(layers: *mut wl_layers) {
-    if !layers.is_null() {
-        // SAFETY: per the contract.
-        let _ = catch_unwind(AssertUnwindSafe(|| drop(unsafe { Box::from_raw(layers) })));
-    }
+    // SAFETY: per the contract, it came from `Box::into_raw` and is closed once.
+    unsafe { close(layers) };
 }
 
 // ---------------------------------------------------------------------------------------------------------------

@@ -42,6 +42,7 @@ impl StreamGate {
                 return Err(CudaError::Unavailable(format!("stream-ordered I/O needs {s}, which this driver lacks")));
             }
         }
+        let _restore = crate::ContextRestore::save(); // the caller's thread keeps its device
         gpu.bind()?;
         let mut host: *mut c_void = std::ptr::null_mut();
         // SAFETY: valid out-pointer; DEVICEMAP makes the page visible to the device.
@@ -87,6 +88,7 @@ impl StreamGate {
 
     /// Blocks until the work queued on the stream before the gate has finished.
     pub fn wait_for_prior_work(&self) -> Result<(), CudaError> {
+        let _restore = crate::ContextRestore::save(); // the caller's thread keeps its device
         self.gpu.bind()?;
         // SAFETY: `prior` is a live event recorded in `close`.
         unsafe { sys::cuEventSynchronize(self.prior) }
@@ -109,6 +111,7 @@ impl StreamGate {
 impl Drop for StreamGate {
     fn drop(&mut self) {
         self.open();
+        let _restore = crate::ContextRestore::save(); // the caller's thread keeps its device
         let _ = self.gpu.bind();
         // The stream may still be about to read the flag: wait until it has passed the gate before freeing it.
         // SAFETY: the events were created in `close` (or are null if it failed first) and are released once, here.
@@ -176,6 +179,7 @@ impl OrderedTransfer {
     ) -> Result<OrderedTransfer, CudaError> {
         let d = gpu.ordinal();
         let staging = crate::memory::PinnedBuffer::alloc(gpu, len)?;
+        let _restore = crate::ContextRestore::save(); // the caller's thread keeps its device
         gpu.bind()?;
         let mut copied: sys::CUevent = std::ptr::null_mut();
         // SAFETY: valid out-pointer.
@@ -245,6 +249,7 @@ impl OrderedTransfer {
     /// `FromDevice`: blocks until the device bytes are in the staging buffer (the stream's earlier work included).
     /// Needs no progress from the host, so it cannot deadlock against the gate.
     pub fn wait_staged(&self) -> Result<(), CudaError> {
+        let _restore = crate::ContextRestore::save(); // the caller's thread keeps its device
         self.gate.gpu.bind()?;
         // SAFETY: `copied` is live until drop.
         unsafe { sys::cuEventSynchronize(self.copied) }
@@ -261,6 +266,7 @@ impl OrderedTransfer {
 impl Drop for OrderedTransfer {
     fn drop(&mut self) {
         self.gate.open();
+        let _restore = crate::ContextRestore::save(); // the caller's thread keeps its device
         let _ = self.gate.gpu.bind();
         // The staging buffer may still be the source or target of the stream's copy: wait for it before freeing.
         // SAFETY: `copied` was created in `queue` and is destroyed once, here.

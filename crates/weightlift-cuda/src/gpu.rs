@@ -24,7 +24,9 @@ pub struct GpuInfo {
 /// An open device. Cloning shares it.
 #[derive(Clone, Debug)]
 pub struct Gpu {
-    pub(crate) inner: Arc<GpuInner>,
+    /// The last handle may go on any thread (a caller's, dropping an engine): its streams, events and context bind
+    /// the context there as they go, so they go under a `ContextRestore`.
+    pub(crate) inner: Arc<KeepsContext<GpuInner>>,
 }
 
 #[derive(Debug)]
@@ -75,13 +77,13 @@ impl Gpu {
             "device opened"
         );
         Ok(Gpu {
-            inner: Arc::new(GpuInner {
+            inner: Arc::new(KeepsContext::new(GpuInner {
                 ctx,
                 ordinal,
                 info,
                 streams: Mutex::new(Vec::new()),
                 events: Mutex::new(Vec::new()),
-            }),
+            })),
         })
     }
 
@@ -157,6 +159,7 @@ impl Gpu {
     pub fn stream(&self, i: usize) -> Result<Arc<CudaStream>, CudaError> {
         let mut streams = self.inner.streams.lock().unwrap_or_else(|p| p.into_inner());
         if streams.len() <= i {
+            let _restore = ContextRestore::save(); // making a stream binds its context on this thread
             let t = std::time::Instant::now();
             let had = streams.len();
             while streams.len() <= i {
@@ -173,6 +176,7 @@ impl Gpu {
         if let Some(e) = self.inner.events.lock().unwrap_or_else(|p| p.into_inner()).pop() {
             return Ok(e);
         }
+        let _restore = ContextRestore::save(); // making an event binds its context on this thread
         self.inner
             .ctx
             .new_event(Some(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING))
@@ -282,22 +286,108 @@ impl ContextRestore {
 }
 
 /// The calling thread's current context where another library of this process has loaded and initialised the
-/// driver, without loading it (`RTLD_NOLOAD`) or initialising it; `None` otherwise. Calls the driver's
-/// `cuCtxGetCurrent` through the library's own handle: cudarc's loader is not touched before weightlift probes the
-/// driver (`driver::driver`), which checks its symbols first.
+/// driver, without loading it or initialising it; `None` otherwise. Calls the driver's `cuCtxGetCurrent` through the
+/// library's own handle: cudarc's loader is not touched before weightlift probes the driver (`driver::driver`),
+/// which checks its symbols first.
 fn current_if_loaded_by_another() -> Option<sys::CUcontext> {
-    type GetCurrent = unsafe extern "C" fn(*mut sys::CUcontext) -> sys::CUresult;
-    ["libcuda.so.1", "libcuda.so"].into_iter().find_map(|name| {
+    let get = loaded_get_current()?;
+    let mut ctx: sys::CUcontext = std::ptr::null_mut();
+    // SAFETY: `ctx` is a valid out-pointer; before cuInit the call returns an error and writes nothing.
+    let status = unsafe { get(&mut ctx) };
+    (status == sys::CUresult::CUDA_SUCCESS).then_some(ctx)
+}
+
+type GetCurrent = unsafe extern "C" fn(*mut sys::CUcontext) -> sys::CUresult;
+
+/// `cuCtxGetCurrent` of a driver library already loaded in this process, if one is. Cheap on every call, since
+/// every native entry point asks ([`ContextRestore::save`]): found once and kept (the library stays loaded: the
+/// handle that found it is never closed); while none is loaded, looked for again only after the process loaded
+/// another library (`dlopen` with `RTLD_NOLOAD` of a name not loaded searches the library path: 0.2 ms).
+fn loaded_get_current() -> Option<GetCurrent> {
+    use std::sync::OnceLock;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static FOUND: OnceLock<GetCurrent> = OnceLock::new();
+    static LOOKED_AT: AtomicU64 = AtomicU64::new(u64::MAX);
+    if let Some(get) = FOUND.get() {
+        return Some(*get);
+    }
+    let loads = libraries_loaded_ever();
+    if loads.is_some() && loads == Some(LOOKED_AT.load(Ordering::Relaxed)) {
+        return None; // no library came since the last look, which found no driver
+    }
+    let found = ["libcuda.so.1", "libcuda.so"].into_iter().find_map(|name| {
         // SAFETY: RTLD_NOLOAD only returns a library already loaded in this process; nothing is initialised.
         let lib =
             unsafe { libloading::os::unix::Library::open(Some(name), libc::RTLD_NOW | libc::RTLD_NOLOAD) }.ok()?;
         // SAFETY: cuCtxGetCurrent has this C signature in every driver release.
-        let get = unsafe { lib.get::<GetCurrent>(b"cuCtxGetCurrent\0") }.ok()?;
-        let mut ctx: sys::CUcontext = std::ptr::null_mut();
-        // SAFETY: `ctx` is a valid out-pointer; before cuInit the call returns an error and writes nothing.
-        let status = unsafe { get(&mut ctx) };
-        (status == sys::CUresult::CUDA_SUCCESS).then_some(ctx)
-    })
+        let get = *unsafe { lib.get::<GetCurrent>(b"cuCtxGetCurrent\0") }.ok()?;
+        std::mem::forget(lib); // the function pointer is kept: the library must stay loaded
+        Some(get)
+    });
+    match found {
+        Some(get) => Some(*FOUND.get_or_init(|| get)),
+        None => {
+            LOOKED_AT.store(loads.unwrap_or(u64::MAX), Ordering::Relaxed);
+            None
+        }
+    }
+}
+
+/// How many libraries this process has loaded so far (glibc's `dlpi_adds`, which only grows), without opening
+/// anything; `None` where the C library does not say.
+fn libraries_loaded_ever() -> Option<u64> {
+    unsafe extern "C" fn first(info: *mut libc::dl_phdr_info, size: usize, out: *mut libc::c_void) -> libc::c_int {
+        let has_adds = size >= std::mem::offset_of!(libc::dl_phdr_info, dlpi_adds) + std::mem::size_of::<u64>();
+        if has_adds {
+            // SAFETY: the loader passes a valid `info` of `size` bytes, which cover `dlpi_adds`; `out` is the
+            // `Option<u64>` below.
+            unsafe { *out.cast::<Option<u64>>() = Some((*info).dlpi_adds) };
+        }
+        1 // the first object tells: stop
+    }
+    let mut adds: Option<u64> = None;
+    // SAFETY: `first` matches the callback's C signature and writes only through the pointer to `adds`, which
+    // outlives the call.
+    unsafe { libc::dl_iterate_phdr(Some(first), (&mut adds as *mut Option<u64>).cast()) };
+    adds
+}
+
+/// A value dropped under a [`ContextRestore`]: for what a caller's thread may drop (a Python object freed by the
+/// garbage collector, a handle a C caller closes) whose drop can bind a CUDA context there (cudarc's contexts,
+/// streams, events and modules bind theirs when dropped).
+pub(crate) struct KeepsContext<T>(std::mem::ManuallyDrop<T>);
+
+impl<T> KeepsContext<T> {
+    pub(crate) fn new(value: T) -> KeepsContext<T> {
+        KeepsContext(std::mem::ManuallyDrop::new(value))
+    }
+}
+
+impl<T> std::ops::Deref for KeepsContext<T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        &self.0
+    }
+}
+
+impl<T> std::ops::DerefMut for KeepsContext<T> {
+    fn deref_mut(&mut self) -> &mut T {
+        &mut self.0
+    }
+}
+
+impl<T: std::fmt::Debug> std::fmt::Debug for KeepsContext<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl<T> Drop for KeepsContext<T> {
+    fn drop(&mut self) {
+        let _restore = ContextRestore::save();
+        // SAFETY: the value is dropped once, here, and `self` is never used again.
+        unsafe { std::mem::ManuallyDrop::drop(&mut self.0) };
+    }
 }
 
 /// The calling thread's current CUDA context as an address (0: none), or None without a driver.
@@ -319,5 +409,29 @@ impl Drop for ContextRestore {
             // have been without weightlift.
             let _ = unsafe { sys::cuCtxSetCurrent(saved) };
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every native entry point of the Python module and the C API takes a `ContextRestore`: where no driver is
+    /// loaded (this CPU machine, a host-only process), taking one must cost next to nothing. Looking for the driver
+    /// with `dlopen(RTLD_NOLOAD)` each time cost 0.2 ms (a search of the library path).
+    #[test]
+    fn a_context_restore_without_a_driver_is_cheap_and_starts_nothing() {
+        if crate::driver::initialised() || loaded_get_current().is_some() {
+            eprintln!("skipped: a CUDA driver is loaded in this process");
+            return;
+        }
+        assert!(libraries_loaded_ever().is_some_and(|n| n > 0), "glibc counts the libraries it loaded");
+        let t = std::time::Instant::now();
+        for _ in 0..10_000 {
+            drop(ContextRestore::save());
+        }
+        let took = t.elapsed();
+        assert!(took < std::time::Duration::from_millis(500), "10,000 saves took {took:?}");
+        assert!(!crate::driver::initialised(), "a save must not start the driver");
     }
 }

@@ -14,6 +14,7 @@ mod driver;
 mod error;
 pub mod gate;
 mod gpu;
+mod kernel_cache;
 mod library;
 mod memory;
 pub mod nvcomp;

@@ -161,13 +161,9 @@ fn setup(what: &str) -> impl FnOnce(String) -> UnpackError + '_ {
 impl GpuUnpacker {
     /// Compiles the kernels for `gpu` (NVRTC) and binds the unpacker to `stream`.
     pub fn new(gpu: &Gpu, stream: Arc<CudaStream>) -> Result<GpuUnpacker, UnpackError> {
-        let ptx = crate::nvrtc::compile(KERNEL_SOURCE, "weightlift_unpack.cu", Some(gpu.info().compute_capability))
-            .map_err(setup("compiling the unpack kernels"))?;
+        let module = crate::nvrtc::load_module(gpu, KERNEL_SOURCE, "weightlift_unpack.cu")
+            .map_err(setup("compiling and loading the unpack kernels"))?;
         gpu.bind()?;
-        let module = gpu
-            .context()
-            .load_module(ptx)
-            .map_err(|e| UnpackError::Setup(format!("loading the unpack kernels: {e}")))?;
         let f = |name: &str| module.load_function(name).map_err(|e| UnpackError::Setup(format!("kernel {name}: {e}")));
         let kernels = Kernels {
             huffman: f("wl_huff_decode")?,

@@ -1,17 +1,22 @@
 //! The one way every writer of weightlift opens its output (packs, unpacked files, manifests, generated
 //! checkpoints, `save_file`): refused when it would replace an input or something that is not a regular file, then
-//! written under a temporary name beside it, fsynced, renamed over it and the folder fsynced, so a crash or a kill
+//! written into a temporary file beside it, fsynced, renamed over it and the folder fsynced, so a crash or a kill
 //! at any point leaves either the old file or the new one, never a mix, and the new file keeps the old one's mode
 //! (and, where allowed, its owner), as `cp` or an editor writing over a file keeps them.
 //!
-//! The temporary file is `NAME.weightlift-tmp-PID-NONCE` in the target's folder (it must be on the same filesystem
-//! for the rename to be atomic), so two writers of one target never share a file: the last rename wins and both
-//! leave a whole file. A writer killed before the rename leaves it behind, so every write first removes the
-//! temporary files of earlier writes to the same target whose writer is gone. "Gone" is decided by a lock, not by
-//! the PID (which the system reuses): a writer holds an exclusive `flock` on its temporary file from the moment it
-//! exists until after the rename, and the kernel drops that lock when the writer dies, however it dies. A temporary
-//! file whose lock can be taken has no writer. A writer stopped by a signal it can catch removes its own temporary
-//! files first ([`remove_pending`]).
+//! The temporary file is unnamed (`O_TMPFILE` in the target's folder: it must be on the same filesystem for the
+//! rename to be atomic) until the write is complete: only then is it linked under a temporary name and renamed over
+//! the target. A writer killed while it writes, even by SIGKILL, leaves nothing behind: the kernel frees an
+//! unnamed file with its last descriptor. Two writers of one target never share a file: the last rename wins and
+//! both leave a whole file.
+//!
+//! The temporary name, `NAME.weightlift-tmp-PID-NONCE`, lives only between the link and the rename, or for the
+//! whole write where the filesystem has no `O_TMPFILE` (see [`open_unnamed`]). A writer killed while it has a
+//! name leaves it behind, so every write first removes the temporary files of earlier writes to the same target
+//! whose writer is gone. "Gone" is decided by a lock, not by the PID (which the system reuses): a writer holds an
+//! exclusive `flock` on its temporary file from the moment it exists (named or not) until after the rename, and
+//! the kernel drops that lock when the writer dies, however it dies. A temporary file whose lock can be taken has
+//! no writer. A writer stopped by a signal it can catch removes its own temporary files first ([`remove_pending`]).
 
 use std::ffi::OsString;
 use std::fs::{self, File, OpenOptions};
@@ -148,12 +153,13 @@ pub fn check_target(target: &Path, inputs: &[&Path]) -> Result<Option<fs::Metada
     Ok(Some(existing))
 }
 
-/// An output being written: a locked temporary file beside its target, renamed over the target by
-/// [`Output::commit`], removed if dropped before.
+/// An output being written: a locked temporary file beside its target (unnamed where the filesystem allows),
+/// renamed over the target by [`Output::commit`], removed if dropped before.
 #[derive(Debug)]
 pub struct Output {
     target: PathBuf,
-    tmp: PathBuf,
+    /// The temporary file's name: `None` while it has none (`O_TMPFILE`).
+    tmp: Option<PathBuf>,
     file: File,
     /// The permission bits, owner and group the target had (a private file stays private), or `None` for a new
     /// file.
@@ -166,13 +172,23 @@ impl Output {
     /// Starts writing `target` after checking it ([`check_target`] against `inputs`) and removing stale temporary
     /// files of earlier writes to it.
     pub fn create(target: &Path, inputs: &[&Path]) -> Result<Output, FormatError> {
+        Output::create_with(target, inputs, true)
+    }
+
+    /// `try_unnamed` false (tests only) takes the named temporary file that filesystems without `O_TMPFILE` get.
+    fn create_with(target: &Path, inputs: &[&Path], try_unnamed: bool) -> Result<Output, FormatError> {
         let replaced = check_target(target, inputs)?.map(|m| Replaced {
             mode: m.permissions().mode() & 0o7777,
             uid: m.uid(),
             gid: m.gid(),
         });
         let removed_stale = remove_stale_temps(target);
-        let (tmp, file) = create_locked_temp(target, replaced.map(|r| r.mode))?;
+        let mode = replaced.map_or(0o666, |r| r.mode);
+        let unnamed = if try_unnamed { open_unnamed(target, mode)? } else { None };
+        let (tmp, file) = match unnamed {
+            Some(file) => (None, file),
+            None => create_locked_temp(target, mode).map(|(tmp, file)| (Some(tmp), file))?,
+        };
         Ok(Output { target: target.to_path_buf(), tmp, file, replaced, removed_stale, committed: false })
     }
 
@@ -186,16 +202,18 @@ impl Output {
         &self.file
     }
 
-    /// Its name (for messages about its writes).
-    pub fn temp_path(&self) -> &Path {
-        &self.tmp
+    /// The temporary file's name, while it has one (none while an unnamed file is written).
+    pub fn temp_path(&self) -> Option<&Path> {
+        self.tmp.as_deref()
     }
 
+    /// The file being written, as messages about its writes name it.
     pub fn target(&self) -> &Path {
         &self.target
     }
 
-    /// Makes the written bytes the target: fsync, the old file's owner and mode, rename, fsync of the folder.
+    /// Makes the written bytes the target: fsync, the old file's owner and mode, a name for an unnamed file,
+    /// rename, fsync of the folder.
     pub fn commit(mut self) -> Result<(), FormatError> {
         let err = |e: io::Error| FormatError::new(&self.target, ErrorKind::Write(e));
         self.file.sync_all().map_err(err)?;
@@ -208,8 +226,17 @@ impl Output {
             // After the owner: a change of owner clears the set-user-ID and set-group-ID bits.
             self.file.set_permissions(fs::Permissions::from_mode(r.mode)).map_err(err)?;
         }
+        let tmp = match &self.tmp {
+            Some(tmp) => tmp.clone(),
+            None => {
+                // linkat cannot replace a file, so the complete file gets a temporary name first, then the rename.
+                let tmp = link_unnamed(&self.file, &self.target)?;
+                self.tmp = Some(tmp.clone());
+                tmp
+            }
+        };
         // The lock (on `file`) is held through the rename: until then a cleaner must not take the file for stale.
-        fs::rename(&self.tmp, &self.target).map_err(err)?;
+        fs::rename(&tmp, &self.target).map_err(err)?;
         self.committed = true;
         File::open(dir_of(&self.target)).and_then(|d| d.sync_all()).map_err(err)
     }
@@ -224,23 +251,77 @@ struct Replaced {
 
 impl Drop for Output {
     fn drop(&mut self) {
-        if !self.committed {
-            let _ = fs::remove_file(&self.tmp);
+        if let Some(tmp) = &self.tmp {
+            if !self.committed {
+                let _ = fs::remove_file(tmp);
+            }
+            pending().retain(|p| p != tmp);
         }
-        pending().retain(|p| p != &self.tmp);
     }
 }
 
-/// Creates a temporary file for `path` (with the target's mode, so a private file's bytes are never readable by
-/// others, even while written) and locks it. A cleaner may take the lock in the instant between the file's creation
-/// and our lock and remove it as stale; the name then no longer leads to our file, and we start again.
-fn create_locked_temp(path: &Path, mode: Option<u32>) -> Result<(PathBuf, File), FormatError> {
+/// An unnamed temporary file (`O_TMPFILE`) in `path`'s folder with `mode`, locked, or `None` where the filesystem
+/// or kernel has none (`EOPNOTSUPP` from a filesystem without it, `EISDIR` from a kernel older than 3.11, which
+/// reads the flag as `O_DIRECTORY`, `EINVAL` from some network and FUSE filesystems) or where this process could
+/// not give it a name later (no `/proc`, and `AT_EMPTY_PATH` needs a privilege on older kernels): the write then
+/// takes a named temporary file, which a SIGKILL leaves behind until the next write to `path` removes it.
+fn open_unnamed(path: &Path, mode: u32) -> Result<Option<File>, FormatError> {
+    use rustix::fs::{Mode, OFlags};
+    let flags = OFlags::TMPFILE | OFlags::WRONLY | OFlags::CLOEXEC;
+    let file = match rustix::fs::open(dir_of(path), flags, Mode::from_raw_mode(mode)) {
+        Ok(fd) => File::from(fd),
+        Err(rustix::io::Errno::OPNOTSUPP | rustix::io::Errno::ISDIR | rustix::io::Errno::INVAL) => return Ok(None),
+        Err(e) => return Err(FormatError::new(path, ErrorKind::Open(e.into()))), // the name the user gave
+    };
+    if !Path::new("/proc/self/fd").is_dir() {
+        return Ok(None);
+    }
+    // No one else can reach the file yet: the lock is free, and held from here through the rename.
+    rustix::fs::flock(&file, FlockOperation::LockExclusive)
+        .map_err(|e| FormatError::new(path, ErrorKind::Open(e.into())))?;
+    Ok(Some(file))
+}
+
+/// Gives the complete unnamed `file` a fresh temporary name beside `target` (listed for [`remove_pending`] until
+/// the rename) and returns it. Through `/proc/self/fd`, which needs no privilege; `AT_EMPTY_PATH` where `/proc` went
+/// away since the file was opened.
+fn link_unnamed(file: &File, target: &Path) -> Result<PathBuf, FormatError> {
+    use rustix::fs::{AtFlags, CWD};
+    use std::os::fd::AsRawFd;
+    let proc_path = format!("/proc/self/fd/{}", file.as_raw_fd());
+    let mut last = io::Error::other("no free temporary name");
+    for _ in 0..3 {
+        let tmp = temp_path(target);
+        pending().push(tmp.clone());
+        let linked = match rustix::fs::linkat(CWD, &proc_path, CWD, &tmp, AtFlags::SYMLINK_FOLLOW) {
+            Err(rustix::io::Errno::NOENT) => rustix::fs::linkat(file, "", CWD, &tmp, AtFlags::EMPTY_PATH),
+            other => other,
+        };
+        match linked {
+            Ok(()) => return Ok(tmp),
+            Err(e) => {
+                pending().retain(|p| p != &tmp);
+                last = e.into();
+                if last.kind() != io::ErrorKind::AlreadyExists {
+                    break;
+                }
+            }
+        }
+    }
+    Err(FormatError::new(target, ErrorKind::Write(last)))
+}
+
+/// Creates a named temporary file for `path` (with `mode`, the target's, so a private file's bytes are never
+/// readable by others, even while written) and locks it. A cleaner may take the lock in the instant between the
+/// file's creation and our lock and remove it as stale; the name then no longer leads to our file, and we start
+/// again.
+fn create_locked_temp(path: &Path, mode: u32) -> Result<(PathBuf, File), FormatError> {
     for _ in 0..3 {
         let tmp = temp_path(path);
         let file = OpenOptions::new()
             .write(true)
             .create_new(true)
-            .mode(mode.unwrap_or(0o666))
+            .mode(mode)
             .open(&tmp)
             .map_err(|e| FormatError::new(path, ErrorKind::Open(e)))?; // the name the user gave (a missing folder)
         pending().push(tmp.clone());
@@ -341,41 +422,96 @@ mod tests {
         assert!(fs::metadata(&fifo).unwrap().file_type().is_fifo());
     }
 
+    /// Whether `dir`'s filesystem takes `O_TMPFILE` here; if not, says so (the named fallback is tested anyway).
+    fn unnamed_temps_work(dir: &Path) -> bool {
+        let out = Output::create(&dir.join("probe"), &[]).unwrap();
+        let unnamed = out.temp_path().is_none();
+        if !unnamed {
+            eprintln!("skipped: {} takes no O_TMPFILE here; only the named temporary file is tested", dir.display());
+        }
+        unnamed
+    }
+
+    #[test]
+    fn the_temporary_file_is_invisible_while_written() {
+        let dir = tempfile::tempdir().unwrap();
+        if !unnamed_temps_work(dir.path()) {
+            return;
+        }
+        let path = dir.path().join("big");
+        fs::write(&path, b"old").unwrap();
+        let out = Output::create(&path, &[]).unwrap();
+        use std::os::unix::fs::FileExt;
+        out.file().write_all_at(&[7u8; 1 << 20], 0).unwrap();
+        assert_eq!(names(dir.path()), ["big"], "the file being written has a name");
+        assert!(pending().iter().all(|p| !p.starts_with(dir.path())), "nothing to remove on a signal");
+        out.commit().unwrap();
+        assert_eq!(names(dir.path()), ["big"]);
+        assert_eq!(fs::read(&path).unwrap(), [7u8; 1 << 20]);
+        // Dropped before its commit, it leaves nothing either, and the old file stays.
+        let out = Output::create(&path, &[]).unwrap();
+        out.file().write_all_at(b"never committed", 0).unwrap();
+        drop(out);
+        assert_eq!(names(dir.path()), ["big"]);
+        assert_eq!(fs::read(&path).unwrap(), [7u8; 1 << 20]);
+    }
+
     #[test]
     fn the_mode_of_the_replaced_file_is_kept() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("private");
-        fs::write(&path, b"old").unwrap();
-        for mode in [0o600, 0o640, 0o755] {
-            fs::set_permissions(&path, fs::Permissions::from_mode(mode)).unwrap();
-            write_with(&path, &[], |w| w.write_all(b"new")).unwrap();
-            assert_eq!(fs::metadata(&path).unwrap().permissions().mode() & 0o7777, mode);
-        }
-        // Where this process may give files away (root), the owner is kept too.
-        let before = fs::metadata(&path).unwrap();
-        if std::os::unix::fs::chown(&path, Some(12345), Some(12345)).is_ok() {
-            write_with(&path, &[], |w| w.write_all(b"newer")).unwrap();
-            let after = fs::metadata(&path).unwrap();
-            assert_eq!((after.uid(), after.gid()), (12345, 12345));
-            assert_eq!(after.permissions().mode() & 0o7777, before.permissions().mode() & 0o7777);
+        for unnamed in [true, false] {
+            let dir = tempfile::tempdir().unwrap();
+            let path = dir.path().join("private");
+            let write = |bytes: &[u8]| {
+                let out = Output::create_with(&path, &[], unnamed).unwrap();
+                out.file().write_all(bytes).unwrap();
+                out.commit().unwrap();
+            };
+            // A new file gets the mode any new file gets (0o666 less the umask).
+            write(b"new");
+            let plain = dir.path().join("plain");
+            File::create(&plain).unwrap();
+            let mode = |p: &Path| fs::metadata(p).unwrap().permissions().mode() & 0o7777;
+            assert_eq!(mode(&path), mode(&plain), "unnamed: {unnamed}");
+            for m in [0o600, 0o640, 0o755] {
+                fs::set_permissions(&path, fs::Permissions::from_mode(m)).unwrap();
+                write(b"newer");
+                assert_eq!(mode(&path), m, "unnamed: {unnamed}");
+            }
+            // Where this process may give files away (root), the owner is kept too.
+            let before = fs::metadata(&path).unwrap();
+            if std::os::unix::fs::chown(&path, Some(12345), Some(12345)).is_ok() {
+                write(b"newest");
+                let after = fs::metadata(&path).unwrap();
+                assert_eq!((after.uid(), after.gid()), (12345, 12345), "unnamed: {unnamed}");
+                assert_eq!(
+                    after.permissions().mode() & 0o7777,
+                    before.permissions().mode() & 0o7777,
+                    "unnamed: {unnamed}"
+                );
+                assert_eq!(fs::read(&path).unwrap(), b"newest");
+            }
         }
     }
 
     #[test]
     fn two_writers_of_one_target_each_write_their_own_file() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("out");
-        let a = Output::create(&path, &[]).unwrap();
-        let b = Output::create(&path, &[]).unwrap();
-        assert_ne!(a.temp_path(), b.temp_path());
-        use std::os::unix::fs::FileExt;
-        a.file().write_all_at(b"from a", 0).unwrap();
-        b.file().write_all_at(b"from b", 0).unwrap();
-        a.commit().unwrap();
-        assert_eq!(fs::read(&path).unwrap(), b"from a");
-        b.commit().unwrap();
-        assert_eq!(fs::read(&path).unwrap(), b"from b");
-        assert_eq!(names(dir.path()), ["out"]);
+        for unnamed in [true, false] {
+            let dir = tempfile::tempdir().unwrap();
+            let path = dir.path().join("out");
+            let a = Output::create_with(&path, &[], unnamed).unwrap();
+            let b = Output::create_with(&path, &[], unnamed).unwrap();
+            if !unnamed {
+                assert_ne!(a.temp_path(), b.temp_path());
+            }
+            use std::os::unix::fs::FileExt;
+            a.file().write_all_at(b"from a", 0).unwrap();
+            b.file().write_all_at(b"from b", 0).unwrap();
+            a.commit().unwrap();
+            assert_eq!(fs::read(&path).unwrap(), b"from a");
+            b.commit().unwrap();
+            assert_eq!(fs::read(&path).unwrap(), b"from b");
+            assert_eq!(names(dir.path()), ["out"]);
+        }
     }
 
     // `remove_pending` itself removes every write's file in the process, other tests' too: the CLI's tests send
@@ -385,8 +521,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("big");
         fs::write(&path, b"old").unwrap();
-        let out = Output::create(&path, &[]).unwrap();
-        let tmp = out.temp_path().to_path_buf();
+        let out = Output::create_with(&path, &[], false).unwrap();
+        let tmp = out.temp_path().unwrap().to_path_buf();
         assert!(pending().contains(&tmp));
         fs::remove_file(&tmp).unwrap(); // what remove_pending does to it
         assert!(out.commit().is_err(), "a write whose temporary file was removed must not succeed");

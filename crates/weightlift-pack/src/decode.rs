@@ -176,13 +176,13 @@ pub fn unpack(
     let mut outputs = Vec::with_capacity(targets.len());
     for (t, f) in targets.iter().zip(&pack.index.files) {
         let output = Output::create(t, &[&pack.path])?;
-        output.file().set_len(f.len).map_err(PackError::io(output.temp_path()))?;
+        output.file().set_len(f.len).map_err(PackError::io(output.target()))?;
         outputs.push(output);
     }
     for_each_chunk(pack, threads, progress, &|item, c, bytes| {
         let at = item.offset + pack.index.chunks[c].raw_offset;
         let output = &outputs[item.file];
-        output.file().write_all_at(bytes, at).map_err(PackError::io(output.temp_path()))
+        output.file().write_all_at(bytes, at).map_err(PackError::io(output.target()))
     })?;
     for output in outputs {
         output.commit()?;

@@ -244,10 +244,10 @@ fn write_pack(
     opts: &PackOptions,
     progress: &(dyn Fn(u64, u64) + Sync),
 ) -> Result<PackSummary, PackError> {
-    let partial = output.temp_path();
-    let file = output.file().try_clone().map_err(PackError::io(partial))?;
+    let out = output.target();
+    let file = output.file().try_clone().map_err(PackError::io(out))?;
     let mut w = BufWriter::with_capacity(8 << 20, file);
-    w.seek(SeekFrom::Start(layout.data_start)).map_err(PackError::io(partial))?;
+    w.seek(SeekFrom::Start(layout.data_start)).map_err(PackError::io(out))?;
     // (item index, chunk offset, chunk length) for every chunk in table order.
     let work: Vec<(usize, u64, u64)> = layout
         .items
@@ -281,9 +281,8 @@ fn write_pack(
             checksums.push(enc.checksum);
             for (plane, (codec, bytes, raw_len)) in enc.streams.into_iter().enumerate() {
                 let aligned = pos.next_multiple_of(STREAM_ALIGN);
-                w.write_all(&[0u8; STREAM_ALIGN as usize][..(aligned - pos) as usize])
-                    .map_err(PackError::io(partial))?;
-                w.write_all(&bytes).map_err(PackError::io(partial))?;
+                w.write_all(&[0u8; STREAM_ALIGN as usize][..(aligned - pos) as usize]).map_err(PackError::io(out))?;
+                w.write_all(&bytes).map_err(PackError::io(out))?;
                 streams.push(Stream {
                     offset: aligned,
                     stored_len: bytes.len() as u64,
@@ -297,9 +296,9 @@ fn write_pack(
         }
         progress(done, total);
     }
-    w.seek(SeekFrom::Start(0)).map_err(PackError::io(partial))?;
-    w.write_all(&layout.index_bytes(&checksums, &streams)).map_err(PackError::io(partial))?;
-    w.into_inner().map_err(|e| PackError::Io { path: partial.to_path_buf(), cause: e.into_error() })?;
+    w.seek(SeekFrom::Start(0)).map_err(PackError::io(out))?;
+    w.write_all(&layout.index_bytes(&checksums, &streams)).map_err(PackError::io(out))?;
+    w.into_inner().map_err(|e| PackError::Io { path: out.to_path_buf(), cause: e.into_error() })?;
     Ok(PackSummary {
         files: layout.files.len(),
         tensors: layout.items.iter().filter(|i| matches!(i.kind, ItemKind::Tensor { .. })).count(),

@@ -59,10 +59,10 @@ struct BlockOwner(Option<Py<PyAny>>);
 
 impl Drop for BlockOwner {
     fn drop(&mut self) {
+        let _cuda = crate::bridge::keep_callers_context(); // torch's free may switch this thread's device
         let Some(t) = self.0.take() else { return };
         // Not while the interpreter shuts down (taking the GIL then can end or hang the thread): the tensor is then
         // left to the process's end.
-        let _restore = weightlift::cuda::ContextRestore::save(); // torch's free may switch this thread's device
         let mut t = Some(t);
         let released = Python::try_attach(|_| drop(t.take()));
         if released.is_none() {

@@ -24,6 +24,7 @@ impl NativeBlockDevice {
     #[new]
     #[pyo3(signature = (engine, path, block_size=None))]
     fn new(py: Python<'_>, engine: &NativeEngine, path: PathBuf, block_size: Option<u32>) -> PyResult<Self> {
+        let _cuda = crate::bridge::keep_callers_context();
         let engine = engine.engine.clone();
         let dev = py.detach(|| BlockDevice::open(engine, &path, block_size)).map_err(to_py)?;
         Ok(NativeBlockDevice { dev })
@@ -31,26 +32,31 @@ impl NativeBlockDevice {
 
     #[getter]
     fn block_size(&self) -> u32 {
+        let _cuda = crate::bridge::keep_callers_context();
         self.dev.block_size()
     }
 
     #[getter]
     fn blocks(&self) -> u64 {
+        let _cuda = crate::bridge::keep_callers_context();
         self.dev.blocks()
     }
 
     #[getter]
     fn is_block_device(&self) -> bool {
+        let _cuda = crate::bridge::keep_callers_context();
         self.dev.is_block_device()
     }
 
     #[getter]
     fn path(&self) -> PathBuf {
+        let _cuda = crate::bridge::keep_callers_context();
         self.dev.path().to_path_buf()
     }
 
     /// Reads `count` blocks from `lba` into the `nbytes` of memory at `ptr` on `device`; returns the bytes read.
     fn read(&self, py: Python<'_>, lba: u64, count: u64, ptr: usize, nbytes: u64, device: &str) -> PyResult<u64> {
+        let _cuda = crate::bridge::keep_callers_context();
         let (_, len) = self.dev.byte_range(lba, count).map_err(to_py)?;
         if nbytes < len {
             return Err(invalid_argument(&format!(
@@ -83,25 +89,30 @@ pub struct NativeRegions {
 impl NativeRegions {
     #[new]
     fn new(dev: &NativeBlockDevice) -> Self {
+        let _cuda = crate::bridge::keep_callers_context();
         NativeRegions { table: Mutex::new(RegionTable::new(dev.dev.clone())) }
     }
 
     fn set(&self, kind: &str, start: u64, count: u64) -> PyResult<()> {
+        let _cuda = crate::bridge::keep_callers_context();
         self.table.lock().unwrap_or_else(|p| p.into_inner()).insert(kind, start, count).map_err(to_py)
     }
 
     fn remove(&self, kind: &str) -> Option<(u64, u64)> {
+        let _cuda = crate::bridge::keep_callers_context();
         self.table.lock().unwrap_or_else(|p| p.into_inner()).remove(kind).map(|r| (r.start, r.count))
     }
 
     /// Every kind with its `(start, count)`.
     fn items(&self) -> Vec<(String, (u64, u64))> {
+        let _cuda = crate::bridge::keep_callers_context();
         let t = self.table.lock().unwrap_or_else(|p| p.into_inner());
         t.kinds().map(|(k, r)| (k.to_string(), (r.start, r.count))).collect()
     }
 
     /// The device LBA of block `index` of `kind`, checking `count` blocks from there stay inside it.
     fn resolve(&self, kind: &str, index: u64, count: u64) -> PyResult<u64> {
+        let _cuda = crate::bridge::keep_callers_context();
         self.table.lock().unwrap_or_else(|p| p.into_inner()).resolve(kind, index, count).map_err(to_py)
     }
 }
@@ -124,6 +135,7 @@ impl Drop for NativeLayerStreamer {
     /// Stops the reader without the GIL: the lanes it waits for may need the GIL to go on (another load's blocks
     /// come from torch's allocator).
     fn drop(&mut self) {
+        let _cuda = crate::bridge::keep_callers_context();
         let s = self.streamer.get_mut().unwrap_or_else(|p| p.into_inner());
         if Python::try_attach(|py| py.detach(|| s.shutdown())).is_none() {
             s.shutdown();
@@ -137,6 +149,7 @@ impl NativeLayerStreamer {
     /// the slot size they need.
     #[staticmethod]
     fn plan(ckpt: &Checkpoint, layers: Vec<Vec<usize>>) -> PyResult<Plan> {
+        let _cuda = crate::bridge::keep_callers_context();
         let (layouts, slot_bytes) = weightlift::layers::plan_layers(ckpt.index()?, &layers).map_err(to_py)?;
         Ok((layouts.into_iter().map(|l| (l.bytes, l.offsets)).collect(), slot_bytes))
     }
@@ -155,6 +168,7 @@ impl NativeLayerStreamer {
         slot_bytes: u64,
         owner: Py<PyAny>,
     ) -> PyResult<Self> {
+        let _cuda = crate::bridge::keep_callers_context();
         let device = parse_device(device)?;
         let (layouts, _) = weightlift::layers::plan_layers(ckpt.index()?, &layers).map_err(to_py)?;
         let dests = slots.iter().map(|&p| raw_dest(&device.to_string(), p)).collect::<PyResult<Vec<RawDest>>>()?;
@@ -175,6 +189,7 @@ impl NativeLayerStreamer {
     /// caller computes on (its work so far must finish before the previous layer's slot is refilled).
     #[pyo3(signature = (layer, stream=None))]
     fn load_layer(&self, py: Python<'_>, layer: usize, stream: Option<usize>) -> PyResult<usize> {
+        let _cuda = crate::bridge::keep_callers_context();
         let stream = SendPtr(stream);
         let device = self.device;
         py.detach(|| {
@@ -195,6 +210,7 @@ impl NativeLayerStreamer {
 
     /// `(loads, bytes, load_secs, wait_secs, requests, ready_hits)`.
     fn stats(&self) -> (u64, u64, f64, f64, u64, u64) {
+        let _cuda = crate::bridge::keep_callers_context();
         let s = self.streamer.lock().unwrap_or_else(|p| p.into_inner()).stats();
         (s.loads, s.bytes, s.load_secs, s.wait_secs, s.requests, s.ready_hits)
     }

@@ -14,6 +14,16 @@ use pyo3::prelude::*;
 use tracing::field::{Field, Visit};
 use tracing_subscriber::layer::{Context, SubscriberExt};
 
+/// Taken first by every native entry point (each `#[pyfunction]` and each function of a `#[pymethods]` block) and
+/// held for its whole duration: the caller's thread keeps its current CUDA context, and with it the device torch
+/// calls current, whatever the call binds there (cudarc's safe calls bind their context on the calling thread, and
+/// so does dropping its streams, events and contexts: a Python object freed there drops what it owns under the
+/// engine's own guards). `tests/entry_points.rs` checks that every entry point takes it first.
+#[must_use = "held for the whole call"]
+pub fn keep_callers_context() -> weightlift::cuda::ContextRestore {
+    weightlift::cuda::ContextRestore::save()
+}
+
 /// A queued record.
 struct Queued {
     /// Python logging level.

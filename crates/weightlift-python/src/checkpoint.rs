@@ -39,6 +39,7 @@ pub struct TensorInfo {
 #[pymethods]
 impl TensorInfo {
     fn __repr__(&self) -> String {
+        let _cuda = crate::bridge::keep_callers_context();
         format!(
             "TensorInfo(name={:?}, dtype={:?}, shape={:?}, file={}, offset={}, nbytes={})",
             self.name, self.dtype, self.shape, self.file, self.offset, self.nbytes
@@ -178,6 +179,7 @@ impl Checkpoint {
         raw_dtype: Option<String>,
         raw_count: Option<u64>,
     ) -> PyResult<Checkpoint> {
+        let _cuda = crate::bridge::keep_callers_context();
         let raw = match raw_dtype {
             Some(d) => Some(RawSpec {
                 dtype: DType::parse(&d).ok_or_else(|| invalid_argument(&format!("unknown dtype {d:?}")))?,
@@ -205,12 +207,14 @@ impl Checkpoint {
     /// For a packed checkpoint, what it was packed from (`safetensors`, `safetensors-sharded`, `gguf`); else None.
     #[getter]
     pub fn pack_source(&self) -> Option<String> {
+        let _cuda = crate::bridge::keep_callers_context();
         self.pack_source.clone()
     }
 
     /// `safetensors`, `gguf`, `raw`, `wlpack` or `mixed`.
     #[getter]
     pub fn format(&self) -> &'static str {
+        let _cuda = crate::bridge::keep_callers_context();
         if self.pack.is_some() {
             return "wlpack";
         }
@@ -220,21 +224,25 @@ impl Checkpoint {
     /// Every tensor, in index order.
     #[getter]
     pub fn tensors(&self) -> Vec<TensorInfo> {
+        let _cuda = crate::bridge::keep_callers_context();
         self.index.tensors.iter().map(info).collect()
     }
 
     /// The named tensor's description.
     fn tensor(&self, name: &str) -> PyResult<TensorInfo> {
+        let _cuda = crate::bridge::keep_callers_context();
         Ok(info(&self.index.tensors[self.position(name)?]))
     }
 
     fn __contains__(&self, name: &str) -> bool {
+        let _cuda = crate::bridge::keep_callers_context();
         self.by_name.contains_key(name)
     }
 
     /// The files: path, format, length, where tensor data starts, and metadata.
     #[getter]
     pub fn files(&self, py: Python<'_>) -> PyResult<Py<PyList>> {
+        let _cuda = crate::bridge::keep_callers_context();
         let files = PyList::empty(py);
         for f in &self.index.files {
             let d = PyDict::new(py);
@@ -289,6 +297,7 @@ impl Checkpoint {
         stream: usize,
         progress: Option<Py<PyAny>>,
     ) -> PyResult<Vec<NativeBuffer>> {
+        let _cuda = crate::bridge::keep_callers_context();
         if align != 0 && (!align.is_power_of_two() || align > 256) {
             let why = format!("align={align}: expected 0 or a power of two up to 256");
             return Err(to_py(weightlift::Error::InvalidArgument(why)));
@@ -344,6 +353,7 @@ impl Checkpoint {
         stop: u64,
         device: &str,
     ) -> PyResult<NativeBuffer> {
+        let _cuda = crate::bridge::keep_callers_context();
         let t = &self.index.tensors[self.position(name)?];
         let rows = t.shape.first().copied().unwrap_or(0);
         if start > stop || stop > rows {
@@ -388,6 +398,7 @@ impl Checkpoint {
         device: &str,
         names: Option<Vec<String>>,
     ) -> PyResult<NativeStream> {
+        let _cuda = crate::bridge::keep_callers_context();
         let device = parse_device(device)?;
         let which = self.positions(names)?;
         let positions: HashMap<String, usize> =
@@ -498,6 +509,7 @@ pub struct NativeStream {
 impl NativeStream {
     /// The named tensor's buffer. A tensor can be taken once (`KeyError` if not streamed, `ValueError` if taken).
     fn take(&self, py: Python<'_>, name: &str) -> PyResult<NativeBuffer> {
+        let _cuda = crate::bridge::keep_callers_context();
         let i = *self.positions.get(name).ok_or_else(|| {
             to_py(weightlift::Error::TensorNotFound { name: name.to_string(), where_: "this stream".into() })
         })?;
@@ -519,12 +531,14 @@ impl NativeStream {
     /// Whether the stream still runs (not closed).
     #[getter]
     fn open(&self) -> bool {
+        let _cuda = crate::bridge::keep_callers_context();
         let packed = !matches!(*self.packed.state.lock().unwrap_or_else(|p| p.into_inner()), PackedState::None);
         packed || self.stream.lock().unwrap_or_else(|p| p.into_inner()).is_some()
     }
 
     /// Stops reading ahead; returns what the stream read, on demand and ahead (and how much of that nobody took).
     fn close(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        let _cuda = crate::bridge::keep_callers_context();
         // A decode under way stores nothing once it sees the stream closed.
         *self.packed.state.lock().unwrap_or_else(|p| p.into_inner()) = PackedState::None;
         self.packed.done.notify_all();
@@ -541,6 +555,7 @@ impl Drop for NativeStream {
     /// A stream freed unclosed stops its read-ahead without the GIL: the lanes it waits for may need the GIL to go
     /// on (another load's blocks come from torch's allocator).
     fn drop(&mut self) {
+        let _cuda = crate::bridge::keep_callers_context();
         let stream = self.stream.lock().unwrap_or_else(|p| p.into_inner()).take();
         if let Some(s) = stream {
             let mut s = Some(s);

@@ -52,6 +52,7 @@ impl NativeBuffer {
 impl NativeBuffer {
     #[getter]
     fn nbytes(&self) -> usize {
+        let _cuda = crate::bridge::keep_callers_context();
         self.holder.len()
     }
 
@@ -66,6 +67,7 @@ impl NativeBuffer {
         dl_device: Option<(i32, i32)>,
         copy: Option<bool>,
     ) -> PyResult<Py<PyAny>> {
+        let _cuda = crate::bridge::keep_callers_context();
         let _ = max_version;
         if copy == Some(true) {
             return Err(pyo3::exceptions::PyBufferError::new_err("weightlift buffers are exported without copying"));
@@ -90,10 +92,12 @@ impl NativeBuffer {
         shape: Vec<i64>,
         stream: isize,
     ) -> PyResult<Option<Py<PyAny>>> {
+        let _cuda = crate::bridge::keep_callers_context();
         dlpack::typed_capsule(py, &self.holder, stream.max(0) as usize, dtype, shape)
     }
 
     fn __dlpack_device__(&self) -> (i32, i32) {
+        let _cuda = crate::bridge::keep_callers_context();
         self.holder.dl_device()
     }
 }
@@ -124,6 +128,7 @@ impl NativeEngine {
     #[new]
     #[pyo3(signature = (**settings))]
     fn new(settings: Option<&Bound<'_, PyDict>>) -> PyResult<NativeEngine> {
+        let _cuda = crate::bridge::keep_callers_context();
         let s = Settings::resolve(&overrides(settings)?).map_err(to_py)?;
         let engine = Engine::new(s).map_err(to_py)?;
         Ok(NativeEngine { engine: Arc::new(engine) })
@@ -133,11 +138,13 @@ impl NativeEngine {
     /// "torch" or "pool").
     #[getter]
     fn device_memory(&self) -> String {
+        let _cuda = crate::bridge::keep_callers_context();
         self.engine.settings().device_memory.value.to_string()
     }
 
     /// The settings in use and where each came from.
     fn settings(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        let _cuda = crate::bridge::keep_callers_context();
         let v = Value::Object(
             self.engine
                 .settings()
@@ -152,6 +159,7 @@ impl NativeEngine {
     /// Sets the engine up for loads onto `device` now (lanes' staging, and for a GPU its streams and pool), so
     /// that the first load pays for none of it; returns what was done.
     fn prepare(&self, py: Python<'_>, device: &str) -> PyResult<Py<PyAny>> {
+        let _cuda = crate::bridge::keep_callers_context();
         let device = parse_device(device)?;
         let engine = self.engine.clone();
         let prepared = interruptible(py, move |cancel| engine.prepare_with(device, Some(cancel)))?.map_err(to_py)?;
@@ -161,6 +169,7 @@ impl NativeEngine {
     /// Frees what the engine keeps between loads: staging memory, freed host buffers, GPU decoder scratch, the
     /// freed device memory the driver's pool keeps (`device_cache_bytes`), cached files. Tensors already loaded stay.
     fn release_memory(&self, py: Python<'_>) {
+        let _cuda = crate::bridge::keep_callers_context();
         let engine = self.engine.clone();
         py.detach(move || engine.release_memory());
     }
@@ -173,6 +182,7 @@ impl NativeEngine {
         ranges: Vec<(usize, u64, u64)>,
         device: &str,
     ) -> PyResult<Vec<NativeBuffer>> {
+        let _cuda = crate::bridge::keep_callers_context();
         let device = parse_device(device)?;
         let engine = self.engine.clone();
         let faults = inject::from_env(&paths)?;
@@ -196,6 +206,7 @@ impl NativeEngine {
         ptr: usize,
         device: &str,
     ) -> PyResult<u64> {
+        let _cuda = crate::bridge::keep_callers_context();
         let dest = SendPtr(raw_dest(device, ptr)?);
         let engine = self.engine.clone();
         let faults = inject::from_env(std::slice::from_ref(&path))?;
@@ -223,6 +234,7 @@ impl NativeEngine {
         nbytes: u64,
         device: &str,
     ) -> PyResult<Py<PyAny>> {
+        let _cuda = crate::bridge::keep_callers_context();
         let dest = SendPtr(raw_dest(device, ptr)?);
         let faults = inject::from_env(&paths)?;
         let engine = self.engine.clone();
@@ -251,6 +263,7 @@ impl NativeEngine {
         device: &str,
         durable: bool,
     ) -> PyResult<u64> {
+        let _cuda = crate::bridge::keep_callers_context();
         let src = match parse_device(device)? {
             Device::Cpu | Device::PinnedCpu => RawSrc::Host(ptr as *const u8),
             Device::Cuda(ordinal) => RawSrc::Device { ordinal, ptr: ptr as u64 },
@@ -296,20 +309,24 @@ impl NativeSession {
     #[new]
     #[pyo3(signature = (use_cufile=false))]
     fn new(use_cufile: bool) -> PyResult<NativeSession> {
+        let _cuda = crate::bridge::keep_callers_context();
         let settings = Settings::from_env().map_err(to_py)?;
         let session = weightlift::cufile_api::Session::open(settings, use_cufile).map_err(to_py)?;
         Ok(NativeSession { session: std::sync::Arc::new(session) })
     }
 
     fn backend(&self) -> String {
+        let _cuda = crate::bridge::keep_callers_context();
         self.session.backend()
     }
 
     fn close(&self) {
+        let _cuda = crate::bridge::keep_callers_context();
         self.session.close();
     }
 
     fn handle_register(&self, path: PathBuf, mode: &str) -> PyResult<u64> {
+        let _cuda = crate::bridge::keep_callers_context();
         let mode = weightlift::cufile_api::FileMode::parse(mode).map_err(to_py)?;
         self.session.handle_register(&path, mode).map_err(to_py)
     }
@@ -318,42 +335,50 @@ impl NativeSession {
     /// names (even renamed or unlinked), with the descriptor's access (`read`, `write`): nothing is created or
     /// truncated.
     fn handle_register_fd(&self, fd: i32, read: bool, write: bool) -> PyResult<u64> {
+        let _cuda = crate::bridge::keep_callers_context();
         let mode = weightlift::cufile_api::FileMode { read, write, ..Default::default() };
         self.session.handle_register(&fd_path(fd), mode).map_err(to_py)
     }
 
     /// The handle registered for descriptor `fd`, if any.
     fn handle_of_fd(&self, fd: i32) -> Option<u64> {
+        let _cuda = crate::bridge::keep_callers_context();
         self.session.handle_of(&fd_path(fd))
     }
 
     /// `(path, readable, writable)` of a registered handle.
     fn handle_info(&self, fh: u64) -> PyResult<(PathBuf, bool, bool)> {
+        let _cuda = crate::bridge::keep_callers_context();
         let mode = self.session.mode(fh).map_err(to_py)?;
         Ok((self.session.path(fh).map_err(to_py)?, mode.read, mode.write))
     }
 
     /// `(bytes, device)` of the buffer registered at `base`, None if there is none.
     fn buffer(&self, base: u64) -> Option<(u64, String)> {
+        let _cuda = crate::bridge::keep_callers_context();
         self.session.buffer(base).map(|(len, device)| (len, device.to_string()))
     }
 
     /// The base of a registered buffer overlapping `len` bytes at `base`, None if there is none.
     fn buffer_overlapping(&self, base: u64, len: u64) -> Option<u64> {
+        let _cuda = crate::bridge::keep_callers_context();
         self.session.buffer_overlapping(base, len)
     }
 
     fn handle_deregister(&self, fh: u64) -> PyResult<()> {
+        let _cuda = crate::bridge::keep_callers_context();
         self.session.handle_deregister(fh).map_err(to_py)
     }
 
     fn buf_register(&self, base: u64, len: u64, device: &str) -> PyResult<()> {
+        let _cuda = crate::bridge::keep_callers_context();
         let device = parse_device(device)?;
         // SAFETY: the Python layer registers the data of a tensor it keeps referenced until deregistration.
         unsafe { self.session.buf_register(base, len, device) }.map_err(to_py)
     }
 
     fn buf_deregister(&self, base: u64) -> PyResult<()> {
+        let _cuda = crate::bridge::keep_callers_context();
         self.session.buf_deregister(base).map_err(to_py)
     }
 
@@ -368,6 +393,7 @@ impl NativeSession {
         file_offset: u64,
         buf_offset: u64,
     ) -> PyResult<u64> {
+        let _cuda = crate::bridge::keep_callers_context();
         let op = op_of(op)?;
         py.detach(|| match op {
             weightlift::cufile_api::Op::Read => self.session.read(fh, base, size, file_offset, buf_offset),
@@ -387,6 +413,7 @@ impl NativeSession {
         file_offset: u64,
         device: &str,
     ) -> PyResult<u64> {
+        let _cuda = crate::bridge::keep_callers_context();
         let (op, device) = (op_of(op)?, parse_device(device)?);
         py.detach(|| {
             // SAFETY: the Python layer passes the data of a live, contiguous tensor it holds for the call.
@@ -402,6 +429,7 @@ impl NativeSession {
 
     /// Runs every entry `(op, fh, base, size, file_offset, buf_offset)`; each gets its byte count or its exception.
     fn batch(&self, py: Python<'_>, entries: Vec<(String, u64, u64, u64, u64, u64)>) -> PyResult<Vec<Py<PyAny>>> {
+        let _cuda = crate::bridge::keep_callers_context();
         let mut parsed = Vec::with_capacity(entries.len());
         for (op, fh, base, size, file_offset, buf_offset) in entries {
             parsed.push(weightlift::cufile_api::BatchEntry {
@@ -424,6 +452,7 @@ impl NativeSession {
     }
 
     fn vectored(&self, py: Python<'_>, op: &str, fh: u64, file_offset: u64, bufs: Vec<(u64, u64)>) -> PyResult<u64> {
+        let _cuda = crate::bridge::keep_callers_context();
         let op = op_of(op)?;
         py.detach(|| match op {
             weightlift::cufile_api::Op::Read => self.session.readv(fh, file_offset, &bufs),
@@ -444,6 +473,7 @@ impl NativeSession {
         buf_offset: u64,
         stream: Option<usize>,
     ) -> PyResult<NativeAsync> {
+        let _cuda = crate::bridge::keep_callers_context();
         let op = op_of(op)?;
         let stream = stream.map(|s| s as weightlift::cuda::CUstream);
         // SAFETY: the Python layer passes a stream handle of the tensor's device that PyTorch keeps alive.
@@ -462,10 +492,12 @@ struct NativeAsync {
 #[pymethods]
 impl NativeAsync {
     fn done(&self) -> bool {
+        let _cuda = crate::bridge::keep_callers_context();
         self.io.lock().unwrap_or_else(|p| p.into_inner()).is_done()
     }
 
     fn wait(&self, py: Python<'_>) -> PyResult<u64> {
+        let _cuda = crate::bridge::keep_callers_context();
         py.detach(|| self.io.lock().unwrap_or_else(|p| p.into_inner()).wait()).map_err(to_py)
     }
 }
@@ -490,6 +522,7 @@ fn inspect(
     raw_dtype: Option<String>,
     raw_count: Option<u64>,
 ) -> PyResult<Py<PyAny>> {
+    let _cuda = crate::bridge::keep_callers_context();
     let ckpt = Checkpoint::new(py, paths, raw_dtype, raw_count)?;
     let out = PyDict::new(py);
     out.set_item("format", ckpt.format())?;
@@ -501,6 +534,7 @@ fn inspect(
 /// The canonical form of a device string (`cpu`, `cpu:pinned`, `cuda:N`; `cuda` and `gpu` mean device 0).
 #[pyfunction]
 fn parse_device_string(s: &str) -> PyResult<String> {
+    let _cuda = crate::bridge::keep_callers_context();
     Ok(parse_device(s)?.to_string())
 }
 
@@ -517,6 +551,7 @@ struct SettingInfo {
 #[pymethods]
 impl SettingInfo {
     fn __repr__(&self) -> String {
+        let _cuda = crate::bridge::keep_callers_context();
         format!("SettingInfo(name={:?}, env={:?}, default={:?})", self.name, self.env, self.default)
     }
 }
@@ -534,6 +569,7 @@ fn save_safetensors(
     metadata: Option<BTreeMap<String, String>>,
     align: u64,
 ) -> PyResult<()> {
+    let _cuda = crate::bridge::keep_callers_context();
     use weightlift::format::safetensors::{self, TensorSpec};
     let mut specs = Vec::with_capacity(tensors.len());
     let mut views = Vec::with_capacity(tensors.len());
@@ -580,6 +616,7 @@ unsafe impl Sync for SendPtr<(*const u8, usize)> {}
 #[pyfunction]
 #[pyo3(signature = (path=None))]
 fn probe(py: Python<'_>, path: Option<PathBuf>) -> PyResult<Py<PyAny>> {
+    let _cuda = crate::bridge::keep_callers_context();
     let v = py.detach(|| weightlift::probe::probe(path.as_deref()));
     json_to_py(py, &v)
 }
@@ -587,6 +624,7 @@ fn probe(py: Python<'_>, path: Option<PathBuf>) -> PyResult<Py<PyAny>> {
 /// The report of the last load or read in this process (None before the first).
 #[pyfunction]
 fn last_report(py: Python<'_>) -> PyResult<Option<Py<PyAny>>> {
+    let _cuda = crate::bridge::keep_callers_context();
     let r = LAST_REPORT.lock().unwrap_or_else(|p| p.into_inner()).clone();
     r.map(|v| json_to_py(py, &v)).transpose()
 }
@@ -594,6 +632,7 @@ fn last_report(py: Python<'_>) -> PyResult<Option<Py<PyAny>>> {
 /// A file mode as weightlift's cuFile-style handles parse it: `(read, write, create, truncate, direct)`.
 #[pyfunction]
 fn parse_file_mode(mode: &str) -> PyResult<(bool, bool, bool, bool, bool)> {
+    let _cuda = crate::bridge::keep_callers_context();
     let m = weightlift::cufile_api::FileMode::parse(mode).map_err(to_py)?;
     Ok((m.read, m.write, m.create, m.truncate, m.direct))
 }
@@ -601,6 +640,7 @@ fn parse_file_mode(mode: &str) -> PyResult<(bool, bool, bool, bool, bool)> {
 /// Every ggml tensor type: name → (id, elements per block, bytes per block).
 #[pyfunction]
 fn ggml_types() -> BTreeMap<&'static str, (u32, u64, u64)> {
+    let _cuda = crate::bridge::keep_callers_context();
     weightlift::format::GgmlType::ALL.iter().map(|g| (g.name(), (g.id(), g.block_size(), g.type_size()))).collect()
 }
 
@@ -610,6 +650,7 @@ fn ggml_types() -> BTreeMap<&'static str, (u32, u64, u64)> {
 /// H100 (bench/results/2026-11-25-h100-zc at b3a4ec8).
 #[pyfunction]
 fn process_stream(py: Python<'_>, ordinal: u32) -> PyResult<usize> {
+    let _cuda = crate::bridge::keep_callers_context();
     py.detach(|| weightlift::cuda::process_stream(ordinal).map(|s| s as usize))
         .map_err(|e| crate::errors::to_py(weightlift::Error::Cuda(e)))
 }
@@ -628,6 +669,7 @@ enum CufilePath {
 impl CufilePath {
     /// The name reports use: `engine` or `cufile`.
     fn __str__(&self) -> &'static str {
+        let _cuda = crate::bridge::keep_callers_context();
         match self {
             CufilePath::Engine => "engine",
             CufilePath::Cufile => "cufile",
@@ -646,6 +688,7 @@ struct CufileRoute {
 #[pymethods]
 impl CufileRoute {
     fn __repr__(&self) -> String {
+        let _cuda = crate::bridge::keep_callers_context();
         format!("CufileRoute(path={}, why={:?})", self.path.__str__(), self.why)
     }
 }
@@ -675,6 +718,7 @@ fn decide_cufile_route() -> CufileRoute {
 
 #[pyfunction]
 fn cufile_route() -> CufileRoute {
+    let _cuda = crate::bridge::keep_callers_context();
     static ROUTE: std::sync::OnceLock<CufileRoute> = std::sync::OnceLock::new();
     ROUTE.get_or_init(decide_cufile_route).clone()
 }
@@ -683,12 +727,14 @@ fn cufile_route() -> CufileRoute {
 /// binary runs it, and returns its exit status. Its log records reach `logging` (logger `weightlift`).
 #[pyfunction]
 fn cli_main(py: Python<'_>, argv: Vec<String>) -> PyResult<u8> {
+    let _cuda = crate::bridge::keep_callers_context();
     bridge::with_logs(py, move || weightlift_cli::run(argv))
 }
 
 /// Whether CUDA is usable, and why not.
 #[pyfunction]
 fn cuda_status() -> (bool, String) {
+    let _cuda = crate::bridge::keep_callers_context();
     match weightlift::cuda::available() {
         Ok(d) => (
             true,

@@ -451,6 +451,7 @@ fn overlapping(bufs: &BTreeMap<u64, BufEntry>, base: u64, len: u64) -> Option<u6
 
 impl Drop for Session {
     fn drop(&mut self) {
+        let _restore = weightlift_cuda::ContextRestore::save(); // the caller's thread keeps its device
         self.close();
     }
 }

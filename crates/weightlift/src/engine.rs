@@ -42,12 +42,18 @@ pub struct Engine {
 
 impl Drop for Engine {
     fn drop(&mut self) {
+        // The caller's thread keeps its device: what goes with the engine (its devices' streams, events and
+        // contexts, its GPU decoders' kernels) binds their contexts as it goes. Dropped here, under the guard.
+        let _restore = weightlift_cuda::ContextRestore::save();
+        lock(&self.unpackers).clear();
+        lock(&self.paths).clear();
         let keep = self.settings.device_cache_bytes.value;
         for g in lock(&self.pool_caches).drain(..) {
             if let Err(e) = pool_cache::leave(&g, keep) {
                 tracing::warn!("putting back cuda:{}'s pool release threshold: {e}", g.ordinal());
             }
         }
+        lock(&self.gpus).clear();
     }
 }
 
@@ -174,6 +180,7 @@ impl Engine {
     /// (packed loads), returns the freed device memory the driver's pool keeps (`device_cache_bytes`), and closes
     /// cached files.
     pub fn release_memory(&self) {
+        let _restore = weightlift_cuda::ContextRestore::save(); // dropping the decoders' kernels binds their context
         lock(&self.unpackers).clear();
         self.io.release_staging();
         self.host_cache.clear();

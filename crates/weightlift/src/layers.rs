@@ -503,6 +503,7 @@ impl LayerStreamer {
 
 impl Drop for LayerStreamer {
     fn drop(&mut self) {
+        let _restore = weightlift_cuda::ContextRestore::save(); // the caller's thread keeps its device
         self.shutdown();
     }
 }

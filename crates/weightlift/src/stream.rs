@@ -637,6 +637,7 @@ impl Stream {
 
 impl Drop for Stream {
     fn drop(&mut self) {
+        let _restore = weightlift_cuda::ContextRestore::save(); // the caller's thread keeps its device
         let _ = self.stop();
     }
 }
