@@ -168,9 +168,8 @@ impl Object {
         let this = self.clone();
         let dest = Dest { ptr: dest, len };
         rt.spawn(async move {
-            let fetch = this.fetch(offset, dest);
-            let Some(stop) = stop else { return done(fetch.await.map(|()| len)) };
-            tokio::pin!(fetch);
+            let Some(stop) = stop else { return done(this.fetch(offset, dest).await.map(|()| len)) };
+            let mut fetch = Box::pin(this.fetch(offset, dest));
             let mut poll = tokio::time::interval(Duration::from_millis(20));
             let result = loop {
                 tokio::select! {
@@ -180,7 +179,7 @@ impl Object {
                     }
                 }
             };
-            // Dropped before `done`: once `done` runs, nothing writes into `dest` any more.
+            // The request is dropped before `done` (a future writes into `dest` only while polled, and is no longer).
             drop(fetch);
             done(result)
         });
