@@ -191,6 +191,7 @@ impl Output {
         &self.tmp
     }
 
+    /// The path the file takes on `commit`.
     pub fn target(&self) -> &Path {
         &self.target
     }

@@ -65,6 +65,7 @@ impl BlockDevice {
         Ok(BlockDevice { engine, file, block_size, blocks, is_block_device })
     }
 
+    /// The device or file read by block.
     pub fn path(&self) -> &Path {
         &self.file.path
     }
@@ -84,6 +85,7 @@ impl BlockDevice {
         self.is_block_device
     }
 
+    /// The engine whose lanes read the blocks.
     pub fn engine(&self) -> &Arc<Engine> {
         &self.engine
     }
@@ -124,7 +126,9 @@ impl BlockDevice {
 /// An LBA range: `count` blocks from `start`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LbaRange {
+    /// First block.
     pub start: u64,
+    /// Blocks in the range.
     pub count: u64,
 }
 
@@ -136,10 +140,12 @@ pub struct RegionTable {
 }
 
 impl RegionTable {
+    /// An empty table over `device`.
     pub fn new(device: BlockDevice) -> RegionTable {
         RegionTable { device, kinds: BTreeMap::new() }
     }
 
+    /// The device the ranges lie on.
     pub fn device(&self) -> &BlockDevice {
         &self.device
     }
@@ -157,6 +163,7 @@ impl RegionTable {
         self.kinds.remove(kind)
     }
 
+    /// The range named `kind`, if any.
     pub fn get(&self, kind: &str) -> Option<LbaRange> {
         self.kinds.get(kind).copied()
     }

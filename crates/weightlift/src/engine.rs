@@ -133,6 +133,7 @@ impl Engine {
         })
     }
 
+    /// The settings the engine was built with, each with its source.
     pub fn settings(&self) -> &Settings {
         &self.settings
     }

@@ -10,9 +10,11 @@
 //! # Ok::<(), weightlift::Error>(())
 //! ```
 //!
-//! The layers, from the bottom: [`format`] (what the bytes mean), [`io`] (plans, lanes, sinks; no CUDA),
+//! The layers, from the bottom: [`format`](mod@format) (what the bytes mean), [`io`] (plans, lanes, sinks; no CUDA),
 //! [`cuda`] (devices, pinned memory, the device sink, cuFile), then this crate: settings, the GPU data paths
 //! ([`path`]), the engine, streaming loads and reports. `docs/architecture.md` draws it.
+
+#![deny(missing_docs)]
 
 pub mod block;
 pub mod checked;
