@@ -17,6 +17,8 @@
 #![deny(missing_docs)]
 
 pub mod block;
+#[cfg(feature = "candle")]
+pub mod candle;
 pub mod checked;
 pub mod cufile_api;
 mod device;
@@ -37,6 +39,8 @@ mod tensor;
 pub mod verify;
 
 pub use block::{BlockDevice, LbaRange, RegionTable};
+#[cfg(feature = "candle")]
+pub use candle_core;
 pub use checked::{Checks, ChunkSum};
 pub use device::Device;
 pub use engine::Engine;
