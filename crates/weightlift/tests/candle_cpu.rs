@@ -16,8 +16,8 @@ fn bytes_of(t: &Tensor) -> Vec<u8> {
     out
 }
 
-/// A safetensors file holding one tensor of each type candle has, filled with seeded random bytes (odd shapes, so
-/// that offsets are not all aligned).
+/// A safetensors file holding one tensor of each of ten types candle has (not its MX types), filled with seeded
+/// random bytes (odd shapes, so that offsets are not all aligned).
 fn checkpoint(dir: &std::path::Path) -> std::path::PathBuf {
     let types = [
         DType::BF16,
