@@ -10,6 +10,7 @@ use crate::safetensors::{self, TensorSpec};
 /// One hostile case: the files to write, which of them to open, and the `ErrorKind` variant expected.
 #[derive(Clone, Debug)]
 pub struct Hostile {
+    /// The defect, in a few words (the fuzz seeds are named after it).
     pub name: &'static str,
     /// (file name, contents); the first is the one to open.
     pub files: Vec<(String, Vec<u8>)>,

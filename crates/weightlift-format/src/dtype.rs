@@ -9,25 +9,43 @@ use std::fmt;
 /// Block-quantized ggml types have no element size of their own: their byte size is counted in blocks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum DType {
+    /// A boolean, one byte.
     Bool,
+    /// Unsigned 8-bit integer.
     U8,
+    /// Signed 8-bit integer.
     I8,
+    /// Unsigned 16-bit integer.
     U16,
+    /// Signed 16-bit integer.
     I16,
+    /// Unsigned 32-bit integer.
     U32,
+    /// Signed 32-bit integer.
     I32,
+    /// Unsigned 64-bit integer.
     U64,
+    /// Signed 64-bit integer.
     I64,
+    /// IEEE 754 half precision.
     F16,
+    /// bfloat16: the top half of an `f32`.
     BF16,
+    /// IEEE 754 single precision.
     F32,
+    /// IEEE 754 double precision.
     F64,
     /// Complex number made of two `F32` parts.
     C64,
+    /// 8-bit float, 4 exponent and 3 mantissa bits (OCP FP8 E4M3FN).
     F8E4M3,
+    /// 8-bit float, 5 exponent and 2 mantissa bits (OCP FP8 E5M2).
     F8E5M2,
+    /// 8-bit scale: 8 exponent bits, no mantissa (MX block scales).
     F8E8M0,
+    /// FP8 E4M3 with no negative zero or infinities (AMD's variant).
     F8E4M3Fnuz,
+    /// FP8 E5M2 with no negative zero or infinities (AMD's variant).
     F8E5M2Fnuz,
     /// 6-bit float (OCP microscaling), packed.
     F6E2M3,
@@ -45,9 +63,15 @@ pub enum SizeError {
     /// The element count or the byte count does not fit in 64 bits.
     Overflow,
     /// A packed sub-byte type whose element count does not fill whole bytes.
-    NotWholeBytes { bits: u64 },
+    NotWholeBytes {
+        /// Bits per element.
+        bits: u64,
+    },
     /// A block-quantized type whose innermost dimension is not a whole number of blocks.
-    NotWholeBlocks { block: u64 },
+    NotWholeBlocks {
+        /// Elements per block.
+        block: u64,
+    },
 }
 
 const PLAIN: [(DType, &str, u64); 22] = [
@@ -148,7 +172,7 @@ macro_rules! ggml_types {
         /// since their block layout cannot be known for certain.
         #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
         #[allow(non_camel_case_types)]
-        pub enum GgmlType { $($variant),* }
+        pub enum GgmlType { $(#[doc = concat!("ggml's `", $name, "` (type id ", stringify!($id), ").")] $variant),* }
 
         impl GgmlType {
             /// Every ggml type weightlift knows.

@@ -15,7 +15,9 @@ use crate::index::{Format, Metadata, SourceFile, TensorEntry, TensorIndex};
 use crate::input::{Input, Sequential};
 pub use crate::metadata::{GgufArray, GgufValue};
 
+/// The first four bytes of every GGUF file.
 pub const MAGIC: [u8; 4] = *b"GGUF";
+/// Tensor data alignment when the file has no `general.alignment` key.
 pub const DEFAULT_ALIGNMENT: u64 = 32;
 /// ggml's `GGML_MAX_DIMS`.
 pub const MAX_DIMS: u32 = 4;
@@ -312,8 +314,11 @@ fn parse(cur: &mut Cursor) -> Result<ParsedGguf, ErrorKind> {
 /// A tensor to be written to GGUF: `shape` is row-major (innermost last), as everywhere in weightlift.
 #[derive(Clone, Debug)]
 pub struct GgufTensorSpec {
+    /// Its name in the file.
     pub name: String,
+    /// Its ggml type.
     pub ggml: GgmlType,
+    /// Its shape, innermost dimension last.
     pub shape: Vec<u64>,
 }
 
@@ -322,7 +327,9 @@ pub struct GgufTensorSpec {
 pub struct GgufLayout {
     /// Header, metadata and tensor infos, padded to the alignment.
     pub header: Vec<u8>,
+    /// The tensors in file order with absolute offsets (`file` is 0).
     pub tensors: Vec<TensorEntry>,
+    /// Bytes of the whole file.
     pub file_len: u64,
 }
 

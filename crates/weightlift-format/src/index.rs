@@ -10,12 +10,16 @@ pub use crate::metadata::Metadata;
 /// The container format of one file.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Format {
+    /// safetensors: a JSON header, then the tensor data.
     Safetensors,
+    /// GGUF (versions 2 and 3), as llama.cpp writes it.
     Gguf,
+    /// A raw file: one tensor of a given type, no header.
     Raw,
 }
 
 impl Format {
+    /// The lowercase name reports use.
     pub fn name(self) -> &'static str {
         match self {
             Format::Safetensors => "safetensors",
@@ -28,12 +32,15 @@ impl Format {
 /// One file of a checkpoint.
 #[derive(Clone, Debug)]
 pub struct SourceFile {
+    /// The path the file was opened by.
     pub path: PathBuf,
+    /// Its container format.
     pub format: Format,
     /// File length in bytes when it was parsed.
     pub len: u64,
     /// Absolute offset where the tensor data section starts.
     pub data_start: u64,
+    /// What the file says besides its tensors.
     pub metadata: Metadata,
     /// GGUF version (2 or 3), when the file is GGUF.
     pub gguf_version: Option<u32>,
@@ -44,7 +51,9 @@ pub struct SourceFile {
 /// One tensor: its name, type, shape and the absolute byte range that holds it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TensorEntry {
+    /// Its name in the checkpoint.
     pub name: String,
+    /// Its element type.
     pub dtype: DType,
     /// Row-major shape, innermost dimension last (GGUF dims are stored innermost first and are reversed here).
     pub shape: Vec<u64>,
@@ -52,14 +61,17 @@ pub struct TensorEntry {
     pub file: usize,
     /// Absolute byte offset in the file.
     pub offset: u64,
+    /// Bytes it spans.
     pub nbytes: u64,
 }
 
 impl TensorEntry {
+    /// Absolute offset one past its last byte.
     pub fn end(&self) -> u64 {
         self.offset + self.nbytes
     }
 
+    /// Elements in it (the product of the shape; 1 for a scalar).
     pub fn elements(&self) -> u64 {
         self.shape.iter().product()
     }
@@ -68,7 +80,9 @@ impl TensorEntry {
 /// Every tensor of a checkpoint of one or several files, in file order then offset order.
 #[derive(Clone, Debug, Default)]
 pub struct TensorIndex {
+    /// The files, in the order given.
     pub files: Vec<SourceFile>,
+    /// The tensors, in file order then offset order.
     pub tensors: Vec<TensorEntry>,
 }
 
@@ -79,10 +93,12 @@ impl TensorIndex {
         self.files.iter().all(|f| f.format == first).then_some(first)
     }
 
+    /// Bytes of all tensors together.
     pub fn total_bytes(&self) -> u64 {
         self.tensors.iter().map(|t| t.nbytes).sum()
     }
 
+    /// The tensor called `name`, if any.
     pub fn get(&self, name: &str) -> Option<&TensorEntry> {
         self.tensors.iter().find(|t| t.name == name)
     }

@@ -11,6 +11,7 @@
 //! Every reader validates headers against the file length with checked arithmetic and never allocates a size read
 //! from the file before checking it. [`open`] picks the reader by extension, then by the file's first bytes.
 #![forbid(unsafe_code)]
+#![deny(missing_docs)]
 
 #[cfg(feature = "test-support")]
 pub mod corpus;
@@ -39,8 +40,11 @@ pub use raw::RawSpec;
 /// What kind of file a path holds, as [`open`] decides it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Detected {
+    /// One safetensors file.
     Safetensors,
+    /// A `*.safetensors.index.json` naming the shards of one checkpoint.
     ShardIndex,
+    /// A GGUF file.
     Gguf,
 }
 

@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 /// Metadata a file carries besides its tensors.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Metadata {
+    /// Raw files carry none.
     None,
     /// The safetensors `__metadata__` string map.
     Safetensors(BTreeMap<String, String>),
@@ -16,19 +17,31 @@ pub enum Metadata {
 /// A metadata value.
 #[derive(Clone, Debug, PartialEq)]
 pub enum GgufValue {
+    /// GGUF type 0: `uint8`.
     U8(u8),
+    /// GGUF type 1: `int8`.
     I8(i8),
+    /// GGUF type 2: `uint16`.
     U16(u16),
+    /// GGUF type 3: `int16`.
     I16(i16),
+    /// GGUF type 4: `uint32`.
     U32(u32),
+    /// GGUF type 5: `int32`.
     I32(i32),
+    /// GGUF type 6: `float32`.
     F32(f32),
+    /// GGUF type 7: `bool`.
     Bool(bool),
     /// GGUF strings should be UTF-8; invalid sequences are replaced with U+FFFD.
     String(String),
+    /// GGUF type 9: an array.
     Array(GgufArray),
+    /// GGUF type 10: `uint64`.
     U64(u64),
+    /// GGUF type 11: `int64`.
     I64(i64),
+    /// GGUF type 12: `float64`.
     F64(f64),
 }
 
@@ -37,19 +50,31 @@ pub enum GgufValue {
 /// round-trips.
 #[derive(Clone, Debug, PartialEq)]
 pub enum GgufArray {
+    /// An array of `uint8`.
     U8(Vec<u8>),
+    /// An array of `int8`.
     I8(Vec<i8>),
+    /// An array of `uint16`.
     U16(Vec<u16>),
+    /// An array of `int16`.
     I16(Vec<i16>),
+    /// An array of `uint32`.
     U32(Vec<u32>),
+    /// An array of `int32`.
     I32(Vec<i32>),
+    /// An array of `float32`.
     F32(Vec<f32>),
+    /// An array of `bool`.
     Bool(Vec<bool>),
+    /// An array of strings.
     String(Vec<String>),
     /// An array of arrays, each with its own element type.
     Array(Vec<GgufArray>),
+    /// An array of `uint64`.
     U64(Vec<u64>),
+    /// An array of `int64`.
     I64(Vec<i64>),
+    /// An array of `float64`.
     F64(Vec<f64>),
 }
 
@@ -114,10 +139,12 @@ impl GgufArray {
         }
     }
 
+    /// Elements in the array (not counting those of nested arrays).
     pub fn len(&self) -> usize {
         each_array!(self, v => v.len())
     }
 
+    /// Whether the array has no elements.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
@@ -156,6 +183,7 @@ impl GgufArray {
 }
 
 impl GgufValue {
+    /// The value's GGUF type id (`gguf_metadata_value_type`).
     pub fn type_id(&self) -> u32 {
         match self {
             GgufValue::U8(_) => 0,
@@ -174,6 +202,7 @@ impl GgufValue {
         }
     }
 
+    /// The value's GGUF type name (`uint32`, `string`, `array`).
     pub fn type_name(&self) -> &'static str {
         type_name(self.type_id())
     }

@@ -207,7 +207,7 @@ impl Output {
         self.tmp.as_deref()
     }
 
-    /// The file being written, as messages about its writes name it.
+    /// The path the file takes on `commit`.
     pub fn target(&self) -> &Path {
         &self.target
     }

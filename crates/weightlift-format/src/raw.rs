@@ -11,6 +11,7 @@ use crate::input::Input;
 /// How to read a raw file: its dtype and, optionally, how many elements to take from its start.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RawSpec {
+    /// The element type of the whole file.
     pub dtype: DType,
     /// `None` takes the whole file, which must then hold a whole number of elements.
     pub count: Option<u64>,

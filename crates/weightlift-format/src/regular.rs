@@ -17,11 +17,17 @@ use rustix::fs::{FileType, Mode, OFlags};
 /// What a path names when it is not a regular file.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum NodeKind {
+    /// A directory.
     Directory,
+    /// A named pipe.
     Fifo,
+    /// A Unix socket.
     Socket,
+    /// A character device.
     CharDevice,
+    /// A block device.
     BlockDevice,
+    /// Anything else.
     Other,
 }
 
@@ -70,8 +76,11 @@ impl fmt::Display for NodeKind {
 /// How to open: read or write access, `O_CREAT`, `O_DIRECT`, and whether block devices are accepted.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Access {
+    /// Open for writing as well as reading.
     pub write: bool,
+    /// Create the file if missing (`O_CREAT`).
     pub create: bool,
+    /// Bypass the page cache (`O_DIRECT`).
     pub direct: bool,
     /// Block devices are refused unless the caller reads them by LBA.
     pub block_devices: bool,

@@ -212,12 +212,16 @@ impl<'de> Visitor<'de> for EntriesVisitor {
 /// A tensor to be written: name, dtype and shape; its bytes come from the caller at write time.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TensorSpec {
+    /// Its name in the header.
     pub name: String,
+    /// Its element type.
     pub dtype: DType,
+    /// Its shape, row-major.
     pub shape: Vec<u64>,
 }
 
 impl TensorSpec {
+    /// A tensor called `name` of `dtype` and `shape`.
     pub fn new(name: impl Into<String>, dtype: DType, shape: Vec<u64>) -> TensorSpec {
         TensorSpec { name: name.into(), dtype, shape }
     }
@@ -232,6 +236,7 @@ pub struct Layout {
     pub tensors: Vec<TensorEntry>,
     /// Absolute ranges of padding tensors (written as zeros).
     pub pads: Vec<(u64, u64)>,
+    /// Bytes of the whole file.
     pub file_len: u64,
 }
 

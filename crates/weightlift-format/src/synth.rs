@@ -20,7 +20,10 @@ pub enum Layout {
     /// safetensors; a Q4_K_M-like mix of quantized types in GGUF).
     Llama,
     /// Many small tensors of 4 KiB–1 MiB (log-uniform), mixed dtypes and odd shapes; `tensors` fixes their count.
-    ManySmall { tensors: Option<u64> },
+    ManySmall {
+        /// How many tensors (`None`: as many as the size asks for).
+        tensors: Option<u64>,
+    },
     /// One tensor holding everything.
     SingleHuge,
 }
@@ -28,7 +31,9 @@ pub enum Layout {
 /// The container to write.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Container {
+    /// A safetensors file.
     Safetensors,
+    /// A GGUF (v3) file.
     Gguf,
     /// Random bytes and nothing else; the layout is ignored.
     Raw,
@@ -37,10 +42,13 @@ pub enum Container {
 /// What to generate.
 #[derive(Clone, Copy, Debug)]
 pub struct Spec {
+    /// Which tensors.
     pub layout: Layout,
+    /// Which file format.
     pub container: Container,
     /// Target tensor bytes (the result is within one tensor of it, or one layer for `Llama`).
     pub size: u64,
+    /// Seed of every byte: the same seed gives the same file.
     pub seed: u64,
     /// Start every tensor at a multiple of this (safetensors: adds padding tensors beyond 8; GGUF: the file's
     /// `general.alignment`). `None` is the format's own default.
@@ -50,9 +58,13 @@ pub struct Spec {
 /// What was generated.
 #[derive(Clone, Debug)]
 pub struct Summary {
+    /// The file written.
     pub path: PathBuf,
+    /// Tensors in it.
     pub tensors: usize,
+    /// Bytes of tensor data.
     pub tensor_bytes: u64,
+    /// Bytes of the whole file.
     pub file_len: u64,
 }
 

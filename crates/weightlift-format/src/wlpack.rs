@@ -66,8 +66,10 @@ pub enum Codec {
 }
 
 impl Codec {
+    /// Every codec, in id order.
     pub const ALL: [Codec; 5] = [Codec::Raw, Codec::Zstd, Codec::Lz4, Codec::Deflate, Codec::Huffman];
 
+    /// The codec's id in the pack's stream table.
     pub fn id(self) -> u8 {
         match self {
             Codec::Raw => 0,
@@ -78,10 +80,12 @@ impl Codec {
         }
     }
 
+    /// The codec of a stream-table id, if known.
     pub fn from_id(id: u8) -> Option<Codec> {
         Codec::ALL.into_iter().find(|c| c.id() == id)
     }
 
+    /// The lowercase name the CLI and reports use.
     pub fn name(self) -> &'static str {
         match self {
             Codec::Raw => "raw",
@@ -100,6 +104,7 @@ impl Codec {
         }
     }
 
+    /// The codec called `name` (any case).
     pub fn parse(name: &str) -> Option<Codec> {
         Codec::ALL.into_iter().find(|c| c.name().eq_ignore_ascii_case(name))
     }
@@ -110,24 +115,36 @@ impl Codec {
 pub struct PackedFile {
     /// Plain file name (no directory part).
     pub name: String,
+    /// Its length in bytes.
     pub len: u64,
 }
 
 /// What an item is: a tensor, or the bytes between tensors.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ItemKind {
-    Tensor { name: String, dtype: DType, shape: Vec<u64> },
+    /// A tensor of the original checkpoint.
+    Tensor {
+        /// Its name.
+        name: String,
+        /// Its element type, which decides how its bytes are split into planes.
+        dtype: DType,
+        /// Its shape, row-major.
+        shape: Vec<u64>,
+    },
+    /// Bytes between or around tensors (headers, padding), kept so the original files can be rebuilt.
     Gap,
 }
 
 /// A byte range of an original file and the chunks that hold it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Item {
+    /// A tensor or a gap.
     pub kind: ItemKind,
     /// Index into [`PackIndex::files`].
     pub file: usize,
     /// Offset in the original file.
     pub offset: u64,
+    /// Bytes of the range.
     pub nbytes: u64,
     /// Byte planes per element group (1, 2, 4 or 8).
     pub planes: u8,
@@ -147,6 +164,7 @@ impl Item {
         }
     }
 
+    /// The tensor's name; `None` for a gap.
     pub fn tensor_name(&self) -> Option<&str> {
         match &self.kind {
             ItemKind::Tensor { name, .. } => Some(name),
@@ -160,6 +178,7 @@ impl Item {
 pub struct Chunk {
     /// Offset within the item.
     pub raw_offset: u64,
+    /// Bytes of the chunk before splitting into planes.
     pub raw_len: u64,
     /// xxh3-64 (seed 0) of the chunk's raw bytes.
     pub checksum: u64,
@@ -172,14 +191,18 @@ pub struct Chunk {
 pub struct Stream {
     /// Absolute offset in the pack file.
     pub offset: u64,
+    /// Bytes stored in the pack (compressed, or raw).
     pub stored_len: u64,
     /// Length of the plane once decoded (`chunk.raw_len / planes`).
     pub raw_len: u64,
+    /// How the stored bytes are encoded.
     pub codec: Codec,
+    /// Which byte plane of the chunk it holds.
     pub plane: u8,
 }
 
 impl Stream {
+    /// Absolute offset one past its stored bytes.
     pub fn end(&self) -> u64 {
         self.offset + self.stored_len
     }
@@ -190,10 +213,13 @@ impl Stream {
 pub struct PackIndex {
     /// What the original checkpoint was: `safetensors`, `safetensors-sharded` or `gguf`.
     pub source: String,
+    /// The original files, in order.
     pub files: Vec<PackedFile>,
     /// Tensors first (in the original file order), then gaps.
     pub items: Vec<Item>,
+    /// Every chunk, items in order.
     pub chunks: Vec<Chunk>,
+    /// Every stored stream, chunks in order.
     pub streams: Vec<Stream>,
     /// The original safetensors `__metadata__` (informational; the original bytes are in a gap).
     pub metadata: BTreeMap<String, String>,
@@ -206,6 +232,7 @@ pub struct PackIndex {
 }
 
 impl PackIndex {
+    /// The items that are tensors, in the original file order.
     pub fn tensors(&self) -> impl Iterator<Item = &Item> {
         self.items.iter().filter(|i| matches!(i.kind, ItemKind::Tensor { .. }))
     }
@@ -648,24 +675,35 @@ fn read_streams(
 /// starts) depends only on the files, items and chunk counts.
 #[derive(Clone, Debug)]
 pub struct PackLayout {
+    /// What the original checkpoint was (see `PackIndex::source`).
     pub source: String,
+    /// The original files, in order.
     pub files: Vec<PackedFile>,
+    /// Tensors first, then gaps.
     pub items: Vec<Item>,
     /// `(raw_offset, raw_len)` of every chunk, items in order.
     pub chunks: Vec<(u64, u64)>,
+    /// The original safetensors `__metadata__`.
     pub metadata: BTreeMap<String, String>,
     header: Vec<u8>,
+    /// Streams the pack will hold.
     pub n_streams: u64,
+    /// Where stream data starts (just past the header).
     pub data_start: u64,
 }
 
 /// An item to lay out: what it is, where it sits in which original file, and its planes.
 #[derive(Clone, Debug)]
 pub struct ItemSpec {
+    /// A tensor or a gap.
     pub kind: ItemKind,
+    /// Index of the original file.
     pub file: usize,
+    /// Offset in that file.
     pub offset: u64,
+    /// Bytes of the range.
     pub nbytes: u64,
+    /// Byte planes per element group (1, 2, 4 or 8).
     pub planes: u8,
 }
 

@@ -12,10 +12,10 @@
 //!   `uring` (io_uring with a fixed buffer) and `pread` (blocking reads where io_uring is unavailable) — the two
 //!   backends are leaves;
 //! - [`staging`]: the lanes' pinned slots; [`sink`]: where completed reads go (host memory here; the CUDA crate
-//!   adds device memory); [`file`]: inputs opened buffered and O_DIRECT; [`residency`]: which pages are in the page
+//!   adds device memory); [`file`](mod@file): inputs opened buffered and O_DIRECT; [`residency`]: which pages are in the page
 //!   cache; `populate`: cold ranges kept in the page cache brought in through a huge-page mapping first
 //!   (`cache_pages`), so the kernel keeps them in 2 MiB folios for the next reader;
-//! - [`write`]: writes through staging, O_DIRECT where aligned; [`durable`]: atomic file replacement;
+//! - [`write`](mod@write): writes through staging, O_DIRECT where aligned; [`durable`]: atomic file replacement;
 //! - [`fault`]: injected EIO, short reads and truncation for tests.
 //!
 //! `unsafe` appears only where memory is handed to the kernel (io_uring submissions, buffer registration, reads

@@ -23,8 +23,8 @@
 //!
 //! A segment's codes are packed least significant bit first into little-endian 32-bit words, each code from its
 //! most significant bit (as deflate packs its Huffman codes), and decode to exactly its 2^S bytes (fewer for the
-//! last). Canonical codes: the first code of length 1 is 0; the first code of length l + 1 is (first code of length
-//! l + count[l]) << 1; codes of one length follow each other. A decoder refuses a code that no symbol has and a
+//! last). Canonical codes: the first code of length 1 is 0; the first code of length l + 1 is `(first code of length
+//! l + count[l]) << 1`; codes of one length follow each other. A decoder refuses a code that no symbol has and a
 //! segment that needs more bits than it holds; the chunk's xxh3 catches the rest.
 
 /// Longest code: a 2,048-entry table decodes on the CPU, and 11 one-bit steps at most on the GPU.

@@ -3,7 +3,7 @@
 //! by chunk with codecs a GPU decodes (weightlift's segmented Huffman by default, decoded by its own kernel; zstd,
 //! LZ4, raw deflate through nvCOMP's batched decoders), each chunk checked with xxh3-64 after decoding.
 //!
-//! - [`wlpack`]: the multithreaded CPU encoder (safetensors, sharded safetensors, GGUF in),
+//! - [`pack`]: the multithreaded CPU encoder (safetensors, sharded safetensors, GGUF in),
 //! - [`Pack`], [`unpack`], [`verify`]: the CPU decoder, one chunk at a time or a whole pack back into its original
 //!   files byte for byte,
 //! - [`manifest`]: chunk checksums of plain checkpoints, for verifying later loads.

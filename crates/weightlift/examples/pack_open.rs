@@ -1,13 +1,24 @@
-//! Times the steps of opening a `.wlpack` (`pack_open PACK [ROUNDS]`): reading its preamble, header and tables,
+//! Times the steps of opening a `.wlpack` (`pack_open [PACK [ROUNDS]]`): reading its preamble, header and tables,
 //! hashing them, parsing the header, the whole validated read, and `weightlift::Pack::open`. Prints JSON with the
-//! minimum and median of each step over the rounds.
+//! minimum and median of each step over the rounds. Without a path it times a small pack written for the run.
+
+mod common;
 
 use std::os::unix::fs::FileExt;
 use std::time::Instant;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut args = std::env::args().skip(1);
-    let path = std::path::PathBuf::from(args.next().ok_or("usage: pack_open PACK [ROUNDS]")?);
+    let dir = tempfile::tempdir()?;
+    let path = match args.next() {
+        Some(p) => std::path::PathBuf::from(p),
+        None => {
+            let checkpoint = common::weights(dir.path(), 8, 512, 1)?;
+            let pack = dir.path().join("model.wlpack");
+            weightlift_pack::pack(&checkpoint, &pack, &Default::default(), &|_, _| {})?;
+            pack
+        }
+    };
     let rounds: usize = args.next().map_or(Ok(30), |s| s.parse())?;
     if rounds == 0 {
         return Err("ROUNDS must be at least 1".into());

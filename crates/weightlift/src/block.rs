@@ -71,6 +71,7 @@ impl BlockDevice {
         Ok(BlockDevice { engine, file, block_size, blocks, is_block_device })
     }
 
+    /// The device or file read by block.
     pub fn path(&self) -> &Path {
         &self.file.path
     }
@@ -90,6 +91,7 @@ impl BlockDevice {
         self.is_block_device
     }
 
+    /// The engine whose lanes read the blocks.
     pub fn engine(&self) -> &Arc<Engine> {
         &self.engine
     }
@@ -130,7 +132,9 @@ impl BlockDevice {
 /// An LBA range: `count` blocks from `start`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LbaRange {
+    /// First block.
     pub start: u64,
+    /// Blocks in the range.
     pub count: u64,
 }
 
@@ -142,10 +146,12 @@ pub struct RegionTable {
 }
 
 impl RegionTable {
+    /// An empty table over `device`.
     pub fn new(device: BlockDevice) -> RegionTable {
         RegionTable { device, kinds: BTreeMap::new() }
     }
 
+    /// The device the ranges lie on.
     pub fn device(&self) -> &BlockDevice {
         &self.device
     }
@@ -163,6 +169,7 @@ impl RegionTable {
         self.kinds.remove(kind)
     }
 
+    /// The range named `kind`, if any.
     pub fn get(&self, kind: &str) -> Option<LbaRange> {
         self.kinds.get(kind).copied()
     }

@@ -21,7 +21,9 @@ use crate::report::CheckStats;
 pub struct ChunkSum {
     /// Offset of the chunk in the tensor.
     pub start: u64,
+    /// Bytes in the chunk.
     pub len: u64,
+    /// The xxh3-64 (seed 0) the chunk must hash to.
     pub expected: u64,
 }
 
@@ -29,6 +31,7 @@ pub struct ChunkSum {
 /// was asked for); an empty list leaves that tensor unchecked.
 #[derive(Clone, Debug, Default)]
 pub struct Checks {
+    /// Per tensor of the load, its chunks' checksums.
     pub tensors: Vec<Vec<ChunkSum>>,
 }
 

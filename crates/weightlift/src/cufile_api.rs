@@ -26,9 +26,13 @@ use crate::tensor::{RawDest, RawSrc};
 /// How a file is registered.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct FileMode {
+    /// Reads are allowed.
     pub read: bool,
+    /// Writes are allowed.
     pub write: bool,
+    /// The file is created if missing.
     pub create: bool,
+    /// The file is emptied on opening.
     pub truncate: bool,
     /// Requests must be aligned to the filesystem's block size (cuFile's O_DIRECT requirement).
     pub direct: bool,
@@ -72,18 +76,26 @@ struct BufEntry {
 /// Read or write, for batches.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Op {
+    /// From the file into GPU memory.
     Read,
+    /// From GPU memory into the file.
     Write,
 }
 
 /// One entry of a batch: cuFile's `CUfileIOParams_t`.
 #[derive(Clone, Copy, Debug)]
 pub struct BatchEntry {
+    /// Read or write.
     pub op: Op,
+    /// The registered file, as `handle_register` returned it.
     pub fh: u64,
+    /// Device address of the buffer.
     pub base: u64,
+    /// Bytes to transfer.
     pub size: u64,
+    /// Offset in the file.
     pub file_offset: u64,
+    /// Offset from `base` in the buffer.
     pub buf_offset: u64,
 }
 

@@ -140,6 +140,7 @@ impl Engine {
         })
     }
 
+    /// The settings the engine was built with, each with its source.
     pub fn settings(&self) -> &Settings {
         &self.settings
     }

@@ -7,6 +7,8 @@ use weightlift_format::FormatError;
 use weightlift_io::IoError;
 use weightlift_nvme::NvmeError;
 
+/// Why a load (or any other engine call) failed. Displays as one line; the variants below the engine's own keep
+/// the lower crate's error, with its context, as their source.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
@@ -30,13 +32,32 @@ pub enum Error {
     Pack(#[from] weightlift_pack::PackError),
     /// A requested tensor does not exist.
     #[error("no tensor {name:?} in {where_}")]
-    TensorNotFound { name: String, where_: String },
+    TensorNotFound {
+        /// The name asked for.
+        name: String,
+        /// What was searched (a file, a checkpoint, a stream).
+        where_: String,
+    },
     /// A read by LBA reaches past the device's last block.
     #[error("{}: LBA {lba} + {count} blocks lies past the device's {blocks} blocks", path.display())]
-    LbaOutOfRange { path: std::path::PathBuf, lba: u64, count: u64, blocks: u64 },
+    LbaOutOfRange {
+        /// The device (or the file standing for one).
+        path: std::path::PathBuf,
+        /// The first block asked for.
+        lba: u64,
+        /// Blocks asked for.
+        count: u64,
+        /// Blocks the device has.
+        blocks: u64,
+    },
     /// A region table has no range of this kind.
     #[error("no region of kind {kind:?} (known: {known:?})")]
-    UnknownKind { kind: String, known: Vec<String> },
+    UnknownKind {
+        /// The kind asked for.
+        kind: String,
+        /// The kinds the table has.
+        known: Vec<String>,
+    },
     /// Loaded bytes differ from the file (only when verification was asked for).
     #[error("verification failed: {0}")]
     Verify(String),
@@ -54,6 +75,7 @@ impl Error {
     }
 }
 
+/// The engine's result type.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// A GPU decoder failure that is not about the data: CUDA's error, or why the decoder could not run.

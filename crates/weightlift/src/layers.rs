@@ -112,11 +112,13 @@ enum Owned {
 /// The layer handed back by [`LayerStreamer::load_layer`]: valid until the next call.
 #[derive(Debug, Clone, Copy)]
 pub struct LayerView<'a> {
+    /// The layer's position in the list the streamer was given.
     pub layer: usize,
     /// Which slot holds it.
     pub slot: usize,
     /// The slot's address (host or device, as the streamer's device).
     pub base: u64,
+    /// Where the layer's tensors sit in the slot.
     pub layout: &'a LayerLayout,
 }
 
@@ -301,26 +303,32 @@ impl LayerStreamer {
         })
     }
 
+    /// Layers the streamer serves.
     pub fn layers(&self) -> usize {
         self.layouts.len()
     }
 
+    /// Where `layer`'s tensors sit in a slot.
     pub fn layout(&self, layer: usize) -> Option<&LayerLayout> {
         self.layouts.get(layer)
     }
 
+    /// Slots the layers rotate through.
     pub fn slot_count(&self) -> usize {
         self.slots.len()
     }
 
+    /// Bytes of each slot: the largest layer, aligned.
     pub fn slot_bytes(&self) -> u64 {
         self.slot_bytes
     }
 
+    /// Where the slots live.
     pub fn device(&self) -> Device {
         self.device
     }
 
+    /// What the streamer has done so far.
     pub fn stats(&self) -> StreamerStats {
         lock(&self.shared).stats
     }

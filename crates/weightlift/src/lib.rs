@@ -10,11 +10,15 @@
 //! # Ok::<(), weightlift::Error>(())
 //! ```
 //!
-//! The layers, from the bottom: [`format`] (what the bytes mean), [`io`] (plans, lanes, sinks; no CUDA),
+//! The layers, from the bottom: [`format`](mod@format) (what the bytes mean), [`io`] (plans, lanes, sinks; no CUDA),
 //! [`cuda`] (devices, pinned memory, the device sink, cuFile), then this crate: settings, the GPU data paths
 //! ([`path`]), the engine, streaming loads and reports. `docs/architecture.md` draws it.
 
+#![deny(missing_docs)]
+
 pub mod block;
+#[cfg(feature = "candle")]
+pub mod candle;
 pub mod checked;
 pub mod cufile_api;
 mod device;
@@ -35,6 +39,8 @@ mod tensor;
 pub mod verify;
 
 pub use block::{BlockDevice, LbaRange, RegionTable};
+#[cfg(feature = "candle")]
+pub use candle_core;
 pub use checked::{Checks, ChunkSum};
 pub use device::Device;
 pub use engine::Engine;

@@ -65,6 +65,7 @@ pub enum Decoder {
 }
 
 impl Decoder {
+    /// `auto`, `gpu` or `cpu`, as the settings and the fronts spell them.
     pub fn parse(s: &str) -> Result<Decoder> {
         match s {
             "auto" => Ok(Decoder::Auto),
@@ -108,7 +109,7 @@ pub const READ_AHEAD_BATCHES: u64 = 2;
 pub const BATCH_BYTES: u64 = 128 << 20;
 
 /// Stored bytes per decode batch by default where nvCOMP decodes on the GPU (zstd, LZ4, deflate streams): its
-/// batched decoders need thousands of streams per call to fill the GPU (see [`plan_batches`]); with zstd packs
+/// batched decoders need thousands of streams per call to fill the GPU (see `plan_batches`); with zstd packs
 /// 128 MiB batches gave 0.56–0.64 of the pinned copy against 0.77–0.82 with 256 MiB (bench/results/2026-11-24-h100-r at b3a4ec8,
 /// -t).
 pub const NVCOMP_BATCH_BYTES: u64 = 256 << 20;
@@ -207,10 +208,12 @@ impl Pack {
         Ok(Pack { path: path.to_path_buf(), index: weightlift_format::wlpack::read(path)? })
     }
 
+    /// The pack file.
     pub fn path(&self) -> &Path {
         &self.path
     }
 
+    /// The pack's parsed and checked index: tensors, chunks, streams.
     pub fn index(&self) -> &PackIndex {
         &self.index
     }

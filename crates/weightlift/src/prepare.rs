@@ -19,6 +19,7 @@ const POOL_TOUCH_BYTES: usize = 2 << 20;
 /// What [`Engine::prepare`] did.
 #[derive(Clone, Debug)]
 pub struct Prepared {
+    /// The device prepared.
     pub device: Device,
     /// The lanes' staging (pinned for a GPU), or `None` where the device's data path does not read through the
     /// lanes (cuFile peer-to-peer, the NVMe simulator).
@@ -36,6 +37,7 @@ pub struct Prepared {
 }
 
 impl Prepared {
+    /// The same as JSON, as the CLI and the Python package print it.
     pub fn to_json(&self) -> Value {
         let staging = |s: &StagingPrepared| {
             json!({

@@ -15,8 +15,11 @@ use crate::error::{Error, Result};
 /// Where a setting's value came from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Source {
+    /// The setting's documented default.
     Default,
+    /// A `WEIGHTLIFT_*` environment variable.
     Env,
+    /// The caller: a builder method, a flag, a keyword.
     Explicit,
 }
 
@@ -33,7 +36,9 @@ impl fmt::Display for Source {
 /// A setting's value and its origin.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Setting<T> {
+    /// The value in use.
     pub value: T,
+    /// Where it came from.
     pub source: Source,
 }
 
@@ -123,9 +128,13 @@ impl Backend {
 /// One row of the settings table, as the fronts show it.
 #[derive(Clone, Copy, Debug)]
 pub struct SettingDoc {
+    /// The setting's name (`chunk_bytes`; the flag is `--chunk-bytes`).
     pub name: &'static str,
+    /// Its environment variable.
     pub env: &'static str,
+    /// Its default, as text.
     pub default: &'static str,
+    /// What it does, in a sentence.
     pub meaning: &'static str,
     /// Values it accepts (for enumerations), for help texts and shell completion.
     pub values: &'static [&'static str],
@@ -270,6 +279,7 @@ settings! {
 pub struct Overrides(Vec<(String, String)>);
 
 impl Overrides {
+    /// No overrides.
     pub fn new() -> Overrides {
         Overrides::default()
     }
@@ -280,6 +290,7 @@ impl Overrides {
         self
     }
 
+    /// Whether nothing was set.
     pub fn is_empty(&self) -> bool {
         self.0.is_empty()
     }

@@ -369,6 +369,7 @@ impl Stream {
         Ok(())
     }
 
+    /// Where the streamed tensors land.
     pub fn device(&self) -> Device {
         self.device
     }

@@ -13,8 +13,11 @@ use crate::report::Report;
 /// allocation is freed when its last tensor is dropped.
 #[derive(Debug, Clone)]
 pub struct DeviceTensor {
+    /// The allocation holding the tensor (and maybe its neighbours).
     pub block: Arc<DeviceBuffer>,
+    /// Where the tensor starts in it.
     pub offset: u64,
+    /// The tensor's bytes.
     pub len: u64,
 }
 
@@ -28,12 +31,16 @@ impl DeviceTensor {
 /// A loaded tensor's bytes.
 #[derive(Debug)]
 pub enum TensorData {
+    /// Plain host memory.
     Host(HostBuffer),
+    /// Page-locked host memory, registered with CUDA.
     Pinned(PinnedBuffer),
+    /// GPU memory.
     Device(DeviceTensor),
 }
 
 impl TensorData {
+    /// Bytes of the tensor.
     pub fn len(&self) -> usize {
         match self {
             TensorData::Host(b) => b.len(),
@@ -42,6 +49,7 @@ impl TensorData {
         }
     }
 
+    /// Whether the tensor has no bytes.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
@@ -71,16 +79,22 @@ impl TensorData {
 /// One loaded tensor.
 #[derive(Debug)]
 pub struct Tensor {
+    /// Its name in the checkpoint.
     pub name: String,
+    /// Its element type.
     pub dtype: DType,
+    /// Its shape, row-major.
     pub shape: Vec<u64>,
+    /// Its bytes, where the load put them.
     pub data: TensorData,
 }
 
 /// The tensors of a load (in the order asked for) and what the load did.
 #[derive(Debug)]
 pub struct Loaded {
+    /// The tensors, in the order asked for.
     pub tensors: Vec<Tensor>,
+    /// What the load did: data path, bytes, timings, settings.
     pub report: Report,
 }
 
@@ -90,12 +104,24 @@ pub enum RawDest {
     /// Host memory (pageable or pinned).
     Host(*mut u8),
     /// Memory of CUDA device `ordinal`.
-    Device { ordinal: u32, ptr: weightlift_cuda::CUdeviceptr },
+    Device {
+        /// The CUDA device's index.
+        ordinal: u32,
+        /// An address in that device's primary context.
+        ptr: weightlift_cuda::CUdeviceptr,
+    },
 }
 
 /// A caller-owned source for [`crate::Engine::write_from`].
 #[derive(Clone, Copy, Debug)]
 pub enum RawSrc {
+    /// Host memory (pageable or pinned).
     Host(*const u8),
-    Device { ordinal: u32, ptr: weightlift_cuda::CUdeviceptr },
+    /// Memory of CUDA device `ordinal`.
+    Device {
+        /// The CUDA device's index.
+        ordinal: u32,
+        /// An address in that device's primary context.
+        ptr: weightlift_cuda::CUdeviceptr,
+    },
 }

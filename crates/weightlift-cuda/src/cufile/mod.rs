@@ -1,5 +1,5 @@
-//! NVIDIA's cuFile library (GPUDirect Storage), found at run time, in cudarc's layers: [`sys`] (C types and entry
-//! points), [`result`] (calls returning `Result`), and here the owners ([`Cufile`], [`CufileHandle`]). cudarc's
+//! NVIDIA's cuFile library (GPUDirect Storage), found at run time, in cudarc's layers: `sys` (C types and entry
+//! points), `result` (calls returning `Result`), and here the owners ([`Cufile`], [`CufileHandle`]). cudarc's
 //! loader does not try `libcufile.so.0`, the name NVIDIA's Python wheels ship, so weightlift searches itself: the
 //! path the caller names (the engine's `cufile_lib` setting), then the loader's own search path, then CUDA's library
 //! folders, then Python environments' `nvidia/cu*/lib`. The first search in a process decides.

@@ -1,5 +1,5 @@
-//! How bytes reach GPU memory. Each data path is one implementation of [`GpuPath`]; which one serves a device is
-//! decided once per engine and device by [`resolve`] (the only place that weighs them), with its reason and what
+//! How bytes reach GPU memory. Each data path is one implementation of `GpuPath`; which one serves a device is
+//! decided once per engine and device by `resolve` (the only place that weighs them), with its reason and what
 //! deciding cost. Every entry point that reads into device memory — whole loads, byte ranges, `read_into`, the
 //! cuFile-style session — goes through the resolved path.
 //!
@@ -67,7 +67,9 @@ pub(crate) trait GpuPath: Send + Sync {
 
 /// The path serving one device of an engine, decided once.
 pub struct ResolvedPath {
+    /// The path chosen.
     pub kind: PathKind,
+    /// Why it was chosen, for reports.
     pub reason: String,
     /// What deciding cost (loading cuFile, where it was considered).
     pub resolve_secs: f64,
@@ -83,8 +85,11 @@ impl std::fmt::Debug for ResolvedPath {
 /// Which path, as decided.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PathKind {
+    /// weightlift's own: io_uring reads into pinned staging, then asynchronous copies.
     Pipeline,
+    /// NVIDIA's cuFile (GPUDirect Storage): the file read straight into GPU memory.
     Cufile,
+    /// GPU-initiated NVMe queues, against the software controller.
     NvmeSim,
 }
 

@@ -37,8 +37,11 @@ impl fmt::Display for PathUsed {
 /// The report of one load.
 #[derive(Clone, Debug)]
 pub struct Report {
+    /// Where the tensors were loaded.
     pub device: Device,
+    /// The files read.
     pub files: Vec<PathBuf>,
+    /// Tensors delivered.
     pub tensors: usize,
     /// Tensor bytes delivered.
     pub bytes: u64,
@@ -51,6 +54,7 @@ pub struct Report {
     pub device_memory: Option<String>,
     /// The path taken and why.
     pub path: PathUsed,
+    /// Why that path was taken.
     pub path_reason: String,
     /// What the pipeline (or the path standing in for it) did.
     pub io: IoReport,
@@ -110,6 +114,7 @@ impl Report {
         if self.seconds > 0.0 { self.bytes as f64 / self.seconds / 1e9 } else { 0.0 }
     }
 
+    /// The whole report as JSON (`weightlift load --json`, `weightlift.last_report()`).
     pub fn to_json(&self) -> Value {
         let io = &self.io;
         let settings: serde_json::Map<String, Value> = self

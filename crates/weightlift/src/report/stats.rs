@@ -44,19 +44,22 @@ impl NetworkStats {
 /// What a streaming load read, for its report.
 #[derive(Clone, Debug, Default)]
 pub struct StreamStats {
-    /// Bytes read by the stream in file order, and bytes read on demand for tensors asked for before the stream
-    /// reached them.
+    /// Bytes read by the stream in file order.
     pub streamed_bytes: u64,
+    /// Bytes read at once for tensors taken before the stream reached them.
     pub on_demand_bytes: u64,
+    /// Reads made for those tensors.
     pub on_demand_reads: u64,
     /// Bytes read ahead whose tensors nobody took (known once the stream is closed).
     pub wasted_bytes: u64,
+    /// The most the stream may read ahead of what was taken.
     pub prefetch_bytes: u64,
     /// Times the device had no memory for a block read ahead, so that reading ahead paused until a take.
     pub memory_waits: u64,
 }
 
 impl StreamStats {
+    /// As JSON, for the report.
     pub fn to_json(&self) -> Value {
         json!({
             "streamed_bytes": self.streamed_bytes, "on_demand_bytes": self.on_demand_bytes,
@@ -69,7 +72,9 @@ impl StreamStats {
 /// What checking a load did (in [`Report::checks`](crate::Report)).
 #[derive(Clone, Debug, Default)]
 pub struct CheckStats {
+    /// Chunks whose checksum was checked.
     pub chunks: u64,
+    /// Bytes hashed.
     pub bytes: u64,
     /// Where the hashing ran: `cuda:N`, or `cpu` (with the reason when device memory had to be read back).
     pub on: String,
@@ -80,6 +85,7 @@ pub struct CheckStats {
 }
 
 impl CheckStats {
+    /// As JSON, for the report.
     pub fn to_json(&self) -> Value {
         json!({
             "chunks": self.chunks, "bytes": self.bytes, "on": self.on,
@@ -91,13 +97,17 @@ impl CheckStats {
 /// What a packed load did, for its report.
 #[derive(Clone, Debug, Default)]
 pub struct PackStats {
-    /// Stored (compressed) bytes read for the tensors asked for, and the raw bytes they decoded to.
+    /// Stored (compressed) bytes read for the tensors asked for.
     pub stored_bytes: u64,
+    /// The raw bytes they decoded to.
     pub raw_bytes: u64,
+    /// Chunks decoded, each checked against its checksum.
     pub chunks: u64,
+    /// Decode batches the chunks went in.
     pub batches: u64,
-    /// `gpu` or `cpu`, and why.
+    /// `gpu` or `cpu`.
     pub decoder: &'static str,
+    /// Why that decoder ran.
     pub decoder_reason: String,
     /// Time the loading thread spent waiting for decoded batches (GPU) or decoding (CPU).
     pub decode_secs: f64,
@@ -109,6 +119,7 @@ pub struct PackStats {
 }
 
 impl PackStats {
+    /// As JSON, for the report.
     pub fn to_json(&self) -> Value {
         json!({
             "stored_bytes": self.stored_bytes, "raw_bytes": self.raw_bytes, "chunks": self.chunks,
@@ -122,7 +133,10 @@ impl PackStats {
 /// What the GPU-initiated load did, beside the usual report.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct NvmeStats {
+    /// NVMe commands the GPU submitted.
     pub commands: u64,
+    /// Bytes the commands moved.
     pub transferred: u64,
+    /// Time the submitting kernel ran.
     pub kernel_secs: f64,
 }
