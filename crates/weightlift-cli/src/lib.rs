@@ -76,6 +76,9 @@ enum Command {
     Unpack(packing::UnpackArgs),
     /// Write (or check) a manifest of xxh3 checksums of every tensor of a plain checkpoint.
     Checksum(packing::ChecksumArgs),
+    /// Copy a local file to object storage (s3://, gs://, az://), in parts of 16 MiB, for loads from there.
+    /// Credentials and endpoint as for loads (docs/object-storage.md).
+    Upload(UploadArgs),
 }
 
 #[derive(clap::Args, Debug)]
@@ -110,6 +113,14 @@ struct GenerateArgs {
     /// Print the result as JSON.
     #[arg(long)]
     json: bool,
+}
+
+#[derive(clap::Args, Debug)]
+struct UploadArgs {
+    /// The local file.
+    file: PathBuf,
+    /// Where it goes: s3://bucket/key, gs://bucket/key or az://container/key.
+    url: String,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -184,6 +195,7 @@ where
         Command::Pack(args) => packing::pack(&args),
         Command::Unpack(args) => packing::unpack(&args),
         Command::Checksum(args) => packing::checksum(&args),
+        Command::Upload(args) => upload(&args),
     };
     match result {
         Ok(()) => 0,
@@ -196,6 +208,29 @@ where
             2
         }
     }
+}
+
+fn upload(args: &UploadArgs) -> Result<()> {
+    use anyhow::Context;
+    use weightlift::remote;
+    if !remote::is_url(&args.url) || args.url.starts_with("http") {
+        anyhow::bail!("{}: not an object URL to write to (s3://, gs://, az://)", args.url);
+    }
+    let len = std::fs::metadata(&args.file).with_context(|| args.file.display().to_string())?.len();
+    let bar = indicatif::ProgressBar::new(len);
+    bar.set_style(units::bar_style("uploading [{bar:40}] {bytes}/{total_bytes} {rate} eta {eta}"));
+    let start = std::time::Instant::now();
+    let sent = remote::upload_with_progress(&args.file, &args.url, &|n| bar.set_position(n));
+    bar.finish_and_clear();
+    let sent = sent?;
+    let secs = start.elapsed().as_secs_f64();
+    println!(
+        "uploaded {} to {} in {secs:.2} s ({}/s)",
+        units::bytes(sent),
+        args.url,
+        units::bytes((sent as f64 / secs.max(1e-9)) as u64)
+    );
+    Ok(())
 }
 
 fn probe(args: &ProbeArgs) -> Result<()> {

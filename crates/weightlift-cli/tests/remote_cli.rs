@@ -106,3 +106,38 @@ fn sigint_stops_a_load_waiting_on_a_slow_server() {
     assert_eq!(status.code(), Some(130), "{err}");
     assert!(err.contains("interrupted"), "{err}");
 }
+
+#[test]
+fn upload_puts_every_byte_and_refuses_what_it_cannot_write() {
+    let Some(s3) = servers::s3() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let local = dir.path().join("m.safetensors");
+    // 40 MiB: three parts of 16 MiB, the last one short.
+    let spec = Spec { layout: Layout::Llama, container: Container::Safetensors, size: 40 << 20, seed: 9, align: None };
+    synth::generate(&local, &spec).unwrap();
+    let env = s3_env(&s3, servers::SECRET_KEY);
+
+    let up = weightlift(&["upload", local.to_str().unwrap(), "s3://bucket/up/m.safetensors"], &env);
+    let out = String::from_utf8_lossy(&up.stdout);
+    assert!(up.status.success(), "{out}{}", String::from_utf8_lossy(&up.stderr));
+    assert!(out.starts_with("uploaded ") && out.contains("s3://bucket/up/m.safetensors"), "{out}");
+    // The server's own copy of the object, byte for byte.
+    let stored = std::fs::read(s3.root.join("bucket/up/m.safetensors")).unwrap();
+    assert!(stored == std::fs::read(&local).unwrap(), "the uploaded object differs from the file");
+
+    let missing = weightlift(&["upload", dir.path().join("none").to_str().unwrap(), "s3://bucket/x"], &env);
+    let err = String::from_utf8_lossy(&missing.stderr);
+    assert_eq!(missing.status.code(), Some(2), "{err}");
+    assert!(err.contains("none") && err.trim_end().lines().count() == 1, "{err}");
+
+    let http = weightlift(&["upload", local.to_str().unwrap(), "http://127.0.0.1:1/m"], &env);
+    let err = String::from_utf8_lossy(&http.stderr);
+    assert_eq!(http.status.code(), Some(2), "{err}");
+    assert!(err.contains("not an object URL to write to"), "{err}");
+
+    let denied = weightlift(&["upload", local.to_str().unwrap(), "s3://bucket/y"], &s3_env(&s3, "not-the-secret"));
+    let err = String::from_utf8_lossy(&denied.stderr);
+    assert_eq!(denied.status.code(), Some(2), "{err}");
+    assert!(err.contains("s3://bucket/y: access denied (HTTP 403"), "{err}");
+    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+}

@@ -22,4 +22,4 @@ mod object;
 
 pub use client::{Config, DEFAULT_RETRIES, DEFAULT_TIMEOUT_SECS, config, configure, is_url};
 pub use error::RemoteError;
-pub use object::{Head, Object, Stats, upload};
+pub use object::{Head, Object, Stats, upload, upload_with_progress};
