@@ -1,0 +1,349 @@
+"""Loads from object storage against the server's own ceiling and the peers, all in one run.
+
+An S3-compatible server (s3s-fs) runs on 127.0.0.1 over a folder on this machine's disk; a checkpoint of
+weight-like bf16 written by safetensors.torch.save_file, and its `.wlpack`, are put in its bucket with
+`weightlift upload` (so the server keeps their ETags and does not hash a whole file per GET). The server's files stay
+in the page cache: these are warm loads over loopback, the case where the network and the disk are out of the way and
+the client and the server's serving rate are what is measured. Cases, each timed --runs times:
+
+  ceiling        parallel ranged GETs of the whole object by curl (SigV4-signed) into /dev/null, at several
+                 concurrencies: the rate at which this server serves this object to a client that does nothing with
+                 the bytes (the best concurrency is the ceiling)
+  weightlift     `weightlift.load_file("s3://…", device=DEV)` (every tensor on the GPU), the same into host memory,
+                 `safe_open` over the URL taking every tensor in file order, the `.wlpack` from the bucket (raw bytes
+                 delivered per second, and what crossed the network), and the same file loaded from the local disk
+                 (warm) for comparison
+  sweep          `weightlift load URL` (the CLI) under request sizes and counts (WEIGHTLIFT_CHUNK_BYTES: objects are
+                 read in GETs of 4× the chunk; WEIGHTLIFT_QUEUE_DEPTH, WEIGHTLIFT_THREADS): what the defaults are
+                 chosen from
+  peers          KvikIO's RemoteFile (the object's bytes into one device buffer), the Run:ai model streamer from
+                 s3:// (tensors to the device), and download-then-load (boto3's download_file to the local disk,
+                 then safetensors.torch.load_file to the device: the road most users take today), where they import
+
+Every tensor weightlift loads from the bucket, and the peers' bytes, are compared with the local file as
+safetensors reads it.
+
+Usage: python bench/remote_bench.py OUTDIR [--dir DIR] [--size 4GiB] [--runs 3] [--device cuda:0]
+                                   [--s3s-fs PATH] [--weightlift-bin PATH]
+Writes OUTDIR/remote.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import json
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+
+BENCH = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(BENCH)
+sys.path.insert(0, BENCH)
+
+ACCESS_KEY, SECRET_KEY, REGION = "weightlift-bench", "weightlift-bench-secret", "us-east-1"
+
+
+def say(*a) -> None:
+    print(time.strftime("%H:%M:%S"), *a, flush=True)
+
+
+def parse_size(s: str) -> int:
+    for u, m in {"KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}.items():
+        if s.endswith(u):
+            return int(float(s[: -len(u)]) * m)
+    return int(s)
+
+
+def find(given: str | None, name: str) -> str | None:
+    for c in (given, os.path.join(ROOT, "bin", name), shutil.which(name),
+              os.path.expanduser(f"~/.cargo/bin/{name}"), os.path.join(ROOT, "target", "release", name)):
+        if c and os.access(c, os.X_OK):
+            return c
+    return None
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(binary: str, root: Path) -> tuple[subprocess.Popen, str]:
+    (root / "bucket").mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    proc = subprocess.Popen([binary, "--host", "127.0.0.1", "--port", str(port), "--access-key", ACCESS_KEY,
+                             "--secret-key", SECRET_KEY, str(root)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 20
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            return proc, f"http://127.0.0.1:{port}"
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"s3s-fs did not start (exit {proc.poll()})")
+            time.sleep(0.05)
+
+
+def timed(fn, runs: int) -> dict:
+    secs = []
+    extra = None
+    for _ in range(runs):
+        t = time.perf_counter()
+        extra = fn()
+        secs.append(time.perf_counter() - t)
+    return {"seconds": secs, "best_s": min(secs), "median_s": statistics.median(secs), "last": extra}
+
+
+def rate(nbytes: int, r: dict) -> dict:
+    return {"best_gbps": nbytes / r["best_s"] / 1e9, "median_gbps": nbytes / r["median_s"] / 1e9,
+            "seconds": [round(s, 4) for s in r["seconds"]]}
+
+
+def curl_ceiling(url: str, size: int, streams: int, part: int, runs: int) -> dict:
+    """The object read by `streams` curl processes at once, each GETting parts of `part` bytes in turn."""
+    ranges = [(o, min(size, o + part) - 1) for o in range(0, size, part)]
+    per = [rs for rs in (ranges[i::streams] for i in range(streams)) if rs]
+
+    def one_stream(rs):
+        common = ["-sS", "--fail", "--aws-sigv4", f"aws:amz:{REGION}:s3", "--user", f"{ACCESS_KEY}:{SECRET_KEY}",
+                  "-H", "x-amz-content-sha256: UNSIGNED-PAYLOAD", "-o", "/dev/null"]
+        # One curl per stream, its GETs one after another (--next: each its own range) over one connection, which
+        # curl keeps between them.
+        args = ["curl"]
+        for a, b in rs:
+            args += [*common, "-r", f"{a}-{b}", url, "--next"]
+        subprocess.run(args[:-1], check=True)
+
+    def once():
+        with concurrent.futures.ThreadPoolExecutor(streams) as pool:
+            list(pool.map(one_stream, per))
+
+    return rate(size, timed(once, runs))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("out")
+    ap.add_argument("--dir", default=os.path.expanduser("~/.cache/weightlift/bench"))
+    ap.add_argument("--size", default="4GiB")
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--device", default="cuda:0")
+    ap.add_argument("--s3s-fs", dest="s3s_fs")
+    ap.add_argument("--weightlift-bin", dest="wl")
+    args = ap.parse_args()
+
+    import torch
+    from safetensors.torch import load_file as st_load_file
+
+    import weightlift
+    import weightlift.safetensors as wst
+    from pack_load_bench import weights_bf16
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    work = Path(args.dir) / "remote"
+    work.mkdir(parents=True, exist_ok=True)
+    dev = args.device if torch.cuda.is_available() else "cpu"
+    result: dict = {"size": args.size, "device": dev, "runs": args.runs, "cases": {}, "skipped": {}}
+
+    server_bin, wl = find(args.s3s_fs, "s3s-fs"), find(args.wl, "weightlift")
+    if not server_bin or not wl:
+        result["error"] = f"needs s3s-fs ({server_bin}) and the weightlift binary ({wl})"
+        (out / "remote.json").write_text(json.dumps(result, indent=1))
+        say(result["error"])
+        return 1
+
+    local = work / f"weights-{args.size}.safetensors"
+    packed = work / f"weights-{args.size}.wlpack"
+    if not local.exists():
+        say("writing", local)
+        weights_bf16(local, parse_size(args.size), dev if dev != "cpu" else "cpu")
+    if not packed.exists() or packed.stat().st_mtime < local.stat().st_mtime:
+        say("packing", packed)
+        subprocess.run([wl, "pack", str(local), str(packed)], check=True, stdout=subprocess.DEVNULL)
+    size, packed_size = local.stat().st_size, packed.stat().st_size
+    result.update(file_bytes=size, pack_bytes=packed_size)
+
+    server_root = work / "s3root"
+    shutil.rmtree(server_root, ignore_errors=True)
+    proc, endpoint = start_server(server_bin, server_root)
+    env = {"AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": SECRET_KEY,
+           "AWS_REGION": REGION, "AWS_DEFAULT_REGION": REGION, "AWS_ALLOW_HTTP": "true",
+           "AWS_EC2_METADATA_DISABLED": "true", "RUNAI_STREAMER_S3_USE_VIRTUAL_ADDRESSING": "0"}
+    os.environ.update(env)
+    url, pack_url = "s3://bucket/model.safetensors", "s3://bucket/model.wlpack"
+    http_url = f"{endpoint}/bucket/model.safetensors"
+    try:
+        for src, dst in ((local, url), (packed, pack_url)):
+            t = time.perf_counter()
+            subprocess.run([wl, "upload", str(src), dst], check=True, stdout=subprocess.DEVNULL)
+            say(f"uploaded {dst} in {time.perf_counter() - t:.1f} s")
+        cases = result["cases"]
+
+        # The ceiling first: it also brings the server's copies into the page cache.
+        if shutil.which("curl"):
+            best = None
+            for streams, part in ((8, 16 << 20), (16, 16 << 20), (32, 16 << 20), (16, 64 << 20)):
+                name = f"curl-{streams}x{part >> 20}MiB"
+                cases[name] = curl_ceiling(http_url, size, streams, part, args.runs)
+                say(name, f"{cases[name]['best_gbps']:.2f} GB/s")
+                if best is None or cases[name]["best_gbps"] > cases[best]["best_gbps"]:
+                    best = name
+            result["ceiling"] = {"case": best, "gbps": cases[best]["best_gbps"]}
+        else:
+            result["skipped"]["ceiling"] = "curl is not installed"
+
+        reference = st_load_file(str(local), device=dev)
+
+        def check(tensors: dict, what: str) -> None:
+            assert tensors.keys() == reference.keys(), f"{what}: other tensor names"
+            for k, v in reference.items():
+                assert torch.equal(tensors[k], v), f"{what}: {k} differs"
+
+        def sync():
+            if dev != "cpu":
+                torch.cuda.synchronize()
+
+        def wl_load(location, device):
+            def f():
+                t = weightlift.load_file(location, device=device)
+                sync()
+                return t
+            return f
+
+        check(wl_load(url, dev)(), "weightlift load_file s3:// → " + dev)
+        r = timed(wl_load(url, dev), args.runs)
+        cases["weightlift-s3"] = {**rate(size, r), "network": (weightlift.last_report() or {}).get("network")}
+        r = timed(wl_load(url, "cpu"), args.runs)
+        check({k: v.to(dev) for k, v in r["last"].items()}, "weightlift load_file s3:// → cpu")
+        cases["weightlift-s3-host"] = rate(size, r)
+        r = timed(wl_load(str(local), dev), args.runs)
+        cases["weightlift-local-warm"] = rate(size, r)
+
+        def wl_safe_open():
+            got = {}
+            with wst.safe_open(url, framework="pt", device=dev) as f:
+                for k in f.keys():
+                    got[k] = f.get_tensor(k)
+            sync()
+            return got
+        r = timed(wl_safe_open, args.runs)
+        check(r["last"], "weightlift safe_open s3://")
+        cases["weightlift-s3-safe_open"] = rate(size, r)
+
+        r = timed(wl_load(pack_url, dev), args.runs)
+        check(r["last"], "weightlift load_file of the .wlpack from s3://")
+        cases["weightlift-s3-wlpack"] = {**rate(size, r), "network_gbps": packed_size / r["best_s"] / 1e9,
+                                         "network": (weightlift.last_report() or {}).get("network")}
+        for name in ("weightlift-s3", "weightlift-s3-host", "weightlift-local-warm", "weightlift-s3-safe_open",
+                     "weightlift-s3-wlpack"):
+            say(name, f"{cases[name]['best_gbps']:.2f} GB/s")
+
+        # The sweep: the CLI under request sizes and counts (each a fresh process: first loads included).
+        # The defaults first ({}), then GETs of 4, 16 and 64 MiB (4× the chunk), 1 to 4 in flight per lane.
+        sweep = result["sweep"] = []
+        configs = [{}] + [{"WEIGHTLIFT_CHUNK_BYTES": c, "WEIGHTLIFT_QUEUE_DEPTH": q, "WEIGHTLIFT_STAGING_BYTES": "2GiB"}
+                          for c in ("1MiB", "4MiB", "16MiB") for q in ("1", "2", "4")]
+        for config in configs:
+            e = dict(os.environ, **config)
+            best = None
+            for _ in range(min(args.runs, 2)):
+                p = subprocess.run([wl, "load", "--device", dev, "--json", url], env=e, capture_output=True, text=True)
+                if p.returncode != 0:
+                    best = {"error": p.stderr.strip()[-300:]}
+                    break
+                rep = json.loads(p.stdout.strip().splitlines()[-1])
+                if best is None or rep["gbps"] > best["gbps"]:
+                    best = {"gbps": rep["gbps"], "requests": (rep.get("network") or {}).get("requests")}
+            sweep.append({"settings": config, **best})
+            say("sweep", config or "defaults", best)
+
+        # Peers.
+        try:
+            import kvikio
+
+            def kv():
+                buf = torch.empty(size, dtype=torch.uint8, device=dev)
+                with kvikio.RemoteFile.open_s3("bucket", "model.safetensors") as f:
+                    f.read(buf)
+                sync()
+                return buf
+            r = timed(kv, args.runs)
+            expect = torch.frombuffer(bytearray(local.read_bytes()), dtype=torch.uint8).to(dev)
+            assert torch.equal(r["last"], expect), "KvikIO: bytes differ"
+            del expect
+            cases["kvikio-RemoteFile"] = rate(size, r)
+        except Exception as e:  # noqa: BLE001 - a peer that cannot run here is reported, not fatal
+            result["skipped"]["kvikio-RemoteFile"] = f"{type(e).__name__}: {e}"
+        try:
+            from runai_model_streamer import SafetensorsStreamer
+
+            def runai():
+                got = {}
+                with SafetensorsStreamer() as s:
+                    s.stream_files([url], device=dev)
+                    for name, t in s.get_tensors():
+                        got[name] = t.to(dev, non_blocking=True)
+                sync()
+                return got
+            r = timed(runai, args.runs)
+            check(r["last"], "Run:ai streamer")
+            cases["runai-streamer"] = rate(size, r)
+        except Exception as e:  # noqa: BLE001
+            result["skipped"]["runai-streamer"] = f"{type(e).__name__}: {e}"
+        try:
+            import boto3
+
+            client = boto3.client("s3", endpoint_url=endpoint, region_name=REGION)
+            dl = work / "downloaded.safetensors"
+
+            def download_then_load():
+                client.download_file("bucket", "model.safetensors", str(dl))
+                t = st_load_file(str(dl), device=dev)
+                sync()
+                return t
+            r = timed(download_then_load, args.runs)
+            check(r["last"], "boto3 download + safetensors")
+            dl.unlink()
+            cases["boto3-download+safetensors"] = rate(size, r)
+        except Exception as e:  # noqa: BLE001
+            result["skipped"]["boto3-download+safetensors"] = f"{type(e).__name__}: {e}"
+        for name in ("kvikio-RemoteFile", "runai-streamer", "boto3-download+safetensors"):
+            if name in cases:
+                say(name, f"{cases[name]['best_gbps']:.2f} GB/s")
+            else:
+                say(name, "skipped:", result["skipped"][name][:200])
+
+        peers = [n for n in ("kvikio-RemoteFile", "runai-streamer", "boto3-download+safetensors") if n in cases]
+        best_peer = max(peers, key=lambda n: cases[n]["best_gbps"]) if peers else None
+        wl_rate = cases["weightlift-s3"]["best_gbps"]
+        result["summary"] = {
+            "weightlift_s3_gbps": wl_rate,
+            "ceiling_gbps": result.get("ceiling", {}).get("gbps"),
+            "ratio_to_ceiling": wl_rate / result["ceiling"]["gbps"] if "ceiling" in result else None,
+            "best_peer": best_peer,
+            "ratio_to_best_peer": wl_rate / cases[best_peer]["best_gbps"] if best_peer else None,
+            "wlpack_effective_gbps": cases["weightlift-s3-wlpack"]["best_gbps"],
+        }
+        say("summary", json.dumps(result["summary"]))
+    except Exception:
+        result["error"] = traceback.format_exc()
+        say(result["error"])
+    finally:
+        proc.kill()
+        proc.wait()
+        shutil.rmtree(server_root, ignore_errors=True)
+        (out / "remote.json").write_text(json.dumps(result, indent=1, default=str))
+    return 1 if "error" in result else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
