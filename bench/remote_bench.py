@@ -3,8 +3,9 @@
 An S3-compatible server (s3s-fs) runs on 127.0.0.1 over a folder on this machine's disk; a checkpoint of
 weight-like bf16 written by safetensors.torch.save_file, and its `.wlpack`, are put in its bucket with
 `weightlift upload` (so the server keeps their ETags and does not hash a whole file per GET). The server's files stay
-in the page cache: these are warm loads over loopback, the case where the network and the disk are out of the way and
-the client and the server's serving rate are what is measured. Cases, each timed --runs times:
+in the page cache for the warm cases: loads over loopback where the network and the disk are out of the way and the
+client and the server's serving rate are what is measured; the cold cases (root only) drop the page cache before each
+run, so the server reads its disk. Cases, each timed --runs times:
 
   ceiling        parallel ranged GETs of the whole object by curl (SigV4-signed) into /dev/null, at several
                  concurrencies: the rate at which this server serves this object to a client that does nothing with
@@ -16,6 +17,7 @@ the client and the server's serving rate are what is measured. Cases, each timed
   sweep          `weightlift load URL` (the CLI) under request sizes and counts (WEIGHTLIFT_CHUNK_BYTES: objects are
                  read in GETs of 4× the chunk; WEIGHTLIFT_QUEUE_DEPTH, WEIGHTLIFT_THREADS): what the defaults are
                  chosen from
+  cold           the ceiling's best concurrency, weightlift's load_file and the `.wlpack`, each after drop_caches
   peers          KvikIO's RemoteFile (the object's bytes into one device buffer), the Run:ai model streamer from
                  s3:// (tensors to the device), and download-then-load (boto3's download_file to the local disk,
                  then safetensors.torch.load_file to the device: the road most users take today), where they import
@@ -92,10 +94,22 @@ def start_server(binary: str, root: Path) -> tuple[subprocess.Popen, str]:
             time.sleep(0.05)
 
 
-def timed(fn, runs: int) -> dict:
+def drop_caches() -> bool:
+    try:
+        os.sync()
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("3\n")
+        return True
+    except OSError:
+        return False
+
+
+def timed(fn, runs: int, before=None) -> dict:
     secs = []
     extra = None
     for _ in range(runs):
+        if before:
+            before()
         t = time.perf_counter()
         extra = fn()
         secs.append(time.perf_counter() - t)
@@ -107,7 +121,7 @@ def rate(nbytes: int, r: dict) -> dict:
             "seconds": [round(s, 4) for s in r["seconds"]]}
 
 
-def curl_ceiling(url: str, size: int, streams: int, part: int, runs: int) -> dict:
+def curl_ceiling(url: str, size: int, streams: int, part: int, runs: int, before=None) -> dict:
     """The object read by `streams` curl processes at once, each GETting parts of `part` bytes in turn."""
     ranges = [(o, min(size, o + part) - 1) for o in range(0, size, part)]
     per = [rs for rs in (ranges[i::streams] for i in range(streams)) if rs]
@@ -126,7 +140,7 @@ def curl_ceiling(url: str, size: int, streams: int, part: int, runs: int) -> dic
         with concurrent.futures.ThreadPoolExecutor(streams) as pool:
             list(pool.map(one_stream, per))
 
-    return rate(size, timed(once, runs))
+    return rate(size, timed(once, runs, before))
 
 
 def main() -> int:
@@ -316,6 +330,22 @@ def main() -> int:
             cases["boto3-download+safetensors"] = rate(size, r)
         except Exception as e:  # noqa: BLE001
             result["skipped"]["boto3-download+safetensors"] = f"{type(e).__name__}: {e}"
+        # Cold: the server's files out of the page cache before each run (root only), so the server reads its disk.
+        if drop_caches():
+            cold = result["cold"] = {}
+            best = result.get("ceiling", {}).get("case")
+            if best:
+                streams, part = best.split("-")[1].split("x")
+                cold["ceiling"] = curl_ceiling(http_url, size, int(streams), int(part[:-3]) << 20, args.runs,
+                                               before=drop_caches)
+            cold["weightlift-s3"] = rate(size, timed(wl_load(url, dev), args.runs, before=drop_caches))
+            r = timed(wl_load(pack_url, dev), args.runs, before=drop_caches)
+            cold["weightlift-s3-wlpack"] = {**rate(size, r), "network_gbps": packed_size / r["best_s"] / 1e9}
+            for name, c in cold.items():
+                say("cold", name, f"{c['best_gbps']:.2f} GB/s")
+        else:
+            result["skipped"]["cold"] = "needs root (drop_caches)"
+
         for name in ("kvikio-RemoteFile", "runai-streamer", "boto3-download+safetensors"):
             if name in cases:
                 say(name, f"{cases[name]['best_gbps']:.2f} GB/s")
@@ -332,7 +362,17 @@ def main() -> int:
             "best_peer": best_peer,
             "ratio_to_best_peer": wl_rate / cases[best_peer]["best_gbps"] if best_peer else None,
             "wlpack_effective_gbps": cases["weightlift-s3-wlpack"]["best_gbps"],
+            "wlpack_over_plain": cases["weightlift-s3-wlpack"]["best_gbps"] / wl_rate,
+            "safe_open_over_load_file": cases["weightlift-s3-safe_open"]["best_gbps"] / wl_rate,
         }
+        if "cold" in result:
+            c = result["cold"]
+            result["summary"]["cold"] = {
+                "weightlift_s3_gbps": c["weightlift-s3"]["best_gbps"],
+                "ratio_to_ceiling": c["weightlift-s3"]["best_gbps"] / c["ceiling"]["best_gbps"] if "ceiling" in c
+                else None,
+                "wlpack_over_plain": c["weightlift-s3-wlpack"]["best_gbps"] / c["weightlift-s3"]["best_gbps"],
+            }
         say("summary", json.dumps(result["summary"]))
     except Exception:
         result["error"] = traceback.format_exc()
