@@ -37,6 +37,7 @@ import concurrent.futures
 import json
 import os
 import shutil
+import signal
 import socket
 import statistics
 import subprocess
@@ -161,6 +162,8 @@ def main() -> int:
     import weightlift.safetensors as wst
     from pack_load_bench import weights_bf16
 
+    # A run stopped by SIGTERM (a time limit) still writes what it measured, marked incomplete.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     work = Path(args.dir) / "remote"
@@ -378,6 +381,8 @@ def main() -> int:
         result["error"] = traceback.format_exc()
         say(result["error"])
     finally:
+        if "summary" not in result and "error" not in result:
+            result["incomplete"] = "stopped before the end (SIGTERM or interrupt): the cases above are complete"
         proc.kill()
         proc.wait()
         shutil.rmtree(server_root, ignore_errors=True)
