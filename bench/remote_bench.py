@@ -17,6 +17,8 @@ run, so the server reads its disk. Cases, each timed --runs times:
   sweep          `weightlift load URL` (the CLI) under request sizes and counts (WEIGHTLIFT_CHUNK_BYTES: objects are
                  read in GETs of 4× the chunk; WEIGHTLIFT_QUEUE_DEPTH, WEIGHTLIFT_THREADS): what the defaults are
                  chosen from
+  http           the same file and `.wlpack` from nginx on 127.0.0.1 (far faster than s3s-fs on one host, so the
+                 client's own limit shows): curl's ceiling, weightlift, KvikIO's RemoteFile over http://
   cold           the ceiling's best concurrency, weightlift's load_file and the `.wlpack`, each after drop_caches
   peers          KvikIO's RemoteFile (the object's bytes into one device buffer), the Run:ai model streamer from
                  s3:// (tensors to the device), and download-then-load (boto3's download_file to the local disk,
@@ -26,7 +28,7 @@ Every tensor weightlift loads from the bucket, and the peers' bytes, are compare
 safetensors reads it.
 
 Usage: python bench/remote_bench.py OUTDIR [--dir DIR] [--size 4GiB] [--runs 3] [--device cuda:0]
-                                   [--s3s-fs PATH] [--weightlift-bin PATH]
+                                   [--s3s-fs PATH] [--weightlift-bin PATH] [--nginx PATH] [--no-sweep]
 Writes OUTDIR/remote.json.
 """
 
@@ -105,6 +107,31 @@ def drop_caches() -> bool:
         return False
 
 
+def start_nginx(binary: str, root: Path, work: Path) -> tuple[subprocess.Popen, str]:
+    """nginx serving `root` on 127.0.0.1 (sendfile, one worker per CPU up to 16), in the foreground."""
+    port = free_port()
+    (work / "tmp").mkdir(parents=True, exist_ok=True)
+    conf = work / "nginx.conf"
+    w = work
+    conf.write_text(
+        f"daemon off; worker_processes {min(16, os.cpu_count() or 1)}; pid {w}/nginx.pid; error_log {w}/error.log;\n"
+        "events { worker_connections 1024; }\n"
+        f"http {{ access_log off; client_body_temp_path {w}/tmp; proxy_temp_path {w}/tmp; fastcgi_temp_path {w}/tmp;\n"
+        f"uwsgi_temp_path {w}/tmp; scgi_temp_path {w}/tmp; sendfile on; tcp_nopush on; keepalive_requests 100000;\n"
+        f"server {{ listen 127.0.0.1:{port}; root {root}; }} }}\n")
+    proc = subprocess.Popen([binary, "-p", str(w), "-c", str(conf)], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 20
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            return proc, f"http://127.0.0.1:{port}"
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"nginx did not start (exit {proc.poll()}; {w}/error.log)")
+            time.sleep(0.05)
+
+
 def timed(fn, runs: int, before=None) -> dict:
     secs = []
     extra = None
@@ -122,14 +149,16 @@ def rate(nbytes: int, r: dict) -> dict:
             "seconds": [round(s, 4) for s in r["seconds"]]}
 
 
-def curl_ceiling(url: str, size: int, streams: int, part: int, runs: int, before=None) -> dict:
+def curl_ceiling(url: str, size: int, streams: int, part: int, runs: int, before=None, signed: bool = True) -> dict:
     """The object read by `streams` curl processes at once, each GETting parts of `part` bytes in turn."""
     ranges = [(o, min(size, o + part) - 1) for o in range(0, size, part)]
     per = [rs for rs in (ranges[i::streams] for i in range(streams)) if rs]
 
     def one_stream(rs):
-        common = ["-sS", "--fail", "--aws-sigv4", f"aws:amz:{REGION}:s3", "--user", f"{ACCESS_KEY}:{SECRET_KEY}",
-                  "-H", "x-amz-content-sha256: UNSIGNED-PAYLOAD", "-o", "/dev/null"]
+        common = ["-sS", "--fail", "-o", "/dev/null"]
+        if signed:
+            common += ["--aws-sigv4", f"aws:amz:{REGION}:s3", "--user", f"{ACCESS_KEY}:{SECRET_KEY}",
+                       "-H", "x-amz-content-sha256: UNSIGNED-PAYLOAD"]
         # One curl per stream, its GETs one after another (--next: each its own range) over one connection, which
         # curl keeps between them.
         args = ["curl"]
@@ -153,6 +182,9 @@ def main() -> int:
     ap.add_argument("--device", default="cuda:0")
     ap.add_argument("--s3s-fs", dest="s3s_fs")
     ap.add_argument("--weightlift-bin", dest="wl")
+    ap.add_argument("--nginx", help="nginx binary for the HTTP cases (default: nginx on PATH or /usr/sbin/nginx)")
+    ap.add_argument("--sweep", action=argparse.BooleanOptionalAction, default=True,
+                    help="the sweep of GET sizes and counts (default on)")
     args = ap.parse_args()
 
     import torch
@@ -269,7 +301,7 @@ def main() -> int:
         sweep = result["sweep"] = []
         configs = [{}] + [{"WEIGHTLIFT_CHUNK_BYTES": c, "WEIGHTLIFT_QUEUE_DEPTH": q, "WEIGHTLIFT_STAGING_BYTES": "2GiB"}
                           for c in ("1MiB", "4MiB", "16MiB") for q in ("1", "2", "4")]
-        for config in configs:
+        for config in configs if args.sweep else []:
             e = dict(os.environ, **config)
             best = None
             for _ in range(min(args.runs, 2)):
@@ -333,6 +365,56 @@ def main() -> int:
             cases["boto3-download+safetensors"] = rate(size, r)
         except Exception as e:  # noqa: BLE001
             result["skipped"]["boto3-download+safetensors"] = f"{type(e).__name__}: {e}"
+        # HTTP from nginx (a server much faster than s3s-fs on one host): the client's own limit over loopback.
+        nginx_bin = find(args.nginx, "nginx") or find(None, "/usr/sbin/nginx")
+        if nginx_bin and shutil.which("curl"):
+            www = work / "www"
+            www.mkdir(exist_ok=True)
+            for src, name in ((local, "model.safetensors"), (packed, "model.wlpack")):
+                dst = www / name
+                if not dst.exists() or dst.stat().st_size != src.stat().st_size:
+                    shutil.copyfile(src, dst)
+            nginx, http_base = start_nginx(nginx_bin, www, work / "nginx")
+            try:
+                h = result["http"] = {}
+                hurl, hpack = f"{http_base}/model.safetensors", f"{http_base}/model.wlpack"
+                hbest = None
+                for streams, part in ((8, 16 << 20), (16, 16 << 20), (32, 16 << 20), (16, 64 << 20)):
+                    name = f"curl-{streams}x{part >> 20}MiB"
+                    h[name] = curl_ceiling(hurl, size, streams, part, args.runs, signed=False)
+                    if hbest is None or h[name]["best_gbps"] > h[hbest]["best_gbps"]:
+                        hbest = name
+                h["ceiling"] = {"case": hbest, "gbps": h[hbest]["best_gbps"]}
+                check(wl_load(hurl, dev)(), "weightlift load_file http:// → " + dev)
+                h["weightlift"] = rate(size, timed(wl_load(hurl, dev), args.runs))
+                r = timed(wl_load(hpack, dev), args.runs)
+                check(r["last"], "weightlift load_file of the .wlpack over http://")
+                h["weightlift-wlpack"] = {**rate(size, r), "network_gbps": packed_size / r["best_s"] / 1e9}
+                try:
+                    import kvikio
+
+                    def kvh():
+                        buf = torch.empty(size, dtype=torch.uint8, device=dev)
+                        with kvikio.RemoteFile.open_http(hurl) as f:
+                            f.read(buf)
+                        sync()
+                        return buf
+                    r = timed(kvh, args.runs)
+                    expect = torch.frombuffer(bytearray(local.read_bytes()), dtype=torch.uint8).to(dev)
+                    assert torch.equal(r["last"], expect), "KvikIO over http: bytes differ"
+                    del expect
+                    h["kvikio-RemoteFile"] = rate(size, r)
+                except Exception as e:  # noqa: BLE001
+                    result["skipped"]["http kvikio-RemoteFile"] = f"{type(e).__name__}: {e}"
+                for name, c in h.items():
+                    if "best_gbps" in c:
+                        say("http", name, f"{c['best_gbps']:.2f} GB/s")
+            finally:
+                nginx.kill()
+                nginx.wait()
+        else:
+            result["skipped"]["http"] = "needs nginx and curl"
+
         # Cold: the server's files out of the page cache before each run (root only), so the server reads its disk.
         if drop_caches():
             cold = result["cold"] = {}
@@ -368,6 +450,16 @@ def main() -> int:
             "wlpack_over_plain": cases["weightlift-s3-wlpack"]["best_gbps"] / wl_rate,
             "safe_open_over_load_file": cases["weightlift-s3-safe_open"]["best_gbps"] / wl_rate,
         }
+        if "http" in result and "weightlift" in result["http"]:
+            h = result["http"]
+            result["summary"]["http"] = {
+                "weightlift_gbps": h["weightlift"]["best_gbps"],
+                "ceiling_gbps": h["ceiling"]["gbps"],
+                "ratio_to_ceiling": h["weightlift"]["best_gbps"] / h["ceiling"]["gbps"],
+                "ratio_to_kvikio": h["weightlift"]["best_gbps"] / h["kvikio-RemoteFile"]["best_gbps"]
+                if "kvikio-RemoteFile" in h else None,
+                "wlpack_over_plain": h["weightlift-wlpack"]["best_gbps"] / h["weightlift"]["best_gbps"],
+            }
         if "cold" in result:
             c = result["cold"]
             result["summary"]["cold"] = {
