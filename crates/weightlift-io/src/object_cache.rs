@@ -35,6 +35,8 @@ pub fn cache_path(dir: &Path, url: &str) -> Option<PathBuf> {
     let (scheme, rest) = url.split_once("://")?;
     let rest = rest.split(['?', '#']).next().unwrap_or_default();
     let (host, key) = rest.split_once('/')?;
+    // Credentials in the URL (`user:password@host`) are not written into a folder's name.
+    let host = host.rsplit_once('@').map_or(host, |(_, h)| h);
     let mut path = dir.join(scheme.to_ascii_lowercase());
     path.push(plain_name(host)?);
     let mut parts = 0;
@@ -280,6 +282,7 @@ mod tests {
         assert_eq!(p("s3://b/a/m.safetensors").as_deref(), Some("/c/s3/b/a/m.safetensors"));
         assert_eq!(p("S3://b//a/./m?x=1").as_deref(), Some("/c/s3/b/a/m"));
         assert_eq!(p("http://127.0.0.1:80/m").as_deref(), Some("/c/http/127.0.0.1:80/m"));
+        assert_eq!(p("https://user:secret@h/m").as_deref(), Some("/c/https/h/m"));
         for hostile in ["s3://b/../../etc/passwd", "s3://../x", "s3://b/a/..", "s3://b/", "s3://b", "s3://./x"] {
             assert_eq!(p(hostile), None, "{hostile}");
         }
@@ -287,6 +290,7 @@ mod tests {
     }
 
     #[test]
+    #[allow(clippy::single_range_in_vec_init)] // lists of byte ranges, one of them
     fn gaps_are_what_no_range_covers() {
         assert_eq!(gaps(&[], 10), vec![0..10]);
         assert_eq!(gaps(&[4..6, 0..2, 5..8], 10), vec![2..4, 8..10]);
