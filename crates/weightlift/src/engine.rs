@@ -292,9 +292,9 @@ impl Engine {
         let copies = files.iter().filter_map(|f| f.filling());
         let (datas, mut report) = match loaded {
             Ok(loaded) => {
-                copies.for_each(|c| {
-                    c.publish();
-                });
+                for copy in copies {
+                    copy.publish(); // a failure is a warning: the load has its tensors
+                }
                 loaded
             }
             Err(e) => {
