@@ -129,6 +129,34 @@ def test_load_file_and_safe_open_from_a_bucket(s3, tmp_path):
         assert torch.equal(f.get_slice("layers.0.mlp.up.weight")[10:20], want["layers.0.mlp.up.weight"][10:20])
 
 
+def test_cache_dir_keyword_and_variable_keep_a_local_copy(s3, tmp_path, monkeypatch):
+    want = _checkpoint(tmp_path / "c.safetensors")
+    shutil.copy(tmp_path / "c.safetensors", s3 / "c.safetensors")
+    url, cache = "s3://bucket/c.safetensors", tmp_path / "cache"
+    copy = cache / "s3" / "bucket" / "c.safetensors"
+    # The keyword: the first load writes the copy, byte for byte the file, and the next reads it.
+    _same(wst.load_file(url, device="cpu", cache_dir=cache), want)
+    net = weightlift.last_report()["network"]
+    assert net["copies_written"] == [url] and net["cached"] == [], net
+    assert copy.read_bytes() == (tmp_path / "c.safetensors").read_bytes()
+    assert Path(f"{copy}.weightlift-etag").read_text().startswith("etag ")
+    _same(wst.load_file(url, device="cpu", cache_dir=cache), want)
+    net = weightlift.last_report()["network"]
+    assert net["cached"] == [url] and net["bytes"] == 0 and net["requests"] == 1, net
+    with wst.safe_open(url, framework="pt", device="cpu", cache_dir=cache) as f:
+        _same({k: f.get_tensor(k) for k in f.keys()}, want)
+    with pytest.raises(weightlift.WeightliftError, match="cache_dir"):
+        wst.load_file(url, cache_dir=cache, engine=weightlift._core.new_engine())
+    # The variable: the shared engine of the module-level functions takes it.
+    other = tmp_path / "other"
+    monkeypatch.setenv("WEIGHTLIFT_REMOTE_CACHE_DIR", str(other))
+    _same(wst.load_file(url, device="cpu"), want)
+    assert weightlift.last_report()["network"]["copies_written"] == [url]
+    assert (other / "s3" / "bucket" / "c.safetensors").read_bytes() == copy.read_bytes()
+    _same(wst.load_file(url, device="cpu"), want)
+    assert weightlift.last_report()["network"]["cached"] == [url]
+
+
 def test_load_file_over_http_and_missing_objects(http, tmp_path):
     root, base = http
     want = _checkpoint(tmp_path / "m.safetensors")

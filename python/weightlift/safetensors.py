@@ -72,6 +72,20 @@ def _checkpoint(filename: Union[PathLike, Sequence[PathLike]]) -> "_native.Check
 _UPSTREAM_BACKENDS: dict[str, "str | None"] = {"mmap": None}
 
 
+def _call_engine(engine, backend: "str | None", cache_dir: "PathLike | None"):
+    """The engine of one call: ``engine``, or one with this call's ``backend`` and ``cache_dir`` (the engine's
+    ``remote_cache_dir`` setting) where either is given; None (the shared engine) otherwise."""
+    backend = _UPSTREAM_BACKENDS.get(backend, backend) if isinstance(backend, str) else backend
+    settings = {"backend": backend, "remote_cache_dir": None if cache_dir is None else os.fspath(cache_dir)}
+    if engine is not None:
+        if cache_dir is not None:
+            raise InvalidArgumentError("cache_dir= and engine= both given: set remote_cache_dir on the engine")
+        return engine
+    if all(v is None for v in settings.values()):
+        return None
+    return _core.new_engine(**settings)
+
+
 @_upstream_errors
 def load_file(
     filename: Union[PathLike, Sequence[PathLike]],
@@ -81,6 +95,7 @@ def load_file(
     engine: "_native.NativeEngine | None" = None,
     verify: bool = False,
     progress: Any = False,
+    cache_dir: "PathLike | None" = None,
 ) -> dict[str, "torch.Tensor"]:
     """Loads every tensor of a safetensors checkpoint — one file, several shards, or a
     ``model.safetensors.index.json`` — onto ``device`` ("cpu", "cuda", "cuda:N"), as ``safetensors.torch.load_file``
@@ -95,11 +110,14 @@ def load_file(
     ``progress=True`` shows the load's progress (a ``tqdm`` bar where tqdm is installed, else a line on stderr
     rewritten as it goes) once it has taken more than a second; a callable gets ``progress(bytes_done,
     bytes_total)`` every 50 ms instead (an exception it raises cancels the load). ``backend="mmap"``, upstream's
-    default, means weightlift's default path."""
+    default, means weightlift's default path.
+
+    ``cache_dir`` (objects: ``s3://``, ``gs://``, ``az://``, ``http(s)://``): a folder of local copies for this call
+    (the ``remote_cache_dir`` setting; ``WEIGHTLIFT_REMOTE_CACHE_DIR`` sets it for every call). The load writes the
+    object's copy there as its bytes arrive, and a later load reads the copy while the object's ETag is unchanged
+    (docs/object-storage.md)."""
     dev = _core.normalize_device(device)
-    backend = _UPSTREAM_BACKENDS.get(backend, backend) if isinstance(backend, str) else backend
-    if backend is not None and engine is None:
-        engine = _core.new_engine(backend=backend)
+    engine = _call_engine(engine, backend, cache_dir)
     return _load_tensors(_checkpoint(filename), None, dev, engine, verify, progress=progress)
 
 
@@ -188,6 +206,9 @@ class safe_open:
     reached it is read at once on its own; asking for one twice reads it again. Leaving the ``with`` block (or
     ``close()``) stops the read-ahead and frees what nobody took.
 
+    ``cache_dir`` (objects): a folder of local copies, as :func:`load_file`'s: tensors are read from the object's
+    valid copy there, and ``get_tensors()`` of every key writes one (``get_tensor``'s stream and slices do not).
+
     >>> with safe_open("model.safetensors", framework="pt", device="cuda:0") as f:
     ...     w = f.get_tensor("lm_head.weight")
     """
@@ -201,6 +222,7 @@ class safe_open:
         *,
         backend: "str | None" = None,
         engine=None,
+        cache_dir: "PathLike | None" = None,
     ):
         if framework not in _FRAMEWORKS:
             raise InvalidArgumentError(f"framework {framework!r} is not supported: expected one of {', '.join(_FRAMEWORKS)}")
@@ -208,9 +230,7 @@ class safe_open:
         self._device = _core.normalize_device(device)
         if self._numpy and self._device != "cpu":
             raise InvalidArgumentError(f"framework {framework!r} hands out numpy arrays, which live on the cpu, not {self._device}")
-        backend = _UPSTREAM_BACKENDS.get(backend, backend) if isinstance(backend, str) else backend
-        if backend is not None and engine is None:
-            engine = _core.new_engine(backend=backend)
+        engine = _call_engine(engine, backend, cache_dir)
         self._ckpt = _checkpoint(filename)
         self._infos = {i.name: i for i in self._ckpt.tensors}
         self._engine = engine or _core.shared_engine()

@@ -60,6 +60,37 @@ fn inspect_and_load_read_buckets_and_errors_are_one_line() {
     assert!(err.contains("s3://bucket/none.safetensors: no such object"), "{err}");
 }
 
+#[test]
+fn load_keeps_a_local_copy_with_the_flag_or_the_variable() {
+    let Some(s3) = servers::s3() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let local = dir.path().join("m.safetensors");
+    let spec = Spec { layout: Layout::Llama, container: Container::Safetensors, size: 3 << 20, seed: 6, align: None };
+    synth::generate(&local, &spec).unwrap();
+    servers::put(&s3.root.join("bucket"), "m.safetensors", &local);
+    let cache = dir.path().join("cache");
+    let url = "s3://bucket/m.safetensors";
+    // The `network` part of the load's JSON report.
+    let load = |flags: &[&str], env: &[(&str, String)]| {
+        let args = [&["load", "--device", "cpu", "--json"][..], flags, &[url]].concat();
+        let out = weightlift(&args, env);
+        let text = String::from_utf8_lossy(&out.stdout).to_string();
+        assert!(out.status.success(), "{text}{}", String::from_utf8_lossy(&out.stderr));
+        let report: serde_json::Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"));
+        report["network"].clone()
+    };
+    let env = s3_env(&s3, servers::SECRET_KEY);
+    let first = load(&["--remote-cache-dir", cache.to_str().unwrap()], &env);
+    assert_eq!(first["copies_written"], serde_json::json!([url]), "{first}");
+    let copy = cache.join("s3/bucket/m.safetensors");
+    assert!(std::fs::read(&copy).unwrap() == std::fs::read(&local).unwrap(), "the copy differs from the file");
+    let mut with_variable = env.clone();
+    with_variable.push(("WEIGHTLIFT_REMOTE_CACHE_DIR", cache.display().to_string()));
+    let second = load(&[], &with_variable);
+    assert_eq!(second["cached"], serde_json::json!([url]), "{second}");
+    assert_eq!(second["bytes"], serde_json::json!(0), "{second}");
+}
+
 /// The tensor lines of `inspect --json`'s output (names, dtypes, shapes, offsets), as text.
 fn serde_json_tensors(stdout: &[u8]) -> String {
     let text = String::from_utf8_lossy(stdout);

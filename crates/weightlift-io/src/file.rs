@@ -14,6 +14,7 @@ pub use weightlift_format::regular::{Access, NodeKind};
 use weightlift_remote::Object;
 
 use crate::error::IoError;
+use crate::object_cache::{self, CacheFill};
 
 /// Alignment assumed when the kernel cannot tell (no `STATX_DIOALIGN`, not a block device).
 pub const FALLBACK_BLOCK: u64 = 4096;
@@ -25,6 +26,15 @@ pub enum Source {
     Local(File),
     /// An object (`path` is its URL), pinned to the ETag it had when opened.
     Object(Arc<Object>),
+}
+
+/// An object's local copy (`remote_cache_dir`, see [`crate::object_cache`]), where a load has one.
+#[derive(Debug)]
+pub enum LocalCopy {
+    /// The input is the object's valid local copy: the object itself was only opened (a HEAD).
+    Read(Arc<Object>),
+    /// The object's bytes are also written into a new local copy as they arrive.
+    Written(Arc<CacheFill>),
 }
 
 /// One input file, or object.
@@ -42,6 +52,8 @@ pub struct OpenFile {
     pub block: u64,
     /// Memory alignment for O_DIRECT buffers.
     pub mem_align: u64,
+    /// The object this input is, or is being written as, a local copy of.
+    pub copy: Option<LocalCopy>,
 }
 
 impl OpenFile {
@@ -75,6 +87,7 @@ impl OpenFile {
             len,
             block: FALLBACK_BLOCK,
             mem_align: FALLBACK_BLOCK,
+            copy: None,
         };
         if !want_direct {
             f.direct_refused = Some("O_DIRECT not requested".into());
@@ -132,7 +145,45 @@ impl OpenFile {
             direct_refused: Some("an object: read by ranged GETs".into()),
             block: FALLBACK_BLOCK,
             mem_align: FALLBACK_BLOCK,
+            copy: None,
         })
+    }
+
+    /// As [`OpenFile::open_object`], with local copies under `cache_dir` (see [`crate::object_cache`]): the
+    /// object's valid copy is opened instead (as a local file, probing O_DIRECT unless `want_direct` is false);
+    /// failing that, where `fill` is true, the load writes a new copy as the object's bytes arrive.
+    pub fn open_object_cached(
+        url: &str,
+        etag: Option<&str>,
+        cache_dir: &Path,
+        fill: bool,
+        want_direct: bool,
+    ) -> Result<OpenFile, IoError> {
+        let mut f = OpenFile::open_object(url, etag)?;
+        let Source::Object(object) = &f.source else { return Ok(f) };
+        let object = object.clone();
+        if let Some((copy, ino)) = object_cache::lookup(cache_dir, &object) {
+            match OpenFile::open(&copy, want_direct) {
+                Ok(mut local) if local.local().is_some_and(|l| object_cache::is_the_copy(l, ino, object.len())) => {
+                    local.copy = Some(LocalCopy::Read(object));
+                    return Ok(local);
+                }
+                Ok(_) => tracing::debug!(url, "the local copy was replaced while opened; fetching the object"),
+                Err(e) => tracing::warn!(url, "the local copy cannot be read; fetching the object: {e}"),
+            }
+        }
+        if fill {
+            f.copy = CacheFill::start(cache_dir, &object).map(|c| LocalCopy::Written(Arc::new(c)));
+        }
+        Ok(f)
+    }
+
+    /// The local copy this input's object bytes are written into, as they arrive.
+    pub fn filling(&self) -> Option<&Arc<CacheFill>> {
+        match &self.copy {
+            Some(LocalCopy::Written(c)) => Some(c),
+            _ => None,
+        }
     }
 
     pub fn supports_direct(&self) -> bool {

@@ -570,7 +570,8 @@ impl Lane {
                 let buf = unsafe { base.add(at as usize) };
                 let stopping = job.clone();
                 let stop = Arc::new(move || stopping.stopping());
-                Submission::Object { object: object.clone(), buf, len, offset: req.offset, stop }
+                let copy = file.filling().cloned();
+                Submission::Object { object: object.clone(), buf, len, offset: req.offset, stop, copy }
             }
             (Some(ip), Source::Local(buffered)) => {
                 ip.iov = iovecs(&ip.targets, at, req.len);

@@ -10,6 +10,21 @@ use crate::submit::{Submission, Submitter};
 
 type Completion = (u64, io::Result<usize>);
 
+/// Where an object read's bytes landed, read by the network thread that completes it (to copy them into the
+/// object's local copy) before it hands the completion back.
+struct Landed(*mut u8);
+
+// SAFETY: the pointer is only read on the thread that completes the read, while the lane keeps the slot as the
+// read's (see `push`).
+unsafe impl Send for Landed {}
+
+impl Landed {
+    // A method, not the field: a closure using `landed.0` would capture the bare (not `Send`) pointer.
+    fn get(&self) -> *mut u8 {
+        self.0
+    }
+}
+
 /// A lane's kernel interface for files, with object reads beside it.
 pub(crate) struct WithObjects {
     files: Box<dyn Submitter>,
@@ -39,15 +54,21 @@ impl WithObjects {
 impl Submitter for WithObjects {
     unsafe fn push(&mut self, user_data: u64, s: Submission) -> Result<(), IoError> {
         match s {
-            Submission::Object { object, buf, len, offset, stop } => {
+            Submission::Object { object, buf, len, offset, stop, copy } => {
                 let tx = self.done_tx.clone();
-                // SAFETY: the caller keeps `buf..buf + len` valid and untouched until this read's completion is
-                // returned by `complete`, which happens only after `done` below has run.
-                unsafe {
-                    object.start_read(offset, buf, len as usize, Some(stop), move |r| {
-                        let _ = tx.send((user_data, r.map_err(weightlift_remote::RemoteError::into_io)));
-                    })
+                let landed = Landed(buf);
+                let done = move |r: Result<usize, weightlift_remote::RemoteError>| {
+                    if let (Ok(n), Some(copy)) = (&r, &copy) {
+                        // SAFETY: the read wrote `n` bytes at `landed`, which stay valid and untouched until the
+                        // completion sent below is returned (the slot is still this read's).
+                        let bytes = unsafe { std::slice::from_raw_parts(landed.get(), *n) };
+                        copy.write(offset, bytes);
+                    }
+                    let _ = tx.send((user_data, r.map_err(weightlift_remote::RemoteError::into_io)));
                 };
+                // SAFETY: the caller keeps `buf..buf + len` valid and untouched until this read's completion is
+                // returned by `complete`, which happens only after `done` has run.
+                unsafe { object.start_read(offset, buf, len as usize, Some(stop), done) };
                 self.objects_inflight += 1;
                 Ok(())
             }

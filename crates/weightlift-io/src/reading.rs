@@ -243,6 +243,7 @@ mod tests {
             len: 10_000,
             block: 4096,
             mem_align: 4096,
+            copy: None,
         }
     }
 

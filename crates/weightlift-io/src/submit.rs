@@ -19,6 +19,8 @@ pub(crate) enum Submission {
         offset: u64,
         /// Whether the read's job is stopping (cancelled or failed): the read then ends early.
         stop: std::sync::Arc<dyn Fn() -> bool + Send + Sync>,
+        /// The object's local copy being written (`remote_cache_dir`): the bytes go there too once they landed.
+        copy: Option<std::sync::Arc<crate::object_cache::CacheFill>>,
     },
 }
 

@@ -100,6 +100,7 @@ pub fn write_at(
         len: end,
         block,
         mem_align: block,
+        copy: None,
     };
     if len > 0 {
         let slots = WRITE_SLOTS.min(len.div_ceil(chunk) as usize).max(1);

@@ -216,8 +216,16 @@ impl Engine {
         self.files.open_device(path, self.want_direct())
     }
 
+    /// The index's files; an object with a valid local copy (`remote_cache_dir`) is read from it.
     pub(crate) fn open_index(&self, index: &TensorIndex) -> Result<Vec<Arc<OpenFile>>> {
-        self.files.open_index(index, self.want_direct())
+        self.open_index_writing(index, &[])
+    }
+
+    /// As [`Engine::open_index`], writing a local copy of each object of file `i` where `fill[i]` (and
+    /// `remote_cache_dir` is set) that has no valid copy yet.
+    fn open_index_writing(&self, index: &TensorIndex, fill: &[bool]) -> Result<Vec<Arc<OpenFile>>> {
+        let dir = self.settings.remote_cache_dir.value.0.as_deref();
+        self.files.open_index(index, self.want_direct(), dir.map(|d| (d, fill)))
     }
 
     /// Freed host buffers kept for reuse by this engine's host loads.
@@ -274,10 +282,25 @@ impl Engine {
             Some(checks) => check_names(checks, index, &entries)?,
             None => Vec::new(),
         };
-        let files = self.open_index(index)?;
-        let (datas, mut report) = match device {
-            Device::Cpu | Device::PinnedCpu => self.load_host(&files, &entries, device, opts, names)?,
-            Device::Cuda(n) => self.load_device(n, &files, &entries, opts, names)?,
+        let files = self.open_index_writing(index, &whole_files(index, which))?;
+        let loaded = match device {
+            Device::Cpu | Device::PinnedCpu => self.load_host(&files, &entries, device, opts, names),
+            Device::Cuda(n) => self.load_device(n, &files, &entries, opts, names),
+        };
+        // A local copy is published only once its load succeeded. A failed load's copies go now: its reads still
+        // in flight keep the files (and the copies) alive a little longer.
+        let copies = files.iter().filter_map(|f| f.filling());
+        let (datas, mut report) = match loaded {
+            Ok(loaded) => {
+                for copy in copies {
+                    copy.publish(); // a failure is a warning: the load has its tensors
+                }
+                loaded
+            }
+            Err(e) => {
+                copies.for_each(|c| c.abandon());
+                return Err(e);
+            }
         };
         let tensors: Vec<Tensor> = entries
             .iter()
@@ -534,6 +557,37 @@ impl Engine {
         let index = ranges_index(files, ranges)?;
         self.load(&index, device, opts)
     }
+}
+
+/// Per file of `index`, whether the tensors at positions `which` are the whole file: all of its tensors, covering
+/// at least 15/16 of its bytes past the header (a safetensors file's tensors cover them all; GGUF leaves alignment
+/// padding; byte ranges of a raw file may cover little of it). Only such a load writes its local copy
+/// (`remote_cache_dir`): the copy is completed with what no GET of the load covered, which for a partial load may
+/// be most of the object, so its copy is left to a whole load.
+fn whole_files(index: &TensorIndex, which: &[usize]) -> Vec<bool> {
+    let n = index.files.len();
+    let (mut untaken, mut bytes) = (vec![0usize; n], vec![0u64; n]);
+    for t in &index.tensors {
+        if let (Some(u), Some(b)) = (untaken.get_mut(t.file), bytes.get_mut(t.file)) {
+            *u += 1;
+            *b = b.saturating_add(t.nbytes);
+        }
+    }
+    let mut seen = vec![false; index.tensors.len()];
+    for &i in which {
+        if let (Some(t), Some(false)) = (index.tensors.get(i), seen.get(i).copied()) {
+            seen[i] = true;
+            if let Some(u) = untaken.get_mut(t.file) {
+                *u -= 1;
+            }
+        }
+    }
+    index
+        .files
+        .iter()
+        .zip(untaken.iter().zip(&bytes))
+        .map(|(f, (&u, &b))| u == 0 && u128::from(b) * 16 >= u128::from(f.len.saturating_sub(f.data_start)) * 15)
+        .collect()
 }
 
 /// `path` as a raw source: its length (an object's from a HEAD request, with its ETag).

@@ -72,15 +72,28 @@ impl FileCache {
     }
 
     /// The index's files, refusing any whose length changed since the index was read. An object (a URL) is
-    /// opened afresh for each load: its HEAD request checks the ETag the index was parsed from.
-    pub fn open_index(&self, index: &TensorIndex, want_direct: bool) -> Result<Vec<Arc<OpenFile>>> {
+    /// opened afresh for each load: its HEAD request checks the ETag the index was parsed from. With `copies`
+    /// (`remote_cache_dir` and, per file of the index, whether this load writes a new local copy), an object is
+    /// read from its valid local copy, or its copy is written as the load reads it where the flag says so.
+    pub fn open_index(
+        &self,
+        index: &TensorIndex,
+        want_direct: bool,
+        copies: Option<(&Path, &[bool])>,
+    ) -> Result<Vec<Arc<OpenFile>>> {
         index
             .files
             .iter()
-            .map(|f| {
-                let file = match f.path.to_str().filter(|p| weightlift_remote::is_url(p)) {
-                    Some(url) => Arc::new(OpenFile::open_object(url, f.etag.as_deref())?),
-                    None => self.open(&f.path, want_direct)?,
+            .enumerate()
+            .map(|(i, f)| {
+                let etag = f.etag.as_deref();
+                let file = match (f.path.to_str().filter(|p| weightlift_remote::is_url(p)), copies) {
+                    (Some(url), Some((dir, fill))) => {
+                        let fill = fill.get(i).copied().unwrap_or(false);
+                        Arc::new(OpenFile::open_object_cached(url, etag, dir, fill, want_direct)?)
+                    }
+                    (Some(url), None) => Arc::new(OpenFile::open_object(url, etag)?),
+                    (None, _) => self.open(&f.path, want_direct)?,
                 };
                 if file.len != f.len {
                     return Err(Error::Io(IoError::PastEnd {

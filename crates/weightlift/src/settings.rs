@@ -125,6 +125,30 @@ impl Backend {
     }
 }
 
+/// A folder that may be left unset (`off`): `remote_cache_dir`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Folder(pub Option<PathBuf>);
+
+impl FromStr for Folder {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        // A folder named "off" is written ./off.
+        match s.trim() {
+            "" | "off" => Ok(Folder(None)),
+            path => Ok(Folder(Some(PathBuf::from(path)))),
+        }
+    }
+}
+
+impl fmt::Display for Folder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.0 {
+            Some(p) => write!(f, "{}", p.display()),
+            None => f.write_str("off"),
+        }
+    }
+}
+
 /// One row of the settings table, as the fronts show it.
 #[derive(Clone, Copy, Debug)]
 pub struct SettingDoc {
@@ -148,7 +172,7 @@ trait Shown {
 macro_rules! shown_display {
     ($($t:ty),*) => { $(impl Shown for $t { fn shown(&self) -> String { self.to_string() } })* };
 }
-shown_display!(u32, u64, DirectMode, CachePolicy, Backend, StagingPages, CachePages, DeviceMemory);
+shown_display!(u32, u64, DirectMode, CachePolicy, Backend, StagingPages, CachePages, DeviceMemory, Folder);
 
 impl Shown for Option<PathBuf> {
     fn shown(&self) -> String {
@@ -271,6 +295,9 @@ settings! {
         "objects (URLs): retries of a request after a transient failure (5xx, throttling, a reset, a timeout, a body cut short), each after a doubling backoff from 50 ms to 2 s; a cut body resumes where it stopped; process-wide, set by the last engine made";
     remote_timeout_secs: u32 = weightlift_remote::DEFAULT_TIMEOUT_SECS, "60", env "WEIGHTLIFT_REMOTE_TIMEOUT_SECS", parse count::<u32>, values &[],
         "objects (URLs): longest time one request may take, from sending it to the last byte of its body, before it counts as a transient failure; process-wide, set by the last engine made";
+    remote_cache_dir: Folder = Folder(None), "off", env "WEIGHTLIFT_REMOTE_CACHE_DIR", parse named::<Folder>,
+        values &[],
+        "objects (URLs): a folder of local copies (off: none); a load of a whole object also writes its bytes to DIR/SCHEME/BUCKET/KEY as they arrive, published atomically and durably once the load succeeded, and a later load of the object is a local load while its ETag is unchanged (an object without an ETag is never cached)";
 }
 
 /// Settings given by name and text (command-line flags, Python keywords), applied over defaults and the

@@ -246,6 +246,12 @@ impl Report {
                 n.retries,
                 n.waiting_secs
             );
+            if !n.cached.is_empty() {
+                s += &format!("; {} read from local copies", n.cached.len());
+            }
+            if !n.copies_written.is_empty() {
+                s += &format!("; {} local copies written", n.copies_written.len());
+            }
         }
         if let Some(p) = &self.pack {
             s += &format!(

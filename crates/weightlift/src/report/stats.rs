@@ -6,7 +6,7 @@ use serde_json::{Value, json};
 /// What the requests of a load from objects (URLs) did, for its report.
 #[derive(Clone, Debug, Default)]
 pub struct NetworkStats {
-    /// The objects read.
+    /// The objects read (from the network, or from their local copies).
     pub objects: Vec<String>,
     /// HTTP requests (HEAD and ranged GETs, retries included).
     pub requests: u64,
@@ -16,13 +16,31 @@ pub struct NetworkStats {
     pub retries: u64,
     /// Time spent in requests, summed over those in flight at once.
     pub waiting_secs: f64,
+    /// The objects read from their valid local copies (`remote_cache_dir`): only their HEAD went out.
+    pub cached: Vec<String>,
+    /// The objects whose local copy this load wrote.
+    pub copies_written: Vec<String>,
 }
 
 impl NetworkStats {
     /// The stats of the objects among `files` (`None` when all are local files).
     pub fn of(files: &[std::sync::Arc<weightlift_io::OpenFile>]) -> Option<NetworkStats> {
+        use weightlift_io::LocalCopy;
         let mut n = NetworkStats::default();
-        for o in files.iter().filter_map(|f| f.object()) {
+        for f in files {
+            let o = match (f.object(), &f.copy) {
+                (_, Some(LocalCopy::Read(o))) => {
+                    n.cached.push(o.url().to_string());
+                    o
+                }
+                (Some(o), _) => {
+                    if f.filling().is_some_and(|c| c.published()) {
+                        n.copies_written.push(o.url().to_string());
+                    }
+                    o
+                }
+                (None, _) => continue,
+            };
             let s = o.stats();
             n.objects.push(o.url().to_string());
             n.requests += s.requests;
@@ -36,7 +54,7 @@ impl NetworkStats {
     pub fn to_json(&self) -> Value {
         json!({
             "objects": self.objects, "requests": self.requests, "bytes": self.bytes, "retries": self.retries,
-            "waiting_secs": self.waiting_secs,
+            "waiting_secs": self.waiting_secs, "cached": self.cached, "copies_written": self.copies_written,
         })
     }
 }
