@@ -114,7 +114,10 @@ def start_nginx(binary: str, root: Path, work: Path) -> tuple[subprocess.Popen, 
     conf = work / "nginx.conf"
     w = work
     conf.write_text(
-        f"daemon off; worker_processes {min(16, os.cpu_count() or 1)}; pid {w}/nginx.pid; error_log {w}/error.log;\n"
+        ""
+        # As root, nginx's workers would otherwise run as nobody, who cannot read files under /root.
+        + ("user root; " if os.geteuid() == 0 else "")
+        + f"daemon off; worker_processes {min(16, os.cpu_count() or 1)}; pid {w}/nginx.pid; error_log {w}/error.log;\n"
         "events { worker_connections 1024; }\n"
         f"http {{ access_log off; client_body_temp_path {w}/tmp; proxy_temp_path {w}/tmp; fastcgi_temp_path {w}/tmp;\n"
         f"uwsgi_temp_path {w}/tmp; scgi_temp_path {w}/tmp; sendfile on; tcp_nopush on; keepalive_requests 100000;\n"
