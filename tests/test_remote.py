@@ -5,6 +5,7 @@ the upstream packages' own reads of the local files. A missing server skips, unl
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
@@ -186,3 +187,122 @@ def test_load_gguf_over_http(http, tmp_path):
     tensors = weightlift.load_gguf(f"{base}/m.gguf", device="cpu").tensors
     for name, a in arrays.items():
         assert tensors[name].contiguous().numpy().tobytes() == a.tobytes(), name
+
+
+def _tiny_llama(folder: Path, shard_size: str = "10GB", dtype=torch.bfloat16) -> Path:
+    """A tiny Llama saved by save_pretrained, every parameter drawn from a fixed seed (none left at one or zero)."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.LlamaConfig(vocab_size=96, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                                      tie_word_embeddings=False)
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(config)
+    g = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randn(p.shape, generator=g) * 0.5)
+    model.to(dtype).save_pretrained(folder, max_shard_size=shard_size)
+    return folder
+
+
+def _same_model(got, ref, url: str) -> None:
+    a, b = got.state_dict(), ref.state_dict()
+    assert sorted(a) == sorted(b)
+    for k in b:
+        assert a[k].dtype == b[k].dtype and a[k].device.type == "cpu", k
+        assert torch.equal(a[k], b[k]), k
+    assert any(b[k].abs().sum() > 0 for k in b)
+    got_config, ref_config = got.config.to_dict(), ref.config.to_dict()
+    assert got_config.pop("_name_or_path") == url
+    ref_config.pop("_name_or_path")
+    assert got_config == ref_config
+    assert got.generation_config.to_dict() == ref.generation_config.to_dict()
+    assert not got.training
+
+
+@pytest.fixture
+def temp_dir(tmp_path, monkeypatch):
+    """tempfile's folder for one test, to check that a load from a bucket leaves no folder of its own there."""
+    import tempfile
+    folder = tmp_path / "tempdir"
+    folder.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(folder))
+    return folder
+
+
+@pytest.mark.parametrize("sharded", [False, True], ids=["single", "sharded"])
+def test_transformers_from_pretrained_from_a_bucket(s3, tmp_path, temp_dir, sharded):
+    transformers = pytest.importorskip("transformers")
+    wtr = pytest.importorskip("weightlift.transformers")
+    local = _tiny_llama(tmp_path / "llama", "40KB" if sharded else "10GB")
+    weights = sorted(p.name for p in local.iterdir() if p.suffix == ".safetensors")
+    assert (len(weights) >= 2) == sharded and (local / "model.safetensors.index.json").exists() == sharded
+    name = f"llama-{'sharded' if sharded else 'single'}"
+    shutil.copytree(local, s3 / "models" / name)
+    ref = transformers.AutoModelForCausalLM.from_pretrained(local)
+    url = f"s3://bucket/models/{name}/"
+    got = wtr.from_pretrained(transformers.AutoModelForCausalLM, url, device="cpu")
+    _same_model(got, ref, url)
+    # The weights came from their objects, read once; config.json and generation_config.json through the engine too.
+    assert weightlift.last_report()["network"]["objects"] == [f"{url}{w}" for w in weights]
+    assert list(temp_dir.glob("weightlift-model-*")) == []
+    # subfolder= joins the URL as it joins a folder.
+    got = wtr.from_pretrained(transformers.AutoModelForCausalLM, "s3://bucket/models", subfolder=name, device="cpu")
+    _same_model(got, ref, "s3://bucket/models")
+    assert list(temp_dir.glob("weightlift-model-*")) == []
+
+
+def test_transformers_from_pretrained_from_a_bucket_dtype_auto_without_config_dtype(s3, tmp_path):
+    # transformers takes dtype="auto" from the first weight file when the config names none: from the object's header.
+    transformers = pytest.importorskip("transformers")
+    wtr = pytest.importorskip("weightlift.transformers")
+    local = _tiny_llama(tmp_path / "llama", dtype=torch.float16)
+    config = json.loads((local / "config.json").read_text())
+    config.pop("dtype", None)
+    config.pop("torch_dtype", None)
+    (local / "config.json").write_text(json.dumps(config))
+    shutil.copytree(local, s3 / "no-dtype")
+    ref = transformers.AutoModelForCausalLM.from_pretrained(local)
+    assert ref.dtype == torch.float16
+    _same_model(wtr.from_pretrained(transformers.AutoModelForCausalLM, "s3://bucket/no-dtype", device="cpu"), ref,
+                "s3://bucket/no-dtype")
+
+
+def test_transformers_from_pretrained_from_a_bucket_missing_files(s3, tmp_path, temp_dir, monkeypatch):
+    transformers = pytest.importorskip("transformers")
+    wtr = pytest.importorskip("weightlift.transformers")
+    local = _tiny_llama(tmp_path / "llama")
+    (s3 / "no-config").mkdir()
+    shutil.copy(local / "model.safetensors", s3 / "no-config" / "model.safetensors")
+    with pytest.raises(weightlift.WeightliftFileNotFoundError, match="s3://bucket/no-config/config.json") as e:
+        wtr.from_pretrained(transformers.AutoModelForCausalLM, "s3://bucket/no-config", device="cpu")
+    assert "\n" not in str(e.value)
+    (s3 / "no-weights").mkdir()
+    shutil.copy(local / "config.json", s3 / "no-weights" / "config.json")
+    with pytest.raises(weightlift.WeightliftFileNotFoundError, match="s3://bucket/no-weights: no model.safetensors"):
+        wtr.from_pretrained(transformers.AutoModelForCausalLM, "s3://bucket/no-weights", device="cpu")
+    with pytest.raises(weightlift.WeightliftFileNotFoundError, match="s3://no-such-bucket/m/config.json"):
+        wtr.from_pretrained(transformers.AutoModelForCausalLM, "s3://no-such-bucket/m", device="cpu")
+    # Refused credentials: the one-line error of a load (a bucket not read before: its client takes the new key).
+    (s3.parent / "locked").mkdir()
+    shutil.copytree(local, s3.parent / "locked" / "m")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "not-the-secret")
+    with pytest.raises(weightlift.WeightliftError, match="s3://locked/m/config.json: access denied") as e:
+        wtr.from_pretrained(transformers.AutoModelForCausalLM, "s3://locked/m", device="cpu")
+    assert "\n" not in str(e.value)
+    assert list(temp_dir.glob("weightlift-model-*")) == []
+
+
+def test_transformers_from_pretrained_of_a_packed_folder_in_a_bucket(s3, tmp_path, temp_dir, wl):
+    transformers = pytest.importorskip("transformers")
+    wtr = pytest.importorskip("weightlift.transformers")
+    local = _tiny_llama(tmp_path / "llama")
+    ref = transformers.AutoModelForCausalLM.from_pretrained(local)
+    (s3 / "packed").mkdir()
+    wl.run("pack", local / "model.safetensors", s3 / "packed" / "model.wlpack")
+    for name in ("config.json", "generation_config.json"):
+        shutil.copy(local / name, s3 / "packed" / name)
+    url = "s3://bucket/packed"
+    _same_model(wtr.from_pretrained(transformers.AutoModelForCausalLM, url, device="cpu"), ref, url)
+    assert weightlift.last_report()["network"]["objects"] == [f"{url}/model.wlpack"]
+    assert list(temp_dir.glob("weightlift-model-*")) == []

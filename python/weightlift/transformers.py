@@ -31,7 +31,8 @@ What weightlift cannot do, :func:`from_pretrained` refuses with :class:`Unsuppor
 :func:`patch`, transformers then reads the checkpoint itself, with a warning): weights that are not safetensors
 (``pytorch_model.bin``, GGUF), quantized checkpoints and on-the-fly quantization, a ``device_map`` over several
 devices or disk offload, tensor parallelism, DeepSpeed ZeRO-3, devices other than CPU and CUDA, and Hub names (it
-loads local folders).
+loads local folders; :func:`from_pretrained` also model folders kept as objects: ``s3://``, ``gs://``, ``az://``,
+``http(s)://``).
 """
 
 from __future__ import annotations
@@ -45,12 +46,14 @@ import itertools
 import json
 import os
 import re
+import shutil
 import sys
+import tempfile
 import threading
 import warnings
 from typing import TYPE_CHECKING, Any, Optional, Union
 
-from . import _core
+from . import _core, _native
 from ._errors import InvalidArgumentError, WeightliftError, WeightliftFileNotFoundError
 from .safetensors import _checkpoint, _load_tensors, load_file
 
@@ -472,7 +475,8 @@ def _load_aligned(files: list, device: str) -> dict:
     """``load_file(files, device)`` with every tensor at an address torch's allocator would give it (on a GPU: small
     tensors share device blocks only at 256-byte multiples), so that :func:`_aligned` finds nothing to copy."""
     dev = _core.normalize_device(device)
-    return _load_tensors(_checkpoint(files), None, dev, None, align=_ALIGN["cpu" if dev.startswith("cpu") else "cuda"])
+    paths = _remote_paths(files)
+    return _load_tensors(_checkpoint(paths), None, dev, None, align=_ALIGN["cpu" if dev.startswith("cpu") else "cuda"])
 
 
 def _aligned(tensors: dict[str, "torch.Tensor"]) -> dict[str, "torch.Tensor"]:
@@ -569,6 +573,11 @@ def from_pretrained(
     (``device_map``, ``state_dict``, ``gguf_file``, ``quantization_config``, tensor parallelism, offload), which raise
     :class:`UnsupportedError`, as does a checkpoint weightlift cannot read (see the module's documentation).
 
+    ``path`` may be the URL of a folder kept as objects (``s3://bucket/llama/``, also ``gs://``, ``az://``,
+    ``http(s)://``; ``subfolder=`` is joined with ``/``): ``config.json`` (required), ``generation_config.json`` and a
+    shard index are fetched into a temporary folder, removed when the call returns; the weights
+    (``model.safetensors``, the shards, or ``model.wlpack``) are read from their objects straight onto ``device``.
+
     A ``dtype`` conversion holds the checkpoint's tensors and the converted ones on ``device`` together until the
     load returns. Returns what transformers returns: the model, in eval mode, on ``device``. On a transformers
     release whose loading differs from what weightlift hooks, transformers reads the weights itself (a
@@ -580,6 +589,10 @@ def from_pretrained(
     if refused:
         k = refused[0]
         raise UnsupportedError(f"from_pretrained({k}=...): {_REFUSED_KWARGS.get(k, 'weightlift reads safetensors checkpoints')}")
+    if _is_url(path):
+        if dtype is not None:
+            kwargs["dtype"] = dtype
+        return _from_url(cls_or_auto, os.fspath(path), _core.normalize_device(device), kwargs)
     folder = _local_folder(path, kwargs.get("subfolder", ""))
     kwargs.setdefault("local_files_only", True)
     if dtype is not None:
@@ -594,6 +607,176 @@ def from_pretrained(
     # The non-persistent buffers (and any missing keys), computed on the host as transformers computes them.
     _to_device(model, dev)
     return result
+
+
+# URL schemes weightlift reads as objects (crates/weightlift-remote's `is_url`); anything else is a local path.
+_URL_SCHEMES = ("s3", "s3a", "gs", "az", "abfs", "abfss", "azure", "http", "https")
+# How the engine reports a missing object or bucket (crates/weightlift-remote's RemoteError::NotFound).
+_NO_SUCH_OBJECT = ": no such object (or no such bucket)"
+# The small files from_pretrained reads from a model's folder besides config.json and the weights (a local load of
+# a transformers 5 model opens these and no others); each is fetched where the bucket has it.
+_REMOTE_EXTRAS = ("generation_config.json",)
+
+# Weight files of the temporary folders of loads from objects in flight: the real path of each file transformers is
+# shown, to the URL of the object weightlift reads in its place (see _from_url). Keys are paths inside folders made
+# by tempfile.mkdtemp for one call each, so no other load can name them.
+_remote_files: dict[str, str] = {}
+
+
+def _is_url(path: Any) -> bool:
+    if not isinstance(path, (str, os.PathLike)):
+        return False
+    scheme, sep, rest = os.fspath(path).partition("://")
+    return bool(sep and rest) and scheme.lower() in _URL_SCHEMES
+
+
+def _url_join(base: str, *names: str) -> str:
+    return "/".join([base.rstrip("/"), *(n.strip("/") for n in names if n)])
+
+
+def _remote_paths(files: list) -> list[str]:
+    """``files`` with each weight file of a load from objects replaced by its object's URL."""
+    paths = [os.fspath(f) for f in files]
+    if not _remote_files:
+        return paths
+    with _lock:
+        return [_remote_files.get(os.path.realpath(p), p) for p in paths]
+
+
+def _object(url: str) -> Optional[_native.Checkpoint]:
+    """The object at ``url`` opened as one raw byte tensor (nothing read yet), or None where there is no such
+    object; other failures (credentials, a bad URL) raise weightlift's one-line error."""
+    try:
+        return _native.Checkpoint([url], raw_dtype="U8")
+    except WeightliftError as e:
+        if str(e).endswith(_NO_SUCH_OBJECT):
+            return None
+        raise
+
+
+def _fetch(url: str) -> Optional[bytes]:
+    """The bytes of the (small) object at ``url``, read by the engine, or None where there is no such object."""
+    ckpt = _object(url)
+    if ckpt is None:
+        return None
+    (tensor,) = _load_tensors(ckpt, None, "cpu", None).values()
+    return tensor.numpy().tobytes()
+
+
+def _auto_dtype(url: str) -> "torch.dtype":
+    """The dtype transformers' ``dtype="auto"`` takes from a checkpoint file when the config names none (its
+    ``get_state_dict_dtype`` over the file's tensors in ``safe_open``'s order, sorted by name): the first floating
+    dtype other than float8/float4, else the first tensor's. Read from the object's header here, since transformers
+    would open the file for it."""
+    torch = _core.torch_module()
+    dtypes = _core.torch_dtypes()
+    infos = sorted(_checkpoint([url]).tensors, key=lambda i: i.name)
+    found = [dtypes[i.dtype] for i in infos if i.dtype in dtypes]
+    for d in found:
+        if d.is_floating_point and "float8_" not in str(d) and "float4_" not in str(d):
+            return d
+    return found[0] if found else torch.float32
+
+
+def _from_url(cls_or_auto: Any, url: str, dev: str, kwargs: dict) -> Any:
+    """A model folder kept as objects (``s3://bucket/llama/``): ``config.json`` and the small files of
+    ``_REMOTE_EXTRAS`` (and a shard index) are fetched into a temporary folder, which transformers loads as a local
+    one; the weight files it resolves there are read by weightlift from their objects, straight onto ``dev`` (the
+    bytes never land in a local file). The temporary folder goes when the load returns or fails."""
+    modeling_utils, why = _hooks()
+    if why is not None:  # transformers cannot read objects: there is nothing to fall back to
+        raise UnsupportedError(f"{url}: {why}")
+    kw = dict(kwargs)
+    kw["local_files_only"] = True
+    base = _url_join(url, kw.pop("subfolder", "") or "")
+    variant = kw.get("variant")
+    stem = f"model.{variant}" if variant else "model"
+    config_url = _url_join(base, "config.json")
+    config_bytes = _fetch(config_url)
+    if config_bytes is None and kw.get("config") is None:
+        raise WeightliftFileNotFoundError(f"{config_url}{_NO_SUCH_OBJECT} (the model's config.json is needed)")
+    try:
+        config = json.loads(config_bytes) if config_bytes is not None else {}
+    except ValueError as e:
+        raise InvalidArgumentError(f"{config_url}: not JSON ({e})") from None
+    if not isinstance(config, dict):
+        raise InvalidArgumentError(f"{config_url}: not a JSON object")
+    if "quantization_config" in config or getattr(kw.get("config"), "quantization_config", None) is not None:
+        raise UnsupportedError(f"{base}: quantized loading is not supported")
+    if kw.get("trust_remote_code") and (config.get("auto_map") or getattr(kw.get("config"), "auto_map", None)):
+        raise UnsupportedError(f"{base}: a model with remote code from a bucket (its Python files are not fetched)")
+    folder = tempfile.mkdtemp(prefix="weightlift-model-")
+    registered: dict[str, str] = {}
+    try:
+        if config_bytes is not None:
+            with open(os.path.join(folder, "config.json"), "wb") as f:
+                f.write(config_bytes)
+        for name in _REMOTE_EXTRAS:
+            data = _fetch(_url_join(base, name))
+            if data is not None:
+                with open(os.path.join(folder, name), "wb") as f:
+                    f.write(data)
+        single, index_name = f"{stem}.safetensors", f"{stem}.safetensors.index.json"
+        weights: list[str] = []  # the weight objects, in the order transformers resolves their files
+        index = None
+        if _object(_url_join(base, single)) is not None:
+            # transformers checks that model.safetensors is a file (os.path.isfile) before it resolves it, so it
+            # finds an empty one here. Nothing reads it: the loading step transformers would open it in is
+            # weightlift's (_load_pretrained_model, strict: a load it cannot do raises rather than falling back
+            # to transformers' reading), weightlift reads the URL registered for it, and the one other place
+            # transformers opens a weight file, dtype="auto" without a dtype in the config, gets the dtype from
+            # the object's header below instead.
+            open(os.path.join(folder, single), "xb").close()
+            weights = [single]
+        else:
+            index_url = _url_join(base, index_name)
+            index_bytes = _fetch(index_url)
+            if index_bytes is not None:
+                # The index is read locally; its shards are not checked for there (transformers joins their names to
+                # the folder), so they need no local files.
+                with open(os.path.join(folder, index_name), "wb") as f:
+                    f.write(index_bytes)
+                try:
+                    index = json.loads(index_bytes)
+                    weights = sorted(set(index["weight_map"].values()))
+                except (ValueError, KeyError, TypeError, AttributeError):
+                    raise InvalidArgumentError(f"{index_url}: not a shard index (no weight_map)") from None
+                for shard in weights:
+                    parts = shard.split("/") if isinstance(shard, str) else [""]
+                    if not shard.endswith(".safetensors") or any(p in ("", ".", "..") for p in parts):
+                        raise InvalidArgumentError(f"{index_url}: shard {shard!r} is not a file name beside it")
+            elif _object(_url_join(base, f"{stem}.wlpack")) is not None:
+                result = _from_pack(cls_or_auto, folder, _url_join(base, f"{stem}.wlpack"), dev, kw)
+                model = result[0] if isinstance(result, tuple) else result
+                model.config._name_or_path = url
+                return result
+            else:
+                raise WeightliftFileNotFoundError(
+                    f"{base}: no {single}, {index_name} or {stem}.wlpack there (weightlift.transformers reads "
+                    "safetensors weights or a pack from a bucket)"
+                )
+        if kw.get("dtype", kw.get("torch_dtype")) in (None, "auto"):
+            named = getattr(kw.get("config"), "dtype", None) if kw.get("config") is not None else (
+                config.get("dtype") or config.get("torch_dtype"))
+            in_index = isinstance(index, dict) and "dtype" in (index.get("metadata") or {})
+            if named is None and not in_index:
+                kw.pop("torch_dtype", None)
+                kw["dtype"] = _auto_dtype(_url_join(base, weights[0]))
+        with _lock:
+            for name in weights:
+                registered[os.path.realpath(os.path.join(folder, name))] = _url_join(base, name)
+            _remote_files.update(registered)
+        with _Loading(dev, strict=True):
+            result = cls_or_auto.from_pretrained(folder, **kw)
+        model = result[0] if isinstance(result, tuple) else result
+        _to_device(model, dev)
+        model.config._name_or_path = url  # what transformers records: the path it was given
+        return result
+    finally:
+        with _lock:
+            for key in registered:
+                _remote_files.pop(key, None)
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def _to_device(model: Any, dev: str) -> None:
