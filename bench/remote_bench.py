@@ -52,6 +52,8 @@ BENCH = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(BENCH)
 sys.path.insert(0, BENCH)
 
+from pack_load_bench import drop_caches  # noqa: E402 - the bench folder is on the path from here
+
 ACCESS_KEY, SECRET_KEY, REGION = "weightlift-bench", "weightlift-bench-secret", "us-east-1"
 
 
@@ -80,31 +82,26 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def listening(port: int, proc: subprocess.Popen, what: str) -> str:
+    """The server's base URL once it accepts connections on `port` (20 s at most)."""
+    deadline = time.monotonic() + 20
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            return f"http://127.0.0.1:{port}"
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"{what} did not start (exit {proc.poll()})")
+            time.sleep(0.05)
+
+
 def start_server(binary: str, root: Path) -> tuple[subprocess.Popen, str]:
     (root / "bucket").mkdir(parents=True, exist_ok=True)
     port = free_port()
     proc = subprocess.Popen([binary, "--host", "127.0.0.1", "--port", str(port), "--access-key", ACCESS_KEY,
                              "--secret-key", SECRET_KEY, str(root)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 20
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            return proc, f"http://127.0.0.1:{port}"
-        except OSError:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"s3s-fs did not start (exit {proc.poll()})")
-            time.sleep(0.05)
-
-
-def drop_caches() -> bool:
-    try:
-        os.sync()
-        with open("/proc/sys/vm/drop_caches", "w") as f:
-            f.write("3\n")
-        return True
-    except OSError:
-        return False
+    return proc, listening(port, proc, "s3s-fs")
 
 
 def start_nginx(binary: str, root: Path, work: Path) -> tuple[subprocess.Popen, str]:
@@ -124,15 +121,7 @@ def start_nginx(binary: str, root: Path, work: Path) -> tuple[subprocess.Popen, 
         f"server {{ listen 127.0.0.1:{port}; root {root}; }} }}\n")
     proc = subprocess.Popen([binary, "-p", str(w), "-c", str(conf)], stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 20
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            return proc, f"http://127.0.0.1:{port}"
-        except OSError:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"nginx did not start (exit {proc.poll()}; {w}/error.log)")
-            time.sleep(0.05)
+    return proc, listening(port, proc, f"nginx ({w}/error.log)")
 
 
 def timed(fn, runs: int, before=None) -> dict:
