@@ -4,30 +4,15 @@
 mod servers;
 
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 use weightlift::format::TensorIndex;
 use weightlift::format::synth::{self, Container, Layout, Spec};
 use weightlift::{Device, Engine, LoadOpts, Loaded, Settings};
 
-/// The S3 server all tests of this binary share: its endpoint and keys are in the environment, which every
-/// client of the process reads.
+/// The S3 server all tests of this binary share, its endpoint and keys in the environment.
 fn s3() -> Option<&'static servers::Server> {
-    static S3: OnceLock<Option<servers::Server>> = OnceLock::new();
-    S3.get_or_init(|| {
-        let server = servers::s3()?;
-        // SAFETY: set once, under the OnceLock, before any test of this binary makes an S3 client (each first asks
-        // for the server here and waits for this initialisation).
-        unsafe {
-            std::env::set_var("AWS_ENDPOINT_URL", server.base());
-            std::env::set_var("AWS_ACCESS_KEY_ID", servers::ACCESS_KEY);
-            std::env::set_var("AWS_SECRET_ACCESS_KEY", servers::SECRET_KEY);
-            std::env::set_var("AWS_REGION", "us-east-1");
-            std::env::set_var("AWS_ALLOW_HTTP", "true");
-        }
-        Some(server)
-    })
-    .as_ref()
+    servers::s3_in_env()
 }
 
 fn generate(dir: &Path, name: &str, layout: Layout, container: Container) -> PathBuf {

@@ -163,6 +163,26 @@ pub fn nginx(ranges: bool) -> Option<Server> {
     Some(Server { child, port, root, _dir: dir })
 }
 
+/// The S3 server all tests of one test binary share, started once, with its endpoint and keys put in the process's
+/// environment, which every S3 client of the process reads.
+pub fn s3_in_env() -> Option<&'static Server> {
+    static S3: std::sync::OnceLock<Option<Server>> = std::sync::OnceLock::new();
+    S3.get_or_init(|| {
+        let server = s3()?;
+        // SAFETY: set once, under the OnceLock, before any test of this binary makes an S3 client (each first asks
+        // for the server here and waits for this initialisation).
+        unsafe {
+            std::env::set_var("AWS_ENDPOINT_URL", server.base());
+            std::env::set_var("AWS_ACCESS_KEY_ID", ACCESS_KEY);
+            std::env::set_var("AWS_SECRET_ACCESS_KEY", SECRET_KEY);
+            std::env::set_var("AWS_REGION", "us-east-1");
+            std::env::set_var("AWS_ALLOW_HTTP", "true");
+        }
+        Some(server)
+    })
+    .as_ref()
+}
+
 /// What runs before a ranged GET is forwarded, given its number.
 pub type Hook = Box<dyn FnMut(usize) + Send>;
 
