@@ -253,6 +253,21 @@ def main() -> int:
             if dev != "cpu":
                 torch.cuda.synchronize()
 
+        def kvikio_read(open_file, what: str) -> dict:
+            """KvikIO's RemoteFile (opened by `open_file(kvikio)`) read whole into one device buffer, bytes checked."""
+            import kvikio
+
+            def read():
+                buf = torch.empty(size, dtype=torch.uint8, device=dev)
+                with open_file(kvikio) as f:
+                    f.read(buf)
+                sync()
+                return buf
+            r = timed(read, args.runs)
+            expect = torch.frombuffer(bytearray(local.read_bytes()), dtype=torch.uint8).to(dev)
+            assert torch.equal(r["last"], expect), f"{what}: bytes differ"
+            return rate(size, r)
+
         def wl_load(location, device):
             def f():
                 t = weightlift.load_file(location, device=device)
@@ -309,19 +324,8 @@ def main() -> int:
 
         # Peers.
         try:
-            import kvikio
-
-            def kv():
-                buf = torch.empty(size, dtype=torch.uint8, device=dev)
-                with kvikio.RemoteFile.open_s3("bucket", "model.safetensors") as f:
-                    f.read(buf)
-                sync()
-                return buf
-            r = timed(kv, args.runs)
-            expect = torch.frombuffer(bytearray(local.read_bytes()), dtype=torch.uint8).to(dev)
-            assert torch.equal(r["last"], expect), "KvikIO: bytes differ"
-            del expect
-            cases["kvikio-RemoteFile"] = rate(size, r)
+            cases["kvikio-RemoteFile"] = kvikio_read(lambda k: k.RemoteFile.open_s3("bucket", "model.safetensors"),
+                                                     "KvikIO")
         except Exception as e:  # noqa: BLE001 - a peer that cannot run here is reported, not fatal
             result["skipped"]["kvikio-RemoteFile"] = f"{type(e).__name__}: {e}"
         try:
@@ -383,19 +387,7 @@ def main() -> int:
                 check(r["last"], "weightlift load_file of the .wlpack over http://")
                 h["weightlift-wlpack"] = {**rate(size, r), "network_gbps": packed_size / r["best_s"] / 1e9}
                 try:
-                    import kvikio
-
-                    def kvh():
-                        buf = torch.empty(size, dtype=torch.uint8, device=dev)
-                        with kvikio.RemoteFile.open_http(hurl) as f:
-                            f.read(buf)
-                        sync()
-                        return buf
-                    r = timed(kvh, args.runs)
-                    expect = torch.frombuffer(bytearray(local.read_bytes()), dtype=torch.uint8).to(dev)
-                    assert torch.equal(r["last"], expect), "KvikIO over http: bytes differ"
-                    del expect
-                    h["kvikio-RemoteFile"] = rate(size, r)
+                    h["kvikio-RemoteFile"] = kvikio_read(lambda k: k.RemoteFile.open_http(hurl), "KvikIO over http")
                 except Exception as e:  # noqa: BLE001
                     result["skipped"]["http kvikio-RemoteFile"] = f"{type(e).__name__}: {e}"
                 for name, c in h.items():
