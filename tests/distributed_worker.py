@@ -98,6 +98,16 @@ def main() -> None:
     results["broadcast"] = attempt(lambda: wd.load_file(mixed, collective="broadcast", block_bytes=8192, **cpu))
     results["index"] = attempt(lambda: wd.load_file(index, **cpu))
     results["aligned"] = attempt(lambda: wd.load_file(aligned, block_bytes=4096, **cpu))
+    # The replicated path's measured alternatives (bench/distributed_bench.py times them): lockstep reading, and one
+    # reader that broadcasts everything.
+    wd._READ_AHEAD = False
+    results["lockstep"] = attempt(lambda: wd.load_file(mixed, block_bytes=8192, **cpu))
+    wd._READ_AHEAD, wd._READERS = True, "one"
+    results["one_reader"] = attempt(lambda: wd.load_file(mixed, block_bytes=8192, **cpu))
+    os.environ["WEIGHTLIFT_INJECT_EIO"] = f"{mixed}@{cfg['eio_offset']}"
+    results["one_reader_eio"] = attempt(lambda: wd.load_file(mixed, block_bytes=8192, **cpu))
+    del os.environ["WEIGHTLIFT_INJECT_EIO"]
+    wd._READERS = "all"
     spec = {"rows": (0, world, rank), "cols": (1, world, rank), "w3d": (2, world, rank), "w3d_mid": (1, world, rank)}
     results["shard_dict"] = attempt(lambda: wd.load_file(mixed, shard=spec, block_bytes=8192, **cpu))
     # Slices of another world than the group's: each rank reads its row segments itself.

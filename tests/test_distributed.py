@@ -111,7 +111,8 @@ def ok(result: dict) -> dict:
 
 def test_replicated_equals_safetensors_and_single_process(ranks, ckpt):
     world, results = ranks
-    for key, path in [("all_gather", ckpt["mixed"]), ("broadcast", ckpt["mixed"]), ("index", ckpt["index"]), ("aligned", ckpt["aligned"])]:
+    cases = [("all_gather", ckpt["mixed"]), ("broadcast", ckpt["mixed"]), ("index", ckpt["index"]), ("aligned", ckpt["aligned"])]
+    for key, path in cases + [("lockstep", ckpt["mixed"]), ("one_reader", ckpt["mixed"])]:
         if key == "index":
             ref = {}
             for f in sorted(Path(ckpt["dir"]).glob("model-*.safetensors")):
@@ -127,7 +128,7 @@ def test_replicated_equals_safetensors_and_single_process(ranks, ckpt):
 
 def test_each_byte_read_from_storage_once(ranks, ckpt):
     world, results = ranks
-    for key in ("all_gather", "broadcast", "index", "aligned"):
+    for key in ("all_gather", "broadcast", "index", "aligned", "lockstep", "one_reader"):
         reports = [res[key]["report"] for res in results]
         tensor_bytes = reports[0]["checkpoint_bytes"]
         summary = reports[0]["summary"]
@@ -138,8 +139,34 @@ def test_each_byte_read_from_storage_once(ranks, ckpt):
         # Alignment to the device block may widen reads; never by whole copies of the checkpoint.
         assert tensor_bytes <= summary["storage_bytes"] < tensor_bytes + world * 64 * 1024, (key, summary)
         assert all(r["bytes"] == tensor_bytes for r in reports), key
-        if world > 1 and key != "index":
+        if world > 1 and key not in ("index", "one_reader"):
             assert all(r["group_bytes_received"] > 0 and r["storage_requested_bytes"] > 0 for r in reports), key
+
+
+def test_the_report_breaks_each_step_down(ranks):
+    """Per step: when this rank's read started and ended, when the status exchange and the collective's launch
+    were done; the seconds spent reading, exchanging and waiting for collectives and for the reader."""
+    world, results = ranks
+    for key, read_ahead, readers in (("all_gather", True, "all"), ("lockstep", False, "all"), ("one_reader", True, "one")):
+        for r, res in enumerate(results):
+            rep = res[key]["report"]
+            assert (rep["read_ahead"], rep["readers"]) == (read_ahead, readers), key
+            steps = rep["timeline"]
+            assert len(steps) == rep["steps"] > 1, key
+            for read0, read1, exchanged, issued in steps:
+                if readers == "one" and r != 0:
+                    assert read0 == read1 == -1.0, (key, r)  # only the first rank reads
+                else:
+                    assert 0 <= read0 <= read1 <= exchanged <= issued <= rep["seconds"], (key, r, steps)
+            if not read_ahead:
+                # lockstep: step k + 1's read starts only after step k's collective was launched
+                assert all(steps[k + 1][0] >= steps[k][3] for k in range(len(steps) - 1)), steps
+            assert rep["read_seconds"] > 0 or (readers == "one" and r != 0)
+            assert rep["exchange_seconds"] >= 0 and rep["collective_wait_seconds"] >= 0 and rep["read_wait_seconds"] >= 0
+    # one reader: rank 0 read every byte, the others none
+    reports = [res["one_reader"]["report"] for res in results]
+    assert reports[0]["storage_requested_bytes"] == reports[0]["checkpoint_bytes"]
+    assert all(rep["storage_requested_bytes"] == 0 for rep in reports[1:])
 
 
 def test_shards_equal_slices_of_the_full_tensor(ranks, ckpt):
@@ -192,6 +219,9 @@ def test_a_failing_rank_makes_every_rank_raise(ranks, ckpt):
         assert {int(k) for k in e["failures"]} == failed
         assert f"rank {bad}" in e["message"] and ("EIO" in e["message"] or "nput/output error" in e["message"]), e["message"]
         assert (e["cause"] is not None) == (r == bad), (r, e["cause"])
+    # With one reader, its failure reaches every rank the same way.
+    for e in (res["one_reader_eio"] for res in results):
+        assert e.get("distributed_error") and {int(k) for k in e["failures"]} == {0}, e
     # The group is still usable: the next load succeeds everywhere.
     expected = digest(st.load_file(ckpt["mixed"]))
     assert all(ok(res["after_eio"]) == expected for res in results)

@@ -6,9 +6,12 @@
   per rank, in file order; the buffer is cut into steps of ``world × block_bytes`` and in each step every rank
   reads its own block (whole tensors, or byte ranges of tensors larger than a block) from storage straight into
   its device through the engine, then the blocks reach the other ranks by one in-place all-gather (or one
-  broadcast per rank, ``collective="broadcast"``). The collective of step *k* runs while the ranks read step
-  *k + 1*; at most one step is in flight, in the output buffer itself (no extra memory). The returned tensors are
-  views into that one buffer (its memory returns when the last of them is dropped).
+  broadcast per rank, ``collective="broadcast"``). Each rank reads its blocks of every step one after another on
+  a thread of its own, so storage never waits for a status exchange or a collective; the calling thread launches
+  step *k*'s collective once every rank has read step *k* (at most one collective in flight), all in the output
+  buffer itself (no extra memory). The returned tensors are views into that one buffer (its memory returns when
+  the last of them is dropped). :func:`last_report` breaks each rank's time down (reading, waiting for its
+  reader, status exchanges, collectives) and gives a per-step timeline.
 - Sharded tensors (``shard``): each rank gets only its slice, ``torch.tensor_split(full, world, dim)[rank]``,
   and no rank materialises a whole tensor. A slice along dim 0 (or along a dim before which every dim is 1) is one
   contiguous range, read directly from storage. A slice along dim *d* > 0 is ``prod(shape[:d])``
@@ -83,6 +86,13 @@ _TENSOR_ALIGN = 256
 _EXCHANGE_INFLIGHT_BYTES = 1 << 30
 #: Status of a rank at the end of a load.
 _OK, _FAILED, _STOPPED = 0, 1, 2
+#: How a replicated load reads; measured alternatives (bench/distributed_bench.py times each), not a user setting.
+#: ``_READ_AHEAD``: each rank reads its blocks of every step one after another on a thread of its own, while the
+#: calling thread exchanges statuses and runs the collectives (False: read, exchange, collective in lockstep).
+#: ``_READERS``: "all" (every rank reads a block per step) or "one" (the group's first rank reads everything and
+#: broadcasts it: one reader per host, the fan-out over NVLink).
+_READ_AHEAD = True
+_READERS = "all"
 
 _lock = threading.Lock()
 _last: "dict[str, Any] | None" = None
@@ -140,6 +150,14 @@ class _Stats:
     seconds: float = 0.0
     read_seconds: float = 0.0
     wait_seconds: float = 0.0
+    exchange_seconds: float = 0.0
+    collective_wait_seconds: float = 0.0
+    read_wait_seconds: float = 0.0
+    readers: str = ""
+    read_ahead: bool = False
+    #: Per step of a replicated load, seconds since the load's start: ``[read start, read end, status exchange
+    #: done, collective issued]`` (read times are this rank's; -1 where this rank read nothing).
+    timeline: list = field(default_factory=list)
     backend: str = ""
     direct_policy: str = ""
 
@@ -449,6 +467,52 @@ def _typed(buf: "torch.Tensor", at: int, e: _Entry, shape: tuple[int, ...]) -> "
     return raw.view(dtype).view(shape)
 
 
+class _Reader:
+    """Reads a rank's blocks of every step, in step order, on a thread of its own: the disk never waits for the
+    status exchanges and collectives, which the calling thread runs as each step's block lands. The blocks land in
+    the load's own buffer (no extra memory); a failed read ends the reading and is reported at the next exchange,
+    as in lockstep."""
+
+    def __init__(self, load: "_Load", ranges: Callable[[int], list], steps: int, buf: "torch.Tensor | None"):
+        self.load, self.ranges, self.steps, self.buf = load, ranges, steps, buf
+        self.done = 0  # steps read (or given up on)
+        self.cond = threading.Condition()
+        self.stop = False
+        self.thread = threading.Thread(target=self._run, name="weightlift-distributed-reader", daemon=True)
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def _run(self) -> None:
+        for k in range(self.steps):
+            with self.cond:
+                if self.stop:
+                    break
+            if self.load.failure is None:
+                self.load._timed_read(k, self.ranges(k), self.buf)
+            with self.cond:
+                self.done = k + 1
+                self.cond.notify_all()
+        with self.cond:
+            self.done = self.steps
+            self.cond.notify_all()
+
+    def wait_for(self, k: int) -> None:
+        """Until step ``k`` is read; in short waits, so that Ctrl-C reaches the calling thread."""
+        t = time.perf_counter()
+        with self.cond:
+            while self.done <= k:
+                self.cond.wait(0.1)
+        self.load.stats.read_wait_seconds += time.perf_counter() - t
+
+    def finish(self) -> None:
+        """Stops after the step being read (on an error or interrupt of the calling thread) and joins."""
+        with self.cond:
+            self.stop = True
+        if self.thread.is_alive():
+            self.thread.join()
+
+
 class _Load:
     """One call of :func:`load_file` on one rank."""
 
@@ -613,38 +677,76 @@ class _Load:
         return out
 
     def _replicate(self, pg: _Group, entries: list[_Entry]) -> dict[str, "torch.Tensor"]:
-        """Every rank reads its blocks of each step; the blocks reach the other ranks while the next step is read."""
-        layout = _Layout(entries, pg.world, self.block)
+        """Every rank reads its blocks of each step; the blocks reach the other ranks while the next steps are read."""
+        one = _READERS == "one"
+        layout = _Layout(entries, 1 if one else pg.world, self.block)
         self.stats.block_bytes = layout.block
+        self.stats.readers, self.stats.read_ahead = ("one" if one else "all"), _READ_AHEAD
         try:
             buf = self._buffer(layout.size)
         except Exception as e:  # noqa: BLE001
             self.failure = e
             buf = None
+
+        def mine(k: int) -> list[tuple[int, int, int, int]]:
+            lo, blk = layout.steps[k]
+            if one:
+                return layout.ranges(lo, lo + blk) if pg.rank == 0 else []
+            at = lo + pg.rank * blk
+            return layout.ranges(at, at + blk)
+
+        self.stats.timeline = [[-1.0, -1.0, -1.0, -1.0] for _ in layout.steps]
+        reader = _Reader(self, mine, len(layout.steps), buf) if _READ_AHEAD else None
         pending: list = []
         try:
+            if reader is not None:
+                reader.start()
             for k, (lo, blk) in enumerate(layout.steps):
-                mine = lo + pg.rank * blk
-                self._read(layout.ranges(mine, mine + blk), buf)
-                if pg.any_failed(self.failure is not None, f"the status exchange before step {k}"):
+                if reader is not None:
+                    reader.wait_for(k)
+                else:
+                    self._timed_read(k, mine(k), buf)
+                t = time.perf_counter()
+                failed = pg.any_failed(self.failure is not None, f"the status exchange before step {k}")
+                self.stats.exchange_seconds += time.perf_counter() - t
+                self.stats.timeline[k][2] = time.perf_counter() - self.start
+                if failed:
                     self.stopped = True
                     break
+                t = time.perf_counter()
                 pg.wait(pending, f"the collective of step {k - 1}")
-                pending = self._share(pg, buf, lo, blk)
+                self.stats.collective_wait_seconds += time.perf_counter() - t
+                pending = self._share(pg, buf, lo, blk, one)
+                self.stats.timeline[k][3] = time.perf_counter() - self.start
                 self.stats.steps += 1
+            t = time.perf_counter()
             pg.wait(pending, "the last collective")
+            self.stats.collective_wait_seconds += time.perf_counter() - t
         finally:
+            if reader is not None:
+                reader.finish()
             self.stats.wait_seconds += pg.wait_seconds if pg is not self.group else 0.0
         if self.failure is not None or self.stopped:
             return {}
         return {e.name: _typed(buf, layout.dest[e.name], e, e.shape) for e in entries}
 
-    def _share(self, pg: _Group, buf: "torch.Tensor", lo: int, blk: int) -> list:
+    def _timed_read(self, k: int, ranges: list[tuple[int, int, int, int]], buf: "torch.Tensor | None") -> None:
+        """Reads step ``k``'s ranges of this rank and notes when (``timeline``)."""
+        if ranges and self.failure is None:
+            self.stats.timeline[k][0] = time.perf_counter() - self.start
+            self._read(ranges, buf)
+            self.stats.timeline[k][1] = time.perf_counter() - self.start
+
+    def _share(self, pg: _Group, buf: "torch.Tensor", lo: int, blk: int, one: bool = False) -> list:
         dist, w = pg.dist, pg.world
-        self.stats.group_bytes_sent += blk
-        self.stats.group_bytes_received += (w - 1) * blk
         if w == 1:
             return []
+        if one:
+            self.stats.group_bytes_sent += blk if pg.rank == 0 else 0
+            self.stats.group_bytes_received += 0 if pg.rank == 0 else blk
+            return [dist.broadcast(buf[lo : lo + blk], src=pg.ranks[0], group=pg.group, async_op=True)]
+        self.stats.group_bytes_sent += blk
+        self.stats.group_bytes_received += (w - 1) * blk
         if self.collective == "all_gather":
             out = buf[lo : lo + w * blk]
             return [dist.all_gather_into_tensor(out, out[pg.rank * blk : (pg.rank + 1) * blk], group=pg.group, async_op=True)]
