@@ -111,8 +111,11 @@ class DistributedError(WeightliftError, RuntimeError):
 def last_report() -> "dict[str, Any] | None":
     """The report of this process's last :func:`load_file`: this rank's figures (``rank``, ``bytes`` returned,
     ``storage_bytes`` read from storage with alignment, ``storage_requested_bytes`` asked of the engine,
-    ``group_bytes_sent`` / ``group_bytes_received`` over the process group, ``seconds``, ``read_seconds``,
-    ``wait_seconds``), ``ranks`` (every rank's figures) and ``summary`` (totals and the slowest rank)."""
+    ``group_bytes_sent`` / ``group_bytes_received`` over the process group, ``seconds``, ``read_seconds`` (in the
+    engine), ``read_wait_seconds`` (the calling thread waiting for this rank's reads), ``exchange_seconds`` (status
+    exchanges), ``collective_wait_seconds``, ``wait_seconds`` (every wait on the group), ``timeline`` (per step:
+    read start, read end, status exchange done, collective launched, in seconds since the start)), ``ranks`` (every
+    rank's figures) and ``summary`` (totals and the slowest rank)."""
     with _lock:
         return None if _last is None else dict(_last)
 
