@@ -1,13 +1,15 @@
 #!/usr/bin/env python3
 """The first GPU-kernel use of a process: a packed load, and a load checked against its manifest (``verify=True``),
-timed first and second in fresh processes, with the time spent building the kernels told apart.
+timed first and second in fresh processes, with and without setting the engine up beforehand, its cost told apart.
 
     first_kernel_probe.py PLAIN.safetensors PACK.wlpack --out OUT.json [--device cuda:0] [--procs 3]
 
 PLAIN needs its manifest (``weightlift checksum PLAIN``); PACK is ``weightlift pack PLAIN PACK``. Each fresh process
-makes its CUDA context first (not counted), then loads PACK twice and PLAIN with ``verify=True`` twice (the order of
-the two kinds alternating from process to process), then checks every tensor of both loads against ``safetensors``'
-own read of PLAIN. The figure: first / second seconds of each kind, median over the processes.
+makes its CUDA context first (not counted), then, by its mode, does nothing ("none"), calls
+``weightlift.prepare(device)`` ("prepare": staging, streams, pool) or ``weightlift.prepare(device, kernels=True)``
+("kernels": the decoders' kernels too), timed apart, then loads one kind (PACK, or PLAIN with ``verify=True``)
+twice and checks every tensor of the last load against ``safetensors``' own read of PLAIN. The figure, per kind and
+mode: first / second seconds, median over the processes (the goal: within 1.1 once the set-up was done beforehand).
 """
 
 from __future__ import annotations
@@ -20,31 +22,36 @@ import subprocess
 import sys
 import time
 
+KINDS = ("pack", "verify")
+MODES = ("none", "prepare", "kernels")
 
-def child(plain: str, pack: str, device: str, pack_first: bool) -> None:
+
+def child(plain: str, pack: str, device: str, kind: str, mode: str) -> None:
     import torch
 
     import weightlift
 
     torch.zeros(1, device=device)
-    out: dict = {}
-    kinds = [("pack", pack, False), ("verify", plain, True)]
-    if not pack_first:
-        kinds.reverse()
-    for kind, path, verify in kinds:
-        times = []
-        for _ in range(2):
-            t0 = time.perf_counter()
-            loaded = weightlift.load_file(path, device=device, verify=verify)
-            torch.cuda.synchronize()
-            times.append(time.perf_counter() - t0)
-            last = loaded
-        out[kind] = times
-        out[kind + "_report"] = weightlift.last_report()
-        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-        from same_as_safetensors import check
+    torch.cuda.synchronize()
+    out: dict = {"kind": kind, "mode": mode}
+    t0 = time.perf_counter()
+    if mode != "none":
+        out["prepared"] = weightlift.prepare(device, kernels=mode == "kernels")
+    out["prepare_s"] = time.perf_counter() - t0
+    path, verify = (pack, False) if kind == "pack" else (plain, True)
+    times, reports = [], []
+    for _ in range(2):
+        t0 = time.perf_counter()
+        loaded = weightlift.load_file(path, device=device, verify=verify)
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+        reports.append(weightlift.last_report())
+    out["seconds"] = times
+    out["reports"] = reports
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from same_as_safetensors import check
 
-        check(plain, last, kind)
+    check(plain, loaded, kind)
     print(json.dumps(out), flush=True)
 
 
@@ -55,32 +62,38 @@ def main() -> int:
     ap.add_argument("--out")
     ap.add_argument("--device", default="cuda:0")
     ap.add_argument("--procs", type=int, default=3)
-    ap.add_argument("--child", choices=("pack-first", "verify-first"), help=argparse.SUPPRESS)
+    ap.add_argument("--child", nargs=2, metavar=("KIND", "MODE"), help=argparse.SUPPRESS)
     a = ap.parse_args()
     if not a.child and not a.out:
         ap.error("--out is required")
     if a.child:
-        child(a.plain, a.pack, a.device, a.child == "pack-first")
+        child(a.plain, a.pack, a.device, *a.child)
         return 0
     rows = []
     for i in range(a.procs):
-        order = "pack-first" if i % 2 == 0 else "verify-first"
-        p = subprocess.run([sys.executable, os.path.abspath(__file__), a.plain, a.pack, "--device", a.device,
-                            "--child", order], capture_output=True, text=True, timeout=600)
-        lines = [ln for ln in p.stdout.splitlines() if ln.startswith("{")]
-        if p.returncode != 0 or not lines:
-            raise SystemExit(f"child exited {p.returncode}: {p.stderr[-800:]}")
-        row = json.loads(lines[-1])
-        row["order"] = order
-        rows.append(row)
-        print(order, {k: [round(x, 4) for x in row[k]] for k in ("pack", "verify")}, file=sys.stderr, flush=True)
-    summary = {k: {"median_first_s": statistics.median(r[k][0] for r in rows),
-                   "median_second_s": statistics.median(r[k][1] for r in rows),
-                   "median_first_to_second": statistics.median(r[k][0] / r[k][1] for r in rows)}
-               for k in ("pack", "verify")}
+        for kind in KINDS:
+            for mode in MODES:
+                p = subprocess.run([sys.executable, os.path.abspath(__file__), a.plain, a.pack, "--device", a.device,
+                                    "--child", kind, mode], capture_output=True, text=True, timeout=600)
+                lines = [ln for ln in p.stdout.splitlines() if ln.startswith("{")]
+                if p.returncode != 0 or not lines:
+                    raise SystemExit(f"child {kind} {mode} exited {p.returncode}: {p.stderr[-800:]}")
+                row = json.loads(lines[-1])
+                rows.append(row)
+                print(kind, mode, f"prepare {row['prepare_s']:.4f}", [round(x, 4) for x in row["seconds"]], file=sys.stderr, flush=True)
+    summary: dict = {}
+    for kind in KINDS:
+        for mode in MODES:
+            rs = [r for r in rows if r["kind"] == kind and r["mode"] == mode]
+            summary[f"{kind}_{mode}"] = {
+                "median_prepare_s": statistics.median(r["prepare_s"] for r in rs),
+                "median_first_s": statistics.median(r["seconds"][0] for r in rs),
+                "median_second_s": statistics.median(r["seconds"][1] for r in rs),
+                "median_first_to_second": statistics.median(r["seconds"][0] / r["seconds"][1] for r in rs),
+            }
     with open(a.out, "w") as f:
-        json.dump({"rows": rows, "summary": summary, "checked": "every tensor of the last load of each kind "
-                   "against safetensors' read of the plain file"}, f, indent=1)
+        json.dump({"rows": rows, "summary": summary, "goal_first_to_second": 1.1, "checked": "every tensor of the "
+                   "last load of each process against safetensors' read of the plain file"}, f, indent=1)
     print(json.dumps(summary, indent=1))
     return 0
 

@@ -40,6 +40,7 @@ CASES = {
     "safe_open on cuda:1": "with weightlift.safe_open(PATH, framework='pt', device='cuda:1') as f:\n"
                            "    check({k: f.get_tensor(k) for k in f.keys()})",
     "prepare cuda:1": "weightlift.prepare('cuda:1')",
+    "prepare cuda:1 with its kernels": "weightlift.prepare('cuda:1', kernels=True)",
     "release_memory after a load": "check(weightlift.load_file(PATH, device='cuda:1')); weightlift.release_memory()",
     "Loader on cuda:1": "weightlift.Loader(device='cuda:1').load_tensor(PATH, 1024, torch.int16)",
     "layer streamer on cuda:1": "s = weightlift.LayerStreamer(PATH, device='cuda:1')\n"

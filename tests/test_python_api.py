@@ -131,6 +131,10 @@ def test_prepare_sets_up_what_the_first_load_would(files, device):
         assert first["staging_host"] is None, first
     again = weightlift.prepare(device, engine=engine)
     assert again["staging"]["lanes_set_up"] == 0, again
+    assert first["kernels_secs"] is None, first
+    # kernels=True: the decoders' kernels of packed and checked loads too (none for host memory)
+    kernels = weightlift.prepare(device, kernels=True, engine=engine)["kernels_secs"]
+    assert kernels == 0.0 if device == "cpu" else kernels > 0, kernels
     ref = st.load_file(str(files["llama"]), device=device)
     assert_same(weightlift.load_file(files["llama"], device=device, engine=engine), ref, device)
     times = weightlift.last_report()["times"]

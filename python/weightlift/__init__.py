@@ -72,7 +72,7 @@ def last_report() -> "dict[str, Any] | None":
     return _core.last_report()
 
 
-def prepare(device: Any, *, engine: "_native.NativeEngine | None" = None) -> dict[str, Any]:
+def prepare(device: Any, *, kernels: bool = False, engine: "_native.NativeEngine | None" = None) -> dict[str, Any]:
     """Sets the process-wide engine (or ``engine``) up for loads onto ``device`` now, so that a first load from the
     page cache pays for none of it: the I/O lanes' staging memory (mapped, faulted in, pinned for a GPU), and for a
     GPU its CUDA streams and a first use of its memory pool. A process's first load otherwise does this while it
@@ -90,6 +90,10 @@ def prepare(device: Any, *, engine: "_native.NativeEngine | None" = None) -> dic
     device (``"cuda:0"``) on another thread: ``"cuda"`` means that thread's current device. A load that reads from
     disk sets up its own larger staging (milliseconds beside its seconds of reading).
 
+    ``kernels=True`` also makes the GPU kernels of packed checkpoints (``.wlpack``) and of checked loads
+    (``verify=True``) ready: compiled with NVRTC or read from the kernel cache, and loaded into the device's context
+    (``kernels_secs`` in the result), which a process's first packed or checked load otherwise does.
+
     ``device`` as for :func:`load_file`. Returns what was done: ``staging`` (lanes, lanes set up now, bytes,
     seconds; None where the device's data path does not read through the lanes, such as cuFile peer-to-peer),
     for a GPU ``staging_host`` (the faulting in before the pinning),
@@ -98,7 +102,7 @@ def prepare(device: Any, *, engine: "_native.NativeEngine | None" = None) -> dic
     asked for and CUDA is unavailable."""
     dev = _core.normalize_device(device)
     _core.check_cuda(dev)
-    return (engine or _core.shared_engine()).prepare(dev)
+    return (engine or _core.shared_engine()).prepare(dev, bool(kernels))
 
 
 def release_memory() -> None:

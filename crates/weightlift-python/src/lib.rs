@@ -158,12 +158,21 @@ impl NativeEngine {
 
     /// Sets the engine up for loads onto `device` now (lanes' staging, and for a GPU its streams and pool), so
     /// that the first load pays for none of it; returns what was done.
-    fn prepare(&self, py: Python<'_>, device: &str) -> PyResult<Py<PyAny>> {
+    /// With `kernels`, also the GPU kernels of packed and checked loads (`kernels_secs` in the result).
+    #[pyo3(signature = (device, kernels = false))]
+    fn prepare(&self, py: Python<'_>, device: &str, kernels: bool) -> PyResult<Py<PyAny>> {
         let _cuda = crate::bridge::keep_callers_context();
         let device = parse_device(device)?;
         let engine = self.engine.clone();
-        let prepared = interruptible(py, move |cancel| engine.prepare_with(device, Some(cancel)))?.map_err(to_py)?;
-        json_to_py(py, &prepared.to_json())
+        let (prepared, kernels_secs) = interruptible(py, move |cancel| {
+            let prepared = engine.prepare_with(device, Some(cancel))?;
+            let secs = if kernels { Some(engine.prepare_kernels(device)?) } else { None };
+            weightlift::Result::Ok((prepared, secs))
+        })?
+        .map_err(to_py)?;
+        let mut json = prepared.to_json();
+        json["kernels_secs"] = serde_json::json!(kernels_secs);
+        json_to_py(py, &json)
     }
 
     /// Frees what the engine keeps between loads: staging memory, freed host buffers, GPU decoder scratch, the

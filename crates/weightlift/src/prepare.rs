@@ -138,4 +138,19 @@ impl Engine {
         out.seconds = t.elapsed().as_secs_f64();
         Ok(out)
     }
+
+    /// Makes the GPU kernels of packed checkpoints and of checked loads (`verify`) ready on `device` now: compiled
+    /// with NVRTC, or read from the kernel cache (see `weightlift_cuda::kernel_cache`), and loaded into the device's
+    /// context, where a program's first packed or checked load would otherwise do it while it runs. Returns the
+    /// seconds it took (close to nothing when they are ready already). `Device::Cpu` has no kernels: `Ok(0.0)`.
+    /// Errors as the first packed load on the GPU would give them (NVRTC missing, say).
+    pub fn prepare_kernels(&self, device: Device) -> Result<f64> {
+        let Device::Cuda(n) = device else { return Ok(0.0) };
+        let _restore = weightlift_cuda::ContextRestore::save(); // the caller's thread keeps its device
+        let t = Instant::now();
+        let gpu = self.gpu(n)?;
+        let unpacker = self.take_unpacker(&gpu)?;
+        self.give_unpacker(n, unpacker);
+        Ok(t.elapsed().as_secs_f64())
+    }
 }
