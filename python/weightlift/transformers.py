@@ -64,7 +64,7 @@ PathLike = Union[str, "os.PathLike[str]"]
 
 #: transformers versions (major, minor) this module was tested with, inclusive; others are served while the hooks
 #: check out (see the module's documentation).
-TESTED_TRANSFORMERS: tuple[tuple[int, int], tuple[int, int]] = ((5, 17), (5, 23))
+TESTED_TRANSFORMERS: tuple[tuple[int, int], tuple[int, int]] = ((5, 17), (5, 24))
 
 # Shape of the internal function this module wraps; any other shape is refused, whatever the version says.
 _HOOK_PARAMS = ["model", "state_dict", "checkpoint_files", "load_config"]
