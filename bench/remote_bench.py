@@ -20,12 +20,17 @@ run, so the server reads its disk. Cases, each timed --runs times:
   http           the same file and `.wlpack` from nginx on 127.0.0.1 (far faster than s3s-fs on one host, so the
                  client's own limit shows): curl's ceiling, weightlift, KvikIO's RemoteFile over http://
   cold           the ceiling's best concurrency, weightlift's load_file and the `.wlpack`, each after drop_caches
+  cache_dir      load_file with cache_dir: the first load (from the server, writing the local copy), then the next
+                 ones (from the copy)
+  from_pretrained  weightlift.transformers.from_pretrained("s3://bucket/llama/") of a Llama (~1.1 GB) written by
+                 save_pretrained in shards, against load_file of its index URL; every parameter checked
   peers          KvikIO's RemoteFile (the object's bytes into one device buffer), the Run:ai model streamer from
                  s3:// (tensors to the device), and download-then-load (boto3's download_file to the local disk,
                  then safetensors.torch.load_file to the device: the road most users take today), where they import
 
 Every tensor weightlift loads from the bucket, and the peers' bytes, are compared with the local file as
-safetensors reads it.
+safetensors reads it. The S3 server's output goes to DIR/remote/s3s-fs.log; if it exits midway it is started again
+(same files, same port) and the exit is recorded in the JSON (server_exits).
 
 Usage: python bench/remote_bench.py OUTDIR [--dir DIR] [--size 4GiB] [--runs 3] [--device cuda:0]
                                    [--s3s-fs PATH] [--weightlift-bin PATH] [--nginx PATH] [--no-sweep]
@@ -95,13 +100,36 @@ def listening(port: int, proc: subprocess.Popen, what: str) -> str:
             time.sleep(0.05)
 
 
-def start_server(binary: str, root: Path) -> tuple[subprocess.Popen, str]:
+def start_server(binary: str, root: Path, port: int | None = None) -> tuple[subprocess.Popen, str]:
+    """s3s-fs over `root` on 127.0.0.1 (`port`, or a free one); its output goes to `root`/../s3s-fs.log."""
     (root / "bucket").mkdir(parents=True, exist_ok=True)
-    port = free_port()
+    port = port or free_port()
+    log = open(root.parent / "s3s-fs.log", "ab")
     proc = subprocess.Popen([binary, "--host", "127.0.0.1", "--port", str(port), "--access-key", ACCESS_KEY,
-                             "--secret-key", SECRET_KEY, str(root)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                             "--secret-key", SECRET_KEY, str(root)], stdout=log, stderr=subprocess.STDOUT)
     return proc, listening(port, proc, "s3s-fs")
+
+
+class Server:
+    """The S3 server of the run, started again (same port, same files) if it has exited, each exit recorded: an
+    earlier run's server stopped answering midway and nothing said why."""
+
+    def __init__(self, binary: str, root: Path, result: dict):
+        self.binary, self.root, self.result = binary, root, result
+        self.proc, self.endpoint = start_server(binary, root)
+        self.port = int(self.endpoint.rsplit(":", 1)[1])
+
+    def ensure(self, before: str) -> None:
+        if self.proc.poll() is None:
+            return
+        log = (self.root.parent / "s3s-fs.log").read_bytes()[-2000:].decode(errors="replace")
+        self.result.setdefault("server_exits", []).append({"exit": self.proc.returncode, "before": before, "log_tail": log})
+        say(f"s3s-fs had exited ({self.proc.returncode}) before {before}; starting it again. Log: {log[-400:]}")
+        self.proc, _ = start_server(self.binary, self.root, self.port)
+
+    def stop(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
 
 
 def start_nginx(binary: str, root: Path, work: Path) -> tuple[subprocess.Popen, str]:
@@ -165,6 +193,51 @@ def curl_ceiling(url: str, size: int, streams: int, part: int, runs: int, before
     return rate(size, timed(once, runs, before))
 
 
+def from_pretrained_case(work: Path, wl: str, dev: str, runs: int, sync, small: bool = False) -> dict:
+    """A Llama of random bf16 weights (~1.1 GB, 8 layers of width 2048) written by save_pretrained in shards of
+    400 MB with their index, uploaded to s3://bucket/llama/: weightlift.transformers.from_pretrained from the bucket,
+    timed, every parameter and buffer equal to transformers' own from_pretrained of the local folder; beside it
+    weightlift.load_file of the index URL (the same bytes without building the model)."""
+    import torch
+    from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
+
+    import weightlift
+    import weightlift.transformers as wtr
+
+    folder = work / ("hf-llama-small" if small else "hf-llama")
+    if not (folder / "model.safetensors.index.json").exists():
+        h, i, v = (256, 688, 1000) if small else (2048, 5632, 32000)  # small: a check of the script (~10 MB)
+        cfg = LlamaConfig(hidden_size=h, intermediate_size=i, num_hidden_layers=8, num_attention_heads=16,
+                          num_key_value_heads=16, vocab_size=v)
+        torch.manual_seed(7)
+        with torch.device(dev):
+            model = LlamaForCausalLM(cfg).to(torch.bfloat16)
+        tmp = folder.with_name(folder.name + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        model.save_pretrained(str(tmp), max_shard_size="4MB" if small else "400MB")
+        del model
+        os.replace(tmp, folder)
+    for f in sorted(folder.iterdir()):
+        subprocess.run([wl, "upload", str(f), f"s3://bucket/llama/{f.name}"], check=True, stdout=subprocess.DEVNULL)
+    weights = sum(t.nbytes for t in weightlift._native.inspect([str(folder / "model.safetensors.index.json")])["tensors"])
+
+    def load():
+        m = wtr.from_pretrained(AutoModelForCausalLM, "s3://bucket/llama/", device=dev)
+        sync()
+        return m
+    r = timed(load, runs)
+    ref = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.bfloat16).to(dev)
+    want, got = ref.state_dict(), r["last"].state_dict()
+    assert want.keys() == got.keys(), "from_pretrained s3://: other parameter names"
+    for k, v in want.items():
+        assert got[k].dtype == v.dtype and torch.equal(got[k], v), f"from_pretrained s3://: {k} differs"
+    del ref, want, got
+    index = timed(lambda: weightlift.load_file("s3://bucket/llama/model.safetensors.index.json", device=dev), runs)
+    return {**rate(weights, r), "weight_bytes": weights, "files": len(list(folder.iterdir())),
+            "load_file_index": rate(weights, index),
+            "checked": "every parameter and buffer equal to transformers' from_pretrained of the local folder"}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("out")
@@ -215,7 +288,9 @@ def main() -> int:
 
     server_root = work / "s3root"
     shutil.rmtree(server_root, ignore_errors=True)
-    proc, endpoint = start_server(server_bin, server_root)
+    (work / "s3s-fs.log").unlink(missing_ok=True)
+    server = Server(server_bin, server_root, result)
+    endpoint = server.endpoint
     env = {"AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": SECRET_KEY,
            "AWS_REGION": REGION, "AWS_DEFAULT_REGION": REGION, "AWS_ALLOW_HTTP": "true",
            "AWS_EC2_METADATA_DISABLED": "true", "RUNAI_STREAMER_S3_USE_VIRTUAL_ADDRESSING": "0"}
@@ -302,6 +377,55 @@ def main() -> int:
         for name in ("weightlift-s3", "weightlift-s3-host", "weightlift-local-warm", "weightlift-s3-safe_open",
                      "weightlift-s3-wlpack"):
             say(name, f"{cases[name]['best_gbps']:.2f} GB/s")
+        # Cold: the server's files out of the page cache before each run (root only), so the server reads its disk.
+        server.ensure("the cold cases")
+        if drop_caches():
+            cold = result["cold"] = {}
+            best = result.get("ceiling", {}).get("case")
+            if best:
+                streams, part = best.split("-")[1].split("x")
+                cold["ceiling"] = curl_ceiling(http_url, size, int(streams), int(part[:-3]) << 20, args.runs,
+                                               before=drop_caches)
+            cold["weightlift-s3"] = rate(size, timed(wl_load(url, dev), args.runs, before=drop_caches))
+            r = timed(wl_load(pack_url, dev), args.runs, before=drop_caches)
+            cold["weightlift-s3-wlpack"] = {**rate(size, r), "network_gbps": packed_size / r["best_s"] / 1e9}
+            for name, c in cold.items():
+                say("cold", name, f"{c['best_gbps']:.2f} GB/s")
+        else:
+            result["skipped"]["cold"] = "needs root (drop_caches)"
+
+
+        # A local copy as the bytes stream (cache_dir): the first load writes it, the next ones read it.
+        server.ensure("the cache_dir case")
+        cache = work / "object-cache"
+        shutil.rmtree(cache, ignore_errors=True)
+
+        def wl_cached():
+            t = wst.load_file(url, device=dev, cache_dir=str(cache))
+            sync()
+            return t
+        first = timed(wl_cached, 1)
+        check(first["last"], "weightlift load_file s3:// with cache_dir (first: from the server)")
+        first_net = (weightlift.last_report() or {}).get("network") or {}
+        r = timed(wl_cached, args.runs)
+        check(r["last"], "weightlift load_file s3:// with cache_dir (from the local copy)")
+        cases["weightlift-s3-cache_dir"] = {"first": rate(size, first), "first_network": first_net, **rate(size, r),
+                                            "network": (weightlift.last_report() or {}).get("network")}
+        say("weightlift-s3-cache_dir", f"first {cases['weightlift-s3-cache_dir']['first']['best_gbps']:.2f} GB/s,"
+            f" then {cases['weightlift-s3-cache_dir']['best_gbps']:.2f} GB/s")
+        shutil.rmtree(cache, ignore_errors=True)
+
+        # from_pretrained("s3://…") of a Llama written by save_pretrained (shards and index in the bucket).
+        server.ensure("the from_pretrained case")
+        try:
+            cases["weightlift-s3-from_pretrained"] = from_pretrained_case(work, wl, dev, args.runs, sync,
+                                                                          small=size < (1 << 30))
+            c = cases["weightlift-s3-from_pretrained"]
+            say("weightlift-s3-from_pretrained", f"{c['best_gbps']:.2f} GB/s (load_file of its index:"
+                f" {c['load_file_index']['best_gbps']:.2f})")
+        except ImportError as e:
+            result["skipped"]["weightlift-s3-from_pretrained"] = f"transformers is not importable: {e}"
+        server.ensure("the sweep and the peers")
 
         # The sweep: the CLI under request sizes and counts (each a fresh process: first loads included).
         # The defaults first ({}), then GETs of 4, 16 and 64 MiB (4× the chunk), 1 to 4 in flight per lane.
@@ -328,6 +452,7 @@ def main() -> int:
                                                      "KvikIO")
         except Exception as e:  # noqa: BLE001 - a peer that cannot run here is reported, not fatal
             result["skipped"]["kvikio-RemoteFile"] = f"{type(e).__name__}: {e}"
+        server.ensure("the Run:ai streamer")
         try:
             from runai_model_streamer import SafetensorsStreamer
 
@@ -344,6 +469,7 @@ def main() -> int:
             cases["runai-streamer"] = rate(size, r)
         except Exception as e:  # noqa: BLE001
             result["skipped"]["runai-streamer"] = f"{type(e).__name__}: {e}"
+        server.ensure("boto3")
         try:
             import boto3
 
@@ -399,22 +525,6 @@ def main() -> int:
         else:
             result["skipped"]["http"] = "needs nginx and curl"
 
-        # Cold: the server's files out of the page cache before each run (root only), so the server reads its disk.
-        if drop_caches():
-            cold = result["cold"] = {}
-            best = result.get("ceiling", {}).get("case")
-            if best:
-                streams, part = best.split("-")[1].split("x")
-                cold["ceiling"] = curl_ceiling(http_url, size, int(streams), int(part[:-3]) << 20, args.runs,
-                                               before=drop_caches)
-            cold["weightlift-s3"] = rate(size, timed(wl_load(url, dev), args.runs, before=drop_caches))
-            r = timed(wl_load(pack_url, dev), args.runs, before=drop_caches)
-            cold["weightlift-s3-wlpack"] = {**rate(size, r), "network_gbps": packed_size / r["best_s"] / 1e9}
-            for name, c in cold.items():
-                say("cold", name, f"{c['best_gbps']:.2f} GB/s")
-        else:
-            result["skipped"]["cold"] = "needs root (drop_caches)"
-
         for name in ("kvikio-RemoteFile", "runai-streamer", "boto3-download+safetensors"):
             if name in cases:
                 say(name, f"{cases[name]['best_gbps']:.2f} GB/s")
@@ -434,6 +544,14 @@ def main() -> int:
             "wlpack_over_plain": cases["weightlift-s3-wlpack"]["best_gbps"] / wl_rate,
             "safe_open_over_load_file": cases["weightlift-s3-safe_open"]["best_gbps"] / wl_rate,
         }
+        if "weightlift-s3-cache_dir" in cases:
+            c = cases["weightlift-s3-cache_dir"]
+            result["summary"]["cache_dir"] = {"first_gbps": c["first"]["best_gbps"], "next_gbps": c["best_gbps"],
+                                              "first_over_plain": c["first"]["best_gbps"] / wl_rate}
+        if "weightlift-s3-from_pretrained" in cases:
+            c = cases["weightlift-s3-from_pretrained"]
+            result["summary"]["from_pretrained"] = {"gbps": c["best_gbps"],
+                                                    "over_load_file_of_its_index": c["best_gbps"] / c["load_file_index"]["best_gbps"]}
         if "http" in result and "weightlift" in result["http"]:
             h = result["http"]
             result["summary"]["http"] = {
@@ -459,8 +577,7 @@ def main() -> int:
     finally:
         if "summary" not in result and "error" not in result:
             result["incomplete"] = "stopped before the end (SIGTERM or interrupt): the cases above are complete"
-        proc.kill()
-        proc.wait()
+        server.stop()
         shutil.rmtree(server_root, ignore_errors=True)
         (out / "remote.json").write_text(json.dumps(result, indent=1, default=str))
     return 1 if "error" in result else 0
