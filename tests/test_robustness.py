@@ -39,6 +39,11 @@ attempt("load_gguf", lambda: weightlift.load_gguf(path))
 attempt("Loader.load_tensor", lambda: weightlift.Loader(device="cpu").load_tensor(path, 4, torch.uint8))
 attempt("File.load_storage", lambda: weightlift.File(path, "r").load_storage(t.untyped_storage()))
 attempt("File(w)", lambda: weightlift.File(path, "w"))
+def register():
+    import weightlift.cufile as cufile
+    with cufile.Session() as session:
+        session.register_handle(path)
+attempt("cufile Session.register_handle", register)
 print(json.dumps(results))
 """
 
