@@ -131,11 +131,11 @@ impl OpenFile {
     /// its header was parsed from, and an object that no longer has it is refused.
     pub fn open_object(url: &str, etag: Option<&str>) -> Result<OpenFile, IoError> {
         let object = Object::open(url).map_err(IoError::Remote)?;
-        if let (Some(was), Some(now)) = (etag, object.etag()) {
-            if was != now {
-                let (was, now) = (was.to_string(), now.to_string());
-                return Err(IoError::Remote(weightlift_remote::RemoteError::Changed { url: url.into(), was, now }));
-            }
+        if let (Some(was), Some(now)) = (etag, object.etag())
+            && was != now
+        {
+            let (was, now) = (was.to_string(), now.to_string());
+            return Err(IoError::Remote(weightlift_remote::RemoteError::Changed { url: url.into(), was, now }));
         }
         Ok(OpenFile {
             path: PathBuf::from(url),

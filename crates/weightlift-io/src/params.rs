@@ -161,7 +161,7 @@ impl IoParams {
             Err(IoError::Setting { name, value, reason: reason.to_string() })
         };
         let chunk = self.chunk_bytes;
-        if chunk < 4096 || chunk % 4096 != 0 || chunk > 1 << 30 {
+        if chunk < 4096 || !chunk.is_multiple_of(4096) || chunk > 1 << 30 {
             return bad("chunk_bytes", chunk.to_string(), "must be a multiple of 4 KiB between 4 KiB and 1 GiB");
         }
         if self.queue_depth == 0 || self.queue_depth > 4096 {

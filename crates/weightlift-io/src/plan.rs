@@ -308,7 +308,7 @@ mod tests {
                 match (direct_every, n % 3) {
                     (0, _) => ReadKind::Cached,
                     (_, 0) => ReadKind::ColdBuffered,
-                    _ if n % direct_every == 0 => ReadKind::Direct,
+                    _ if n.is_multiple_of(direct_every) => ReadKind::Direct,
                     _ => ReadKind::Cached,
                 }
             }).unwrap();

@@ -220,7 +220,7 @@ impl Reading {
                     return Ok(Next::Complete);
                 }
                 stats.short_reads += 1;
-                if self.direct && self.done % file.block != 0 {
+                if self.direct && !self.done.is_multiple_of(file.block) {
                     self.direct = false;
                 }
             }

@@ -113,10 +113,11 @@ impl Residency {
         let page = rustix::param::page_size() as u64;
         let hi = hi.min(len);
         let span = hi.saturating_sub(lo);
-        if span > SAMPLED_ABOVE && requested.saturating_mul(10) >= span.saturating_mul(9) {
-            if let Some(r) = Self::sampled(file, lo, hi, page) {
-                return Some(r);
-            }
+        if span > SAMPLED_ABOVE
+            && requested.saturating_mul(10) >= span.saturating_mul(9)
+            && let Some(r) = Self::sampled(file, lo, hi, page)
+        {
+            return Some(r);
         }
         let pages = len.div_ceil(page);
         match cachestat_pages(file, 0, 0) {

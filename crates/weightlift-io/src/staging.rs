@@ -223,18 +223,15 @@ mod tests {
         let smaps = std::fs::read_to_string("/proc/self/smaps").ok()?;
         let mut inside = false;
         for line in smaps.lines() {
-            if let Some((range, _)) = line.split_once(' ') {
-                if let Some((a, b)) = range.split_once('-') {
-                    if let (Ok(a), Ok(b)) = (usize::from_str_radix(a, 16), usize::from_str_radix(b, 16)) {
-                        inside = a <= start && start < b;
-                        continue;
-                    }
-                }
+            if let Some((range, _)) = line.split_once(' ')
+                && let Some((a, b)) = range.split_once('-')
+                && let (Ok(a), Ok(b)) = (usize::from_str_radix(a, 16), usize::from_str_radix(b, 16))
+            {
+                inside = a <= start && start < b;
+                continue;
             }
-            if inside {
-                if let Some(v) = line.strip_prefix("AnonHugePages:") {
-                    return v.trim().trim_end_matches("kB").trim().parse().ok();
-                }
+            if inside && let Some(v) = line.strip_prefix("AnonHugePages:") {
+                return v.trim().trim_end_matches("kB").trim().parse().ok();
             }
         }
         None

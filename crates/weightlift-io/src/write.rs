@@ -151,7 +151,8 @@ impl Writer<'_> {
     /// The op writing `n` bytes at position `pos` of the write: O_DIRECT when aligned and allowed.
     fn op(&self, pos: u64, n: u64) -> ReadOp {
         let at = self.offset + pos;
-        let direct = self.target.direct.is_some() && at % self.target.block == 0 && n % self.target.block == 0;
+        let direct =
+            self.target.direct.is_some() && at.is_multiple_of(self.target.block) && n.is_multiple_of(self.target.block);
         ReadOp { file: 0, offset: at, len: n, valid: n, direct, cold: false, pieces: 0..0 }
     }
 

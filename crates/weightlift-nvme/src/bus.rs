@@ -66,7 +66,7 @@ impl Mmio {
     }
 
     fn at(&self, offset: usize) -> Result<*mut u32, NvmeError> {
-        if offset % 4 != 0 || offset.checked_add(4).is_none_or(|end| end > self.len) {
+        if !offset.is_multiple_of(4) || offset.checked_add(4).is_none_or(|end| end > self.len) {
             return Err(NvmeError::Register { offset, len: self.len });
         }
         // SAFETY: `offset + 4 <= len`, so the pointer stays inside the window.
@@ -181,7 +181,7 @@ impl DmaBuffer {
     }
 
     fn range(&self, offset: usize, len: usize, align: usize) -> Result<*mut u8, NvmeError> {
-        if offset % align != 0 || offset.checked_add(len).is_none_or(|end| end > self.len) {
+        if !offset.is_multiple_of(align) || offset.checked_add(len).is_none_or(|end| end > self.len) {
             return Err(NvmeError::invalid(
                 "DMA buffer access",
                 format!("{len} bytes at offset {offset} of a {}-byte buffer (alignment {align})", self.len),

@@ -52,7 +52,7 @@ pub fn build(data: u64, len: u64, list_bus: u64, list_capacity: usize) -> Result
     if len == 0 {
         return Err(NvmeError::invalid("PRP transfer", "zero-length transfer"));
     }
-    if data % 4 != 0 {
+    if !data.is_multiple_of(4) {
         return Err(NvmeError::invalid("PRP transfer", format!("data address {data:#x} is not dword aligned")));
     }
     data.checked_add(len).ok_or_else(|| NvmeError::invalid("PRP transfer", "address range overflows"))?;
@@ -63,7 +63,7 @@ pub fn build(data: u64, len: u64, list_bus: u64, list_capacity: usize) -> Result
         1 => return Ok(PrpSet { prp1: data, prp2: second, list: Vec::new() }),
         _ => {}
     }
-    if list_bus % 8 != 0 {
+    if !list_bus.is_multiple_of(8) {
         return Err(NvmeError::invalid("PRP list", format!("list address {list_bus:#x} is not qword aligned")));
     }
     let need = list_qwords(data, len, list_bus);
@@ -111,7 +111,7 @@ pub fn walk(
     if len == 0 {
         return Ok(Vec::new());
     }
-    if prp1 % 4 != 0 {
+    if !prp1.is_multiple_of(4) {
         return Err(Status::PRP_OFFSET_INVALID);
     }
     let mut segs: Vec<Segment> = Vec::new();
@@ -130,13 +130,13 @@ pub fn walk(
         return Ok(segs);
     }
     if rest <= PAGE {
-        if prp2 % PAGE != 0 {
+        if !prp2.is_multiple_of(PAGE) {
             return Err(Status::PRP_OFFSET_INVALID);
         }
         push(prp2, rest)?;
         return Ok(segs);
     }
-    if prp2 % 8 != 0 {
+    if !prp2.is_multiple_of(8) {
         return Err(Status::PRP_OFFSET_INVALID);
     }
     let mut pos = prp2;

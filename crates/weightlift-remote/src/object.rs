@@ -234,10 +234,10 @@ impl Object {
         };
         let got = self.store.get_opts(&self.path, options).await.map_err(|e| self.classify(e))?;
         let changed = |now: String| Failure::Fatal(self.changed(now));
-        if let (Some(was), Some(now)) = (&self.etag, &got.meta.e_tag) {
-            if was != now {
-                return Err(changed(now.clone()));
-            }
+        if let (Some(was), Some(now)) = (&self.etag, &got.meta.e_tag)
+            && was != now
+        {
+            return Err(changed(now.clone()));
         }
         if got.meta.size != self.len {
             return Err(changed(format!("a {}-byte object", got.meta.size)));

@@ -98,7 +98,7 @@ impl Mapped {
 
     /// `T` at byte `offset`, for the host.
     fn at<T>(&self, offset: usize) -> Option<*mut T> {
-        let fits = offset % std::mem::align_of::<T>() == 0
+        let fits = offset.is_multiple_of(std::mem::align_of::<T>())
             && offset.checked_add(std::mem::size_of::<T>()).is_some_and(|end| end <= self.mem.len());
         // SAFETY: in bounds, checked above.
         fits.then(|| unsafe { self.mem.as_ptr().cast_mut().add(offset) }.cast())
@@ -177,7 +177,7 @@ impl GpuLoader {
                 format!("{} pairs of {} entries (1.. pairs of 2..={max_entries})", opts.queue_pairs, opts.entries),
             ));
         }
-        if opts.threads_per_block == 0 || opts.threads_per_block % 32 != 0 || opts.threads_per_block > 1024 {
+        if opts.threads_per_block == 0 || !opts.threads_per_block.is_multiple_of(32) || opts.threads_per_block > 1024 {
             return Err(NvmeError::invalid(
                 "threads per block",
                 format!("{} (a multiple of 32 up to 1024)", opts.threads_per_block),
