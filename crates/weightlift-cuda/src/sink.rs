@@ -226,6 +226,7 @@ impl DeviceSink {
         }
     }
 
+    /// Where this sink's destinations live (shared with whoever publishes them).
     pub fn targets(&self) -> &Arc<Targets> {
         &self.targets
     }
