@@ -6,8 +6,10 @@ use std::io;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-/// One injected fault, on input file `file` (its index in the load).
+/// One injected fault, on input file `file` (its index in the load) at byte `offset` of it; the write faults apply to
+/// the file being written.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[allow(missing_docs)] // the fields: `file` and `offset`, as above; each variant says what happens there
 pub enum Fault {
     /// Every read covering `offset` fails with EIO.
     Eio { file: u32, offset: u64 },
@@ -33,6 +35,7 @@ pub struct FaultPlan {
 }
 
 impl FaultPlan {
+    /// A plan injecting `faults`, none fired yet.
     pub fn new(faults: Vec<Fault>) -> FaultPlan {
         FaultPlan { faults: faults.into_iter().map(|f| (f, AtomicBool::new(false))).collect() }
     }

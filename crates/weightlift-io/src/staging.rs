@@ -140,18 +140,22 @@ impl Staging {
         (unsafe { self.map.as_mut_ptr().add(self.offset + i * self.slot_bytes) }, self.slot_bytes)
     }
 
+    /// Bytes of each slot.
     pub fn slot_bytes(&self) -> usize {
         self.slot_bytes
     }
 
+    /// How many slots the region has.
     pub fn slots(&self) -> usize {
         self.slots
     }
 
+    /// Bytes of all the slots together.
     pub fn bytes(&self) -> u64 {
         (self.slot_bytes * self.slots) as u64
     }
 
+    /// Whether the region is pinned for device DMA (it was made with a pinner).
     pub fn is_pinned(&self) -> bool {
         self.pin.is_some()
     }
@@ -175,6 +179,7 @@ pub struct StagingPool {
 }
 
 impl StagingPool {
+    /// An empty pool.
     pub fn new() -> StagingPool {
         StagingPool::default()
     }
