@@ -46,12 +46,17 @@ struct InFlight {
 /// One completed command, valid for the duration of the callback that receives it.
 #[derive(Debug)]
 pub struct Completion<'a> {
+    /// The queue the command ran on.
     pub qid: u16,
+    /// The command's identifier there.
     pub cid: u16,
     /// The command's opcode ([`IoOpcode`] values for the commands this crate builds).
     pub opcode: u8,
+    /// The first logical block (0 for a flush).
     pub slba: u64,
+    /// Blocks transferred (0 for a flush).
     pub nlb: u32,
+    /// How it ended; [`Completion::result`] turns a failure into an error.
     pub status: Status,
     /// From submission to the completion being seen.
     pub latency: Duration,
@@ -163,10 +168,12 @@ impl Controller {
 }
 
 impl IoQueuePair {
+    /// The pair's queue id.
     pub fn qid(&self) -> u16 {
         self.raw.qid()
     }
 
+    /// Entries per queue.
     pub fn entries(&self) -> u32 {
         self.raw.entries()
     }
@@ -176,6 +183,7 @@ impl IoQueuePair {
         self.slots.capacity()
     }
 
+    /// Commands submitted and not yet completed.
     pub fn in_flight(&self) -> usize {
         self.slots.in_use()
     }
@@ -403,12 +411,16 @@ pub struct LoadReport {
     pub bytes: u64,
     /// Bytes the commands transferred (whole blocks).
     pub transferred: u64,
+    /// Queue pairs used.
     pub queue_pairs: usize,
+    /// Entries per queue.
     pub entries: u32,
+    /// Wall time of the load.
     pub elapsed: Duration,
 }
 
 impl LoadReport {
+    /// Commands completed per second.
     pub fn iops(&self) -> f64 {
         self.commands as f64 / self.elapsed.as_secs_f64().max(1e-9)
     }

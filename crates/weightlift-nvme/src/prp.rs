@@ -16,8 +16,12 @@ const PAGE: u64 = PAGE_SIZE as u64;
 /// when no list is needed).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PrpSet {
+    /// PRP Entry 1: the data's bus address.
     pub prp1: u64,
+    /// PRP Entry 2: 0 when the data fits PRP1's page, the second page's address when it ends there, else the list's
+    /// bus address.
     pub prp2: u64,
+    /// The list's qwords, page addresses (and, where a list page fills, the pointer to the next list page).
     pub list: Vec<u64>,
 }
 
@@ -96,7 +100,9 @@ pub fn build(data: u64, len: u64, list_bus: u64, list_capacity: usize) -> Result
 /// One contiguous piece of a transfer in bus address space.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Segment {
+    /// Bus address of the piece's first byte.
     pub addr: u64,
+    /// The piece's length in bytes.
     pub len: u64,
 }
 
@@ -172,6 +178,7 @@ pub fn walk(
 /// transfer), which [`SlotPrps::new`] checks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SlotPrps {
+    /// PRP Entry 1 of every transfer: the slot's bus address.
     pub prp1: u64,
     /// The page after PRP1's: PRP2 of a transfer that needs exactly one more page.
     pub page2: u64,

@@ -53,6 +53,7 @@ pub enum Tier {
 /// How the GPU path is laid out.
 #[derive(Clone, Debug)]
 pub struct GpuOptions {
+    /// Where the data lands first: pinned host memory, or device memory.
     pub tier: Tier,
     /// Queue pairs, one thread block each.
     pub queue_pairs: u16,
@@ -318,10 +319,12 @@ impl GpuLoader {
         })
     }
 
+    /// The tier the loader was built for.
     pub fn tier(&self) -> Tier {
         self.opts.tier
     }
 
+    /// I/O queue pairs the kernels drive (one thread block each).
     pub fn queue_pairs(&self) -> usize {
         self.queues.len()
     }
