@@ -14,10 +14,10 @@ struct Calls(Vec<String>);
 
 impl<'ast> Visit<'ast> for Calls {
     fn visit_expr_call(&mut self, c: &'ast syn::ExprCall) {
-        if let syn::Expr::Path(p) = &*c.func {
-            if let Some(s) = p.path.segments.last() {
-                self.0.push(s.ident.to_string());
-            }
+        if let syn::Expr::Path(p) = &*c.func
+            && let Some(s) = p.path.segments.last()
+        {
+            self.0.push(s.ident.to_string());
         }
         syn::visit::visit_expr_call(self, c);
     }

@@ -52,6 +52,7 @@ const SYMBOLS: &[&str] = &[
 pub struct DriverInfo {
     /// CUDA version the driver supports, e.g. 13000 for 13.0.
     pub version: i32,
+    /// CUDA devices the driver sees (`cuDeviceGetCount`).
     pub devices: u32,
 }
 

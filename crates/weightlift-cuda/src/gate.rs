@@ -242,6 +242,7 @@ impl OrderedTransfer {
         &mut self.staging
     }
 
+    /// Which way this transfer moves bytes.
     pub fn direction(&self) -> Direction {
         self.direction
     }

@@ -11,13 +11,19 @@ use crate::error::CudaError;
 /// Facts about a device.
 #[derive(Clone, Debug)]
 pub struct GpuInfo {
+    /// The device's CUDA index (`cuda:N`).
     pub ordinal: u32,
+    /// Its name, as the driver gives it ("NVIDIA H100 80GB HBM3", say).
     pub name: String,
+    /// Its memory in bytes.
     pub total_bytes: u64,
+    /// Its PCI address (`0000:3b:00.0`); empty where the driver would not say.
     pub pci_bus_id: String,
+    /// Its compute capability, (major, minor): (9, 0) for an H100.
     pub compute_capability: (i32, i32),
     /// PCIe link as the kernel reports it (`/sys/bus/pci/devices/*/current_link_{speed,width}`), when readable.
     pub pcie_link: Option<String>,
+    /// The CUDA version the driver supports, e.g. 13000 for 13.0 (`cuDriverGetVersion`).
     pub driver_version: i32,
 }
 
@@ -87,10 +93,12 @@ impl Gpu {
         })
     }
 
+    /// Facts about the device, gathered when it was opened.
     pub fn info(&self) -> &GpuInfo {
         &self.inner.info
     }
 
+    /// The device's CUDA index.
     pub fn ordinal(&self) -> u32 {
         self.inner.ordinal
     }
@@ -205,6 +213,7 @@ impl Gpu {
         self.inner.ctx.synchronize().map_err(CudaError::driver(self.inner.ordinal, "cuCtxSynchronize"))
     }
 
+    /// The device's primary context, as cudarc holds it (for cudarc's safe API: streams, modules, memory).
     pub fn context(&self) -> &Arc<CudaContext> {
         &self.inner.ctx
     }

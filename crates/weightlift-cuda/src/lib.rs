@@ -7,6 +7,7 @@
 //! nvCOMP — are bound the same way, each in a folder of three layers: `sys` (C types and entry points, looked up by
 //! `library`, the one loader and symbol lookup), calls returning `Result`, then the owners ([`cufile::Cufile`],
 //! [`nvcomp::Nvcomp`]). Every error type lives in `error`.
+#![deny(missing_docs)]
 
 mod ceiling;
 pub mod cufile;

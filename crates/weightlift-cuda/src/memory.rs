@@ -86,18 +86,22 @@ impl DeviceBuffer {
         self.owner.is_some()
     }
 
+    /// The buffer's device address (0 for an empty buffer of the pool).
     pub fn device_ptr(&self) -> sys::CUdeviceptr {
         self.ptr
     }
 
+    /// The buffer's length in bytes.
     pub fn len(&self) -> usize {
         self.len
     }
 
+    /// Whether the buffer has no bytes.
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
 
+    /// The device the memory belongs to.
     pub fn gpu(&self) -> &Gpu {
         &self.gpu
     }
@@ -183,6 +187,9 @@ impl fmt::Debug for PinnedBuffer {
 }
 
 impl PinnedBuffer {
+    /// Allocates `len` bytes of page-locked host memory with `cuMemHostAlloc` (`PORTABLE`: pinned for every context),
+    /// freed when the buffer is dropped; zero bytes allocate nothing. Errors: [`CudaError::OutOfMemory`] when the
+    /// driver has no page-locked memory left, [`CudaError::Driver`] for other failures.
     pub fn alloc(gpu: &Gpu, len: usize) -> Result<PinnedBuffer, CudaError> {
         let dev = gpu.ordinal();
         if len == 0 {
@@ -241,6 +248,7 @@ pub struct CudaPinner {
 }
 
 impl CudaPinner {
+    /// A pinner registering memory through `gpu`'s context (the registration is `PORTABLE`: every context sees it).
     pub fn new(gpu: &Gpu) -> CudaPinner {
         CudaPinner { gpu: gpu.clone() }
     }

@@ -113,7 +113,8 @@ fn nvrtc_version() -> (i32, i32) {
 /// Loads the kernels of `source` (named `name` in messages) on `gpu`, whose context the calling thread keeps
 /// current afterwards only if it was. As machine code (CUBIN) for exactly the device's architecture where NVRTC
 /// can make it: the driver then loads it as it is, where PTX is compiled by the driver's JIT in every fresh
-/// process (its own cache aside). The CUBIN is kept on disk beside the PTX, keyed by [`cubin_key`]. Any step of
+/// process (its own cache aside). The CUBIN is kept on disk beside the PTX, keyed by the source, the exact
+/// architecture, NVRTC's and the driver's versions and weightlift's own (see `cubin_key`). Any step of
 /// that route failing (an NVRTC without `nvrtcGetCUBIN`, an architecture it does not know, a driver refusing the
 /// image) falls back to the PTX of [`compile`].
 pub fn load_module(gpu: &crate::Gpu, source: &str, name: &str) -> Result<Arc<CudaModule>, String> {

@@ -193,10 +193,10 @@ impl Drop for PendingCopy {
     fn drop(&mut self) {
         // Polled complete (or abandoned after an error): the event goes back to the pool only once it is known
         // complete, since a recycled event re-recorded early would make a waiter miss this copy.
-        if let Some(e) = self.event.take() {
-            if e.try_is_complete().unwrap_or(false) {
-                self.gpu.give_event(e);
-            }
+        if let Some(e) = self.event.take()
+            && e.try_is_complete().unwrap_or(false)
+        {
+            self.gpu.give_event(e);
         }
     }
 }
@@ -226,6 +226,7 @@ impl DeviceSink {
         }
     }
 
+    /// Where this sink's destinations live (shared with whoever publishes them).
     pub fn targets(&self) -> &Arc<Targets> {
         &self.targets
     }

@@ -29,6 +29,7 @@ pub enum GpuCodec {
 }
 
 impl GpuCodec {
+    /// The codec's lowercase name (`huffman`, or the nvCOMP codec's [`NvCodec::name`]).
     pub fn name(self) -> &'static str {
         match self {
             GpuCodec::Nvcomp(c) => c.name(),
@@ -51,7 +52,9 @@ pub fn huffman_status(status: i32) -> &'static str {
 /// Where one stored stream (one plane of one chunk) sits in device memory.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct StreamSrc {
+    /// Device address of the stream's first byte.
     pub ptr: sys::CUdeviceptr,
+    /// The stream's length in bytes, as stored.
     pub stored_len: u64,
     /// `None`: stored raw (the plane's bytes as they are).
     pub codec: Option<GpuCodec>,
@@ -61,33 +64,73 @@ pub struct StreamSrc {
 /// raw bytes go, and the checksum they must have.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ChunkJob {
+    /// Index of the chunk's first stream in the batch's stream list.
     pub first_stream: u32,
+    /// How many streams (byte planes) the chunk has; they follow `first_stream` in plane order.
     pub planes: u32,
+    /// Device address the chunk's raw bytes are written to.
     pub dst: sys::CUdeviceptr,
+    /// The chunk's length in bytes once decoded (a multiple of `planes`).
     pub raw_len: u64,
+    /// The xxh3-64 (seed 0) its raw bytes must have.
     pub checksum: u64,
 }
 
 /// Why a decoded batch is not what it should be; `chunk` indexes the batch's chunk list.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum BatchError {
+    /// A decoder refused a stream.
     #[error("chunk {chunk}, plane {plane}: the {codec} decoder reported status {status} ({what})")]
-    Decode { chunk: usize, plane: u32, codec: &'static str, status: i32, what: String },
+    Decode {
+        /// The chunk's index in the batch.
+        chunk: usize,
+        /// The plane whose stream failed.
+        plane: u32,
+        /// The codec's name ([`GpuCodec::name`]).
+        codec: &'static str,
+        /// The decoder's status: nvCOMP's `nvcompStatus_t`, or `wl_huff_decode`'s (see [`huffman_status`]).
+        status: i32,
+        /// What the status means, in words.
+        what: String,
+    },
+    /// A stream decoded to a length other than its plane's.
     #[error("chunk {chunk}, plane {plane}: decoded {actual} bytes, expected {expected}")]
-    Size { chunk: usize, plane: u32, actual: u64, expected: u64 },
+    Size {
+        /// The chunk's index in the batch.
+        chunk: usize,
+        /// The plane whose stream decoded short or long.
+        plane: u32,
+        /// Bytes decoded.
+        actual: u64,
+        /// The plane's length in bytes.
+        expected: u64,
+    },
+    /// A chunk's decoded bytes have another xxh3-64 than the one recorded.
     #[error("chunk {chunk}: checksum {actual:#018x} does not match the recorded {expected:#018x}")]
-    Checksum { chunk: usize, expected: u64, actual: u64 },
+    Checksum {
+        /// The chunk's index in the batch.
+        chunk: usize,
+        /// The recorded xxh3-64.
+        expected: u64,
+        /// The xxh3-64 computed on the GPU.
+        actual: u64,
+    },
 }
 
 /// Failure to enqueue or finish a batch.
 #[derive(Debug, thiserror::Error)]
 pub enum UnpackError {
+    /// A CUDA call failed (device or pinned memory, a copy, compiling the kernels).
     #[error(transparent)]
     Cuda(#[from] CudaError),
+    /// The batch could not be set up or run: its description is inconsistent, nvCOMP could not be loaded for its
+    /// codecs, or a kernel could not be loaded or launched, or an event failed.
     #[error("{0}")]
     Setup(String),
+    /// An nvCOMP call failed.
     #[error(transparent)]
     Nvcomp(#[from] crate::nvcomp::NvcompError),
+    /// The batch ran, and a chunk is not what it should be.
     #[error("{0}")]
     Batch(#[from] BatchError),
 }

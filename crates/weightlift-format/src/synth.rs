@@ -228,7 +228,7 @@ fn llama_tensors(h: u64, layers: u64, gguf: bool) -> Vec<Planned> {
     let q = |inner: u64, want: GgmlType| -> DType {
         if !gguf {
             DType::BF16
-        } else if inner % want.block_size() == 0 {
+        } else if inner.is_multiple_of(want.block_size()) {
             want.dtype()
         } else {
             DType::F16

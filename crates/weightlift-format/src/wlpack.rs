@@ -503,7 +503,7 @@ fn tensor_item(t: TensorJson, names: &mut HashSet<String>) -> Result<Item, Error
     if expected != t.nbytes {
         return Err(bad(format!("{dtype} × {:?} is {expected} bytes, not {}", t.shape, t.nbytes)));
     }
-    if !matches!(t.planes, 1 | 2 | 4 | 8) || t.nbytes % u64::from(t.planes) != 0 {
+    if !matches!(t.planes, 1 | 2 | 4 | 8) || !t.nbytes.is_multiple_of(u64::from(t.planes)) {
         return Err(bad(format!("{} planes do not split {} bytes", t.planes, t.nbytes)));
     }
     if !names.insert(t.name.clone()) {
@@ -578,7 +578,7 @@ fn read_chunks(items: &[Item], files: &[PackedFile], table: &[u8], n_streams: u6
             if chunk.raw_offset != at {
                 return Err(bad(format!("starts at {} but the previous chunk ends at {at}", chunk.raw_offset)));
             }
-            if chunk.raw_len == 0 || chunk.raw_len > MAX_CHUNK_BYTES || chunk.raw_len % planes != 0 {
+            if chunk.raw_len == 0 || chunk.raw_len > MAX_CHUNK_BYTES || !chunk.raw_len.is_multiple_of(planes) {
                 return Err(bad(format!(
                     "raw length {} is not a non-zero multiple of {planes} up to {MAX_CHUNK_BYTES}",
                     chunk.raw_len

@@ -121,18 +121,22 @@ impl HostBuffer {
         NonNull::new(ptr).map(|ptr| HostBuffer { ptr, len, map: None }).ok_or_else(|| oom(None))
     }
 
+    /// The buffer's length in bytes.
     pub fn len(&self) -> usize {
         self.len
     }
 
+    /// Whether the buffer has no bytes.
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
 
+    /// The first byte, aligned to [`HOST_ALIGN`] (dangling but aligned for an empty buffer).
     pub fn as_ptr(&self) -> *const u8 {
         self.ptr.as_ptr()
     }
 
+    /// The first byte, writable, aligned to [`HOST_ALIGN`] (dangling but aligned for an empty buffer).
     pub fn as_mut_ptr(&mut self) -> *mut u8 {
         self.ptr.as_ptr()
     }

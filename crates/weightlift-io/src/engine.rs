@@ -23,14 +23,18 @@ pub struct StagingPrepared {
     pub lanes: usize,
     /// Of those, lanes that set it up in this call (the others had it already).
     pub lanes_set_up: usize,
+    /// Bytes of each staging slot.
     pub slot_bytes: u64,
+    /// Slots each of those lanes holds.
     pub slots_per_lane: usize,
+    /// Whether the slots were pinned (a pinner was given).
     pub pinned: bool,
     /// Wall time of the call.
     pub seconds: f64,
     /// Set-up time summed over the lanes, and their time waiting for each other (lanes pin their staging one at a
     /// time).
     pub setup_thread_secs: f64,
+    /// Time the lanes spent waiting for each other to pin, summed over the lanes.
     pub wait_thread_secs: f64,
 }
 
@@ -70,7 +74,9 @@ impl std::fmt::Debug for IoEngine {
 /// Which kernel interface the lanes use.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ReadEngineUsed {
+    /// io_uring: each lane keeps several reads in flight on its own ring.
     Uring,
+    /// Blocking `pread` calls, one read at a time per lane (where io_uring is unavailable or not wanted).
     Pread,
 }
 
@@ -128,10 +134,12 @@ impl IoEngine {
         Ok(IoEngine { threads: Arc::new(t), params, uring, reason: reason.into() })
     }
 
+    /// The parameters the engine was started with.
     pub fn params(&self) -> &IoParams {
         &self.params
     }
 
+    /// How many lanes (I/O threads) the engine runs.
     pub fn lanes(&self) -> usize {
         self.threads.handles.len()
     }

@@ -7,32 +7,113 @@ use std::path::PathBuf;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum IoError {
+    /// A file could not be opened (or created, for a write).
     #[error("{}: cannot open: {cause}", path.display())]
-    Open { path: PathBuf, cause: io::Error },
+    Open {
+        /// The file.
+        path: PathBuf,
+        /// What the operating system said.
+        cause: io::Error,
+    },
+    /// The path is a directory, FIFO, socket or device, not a regular file.
     #[error("{}: {}", path.display(), node.refusal())]
-    NotAFile { path: PathBuf, node: weightlift_format::regular::NodeKind },
+    NotAFile {
+        /// The path.
+        path: PathBuf,
+        /// What it is instead.
+        node: weightlift_format::regular::NodeKind,
+    },
+    /// A read failed with an error other than an interruption (those are retried, up to a bound).
     #[error("{}: read of {len} bytes at offset {offset} failed: {cause}", path.display())]
-    Read { path: PathBuf, offset: u64, len: u64, cause: io::Error },
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// Where the read started, in bytes from the file's start.
+        offset: u64,
+        /// Bytes it asked for.
+        len: u64,
+        /// What the operating system (or the injected fault) said.
+        cause: io::Error,
+    },
+    /// A write failed, stored nothing, or (from [`crate::durable`], with offset and length 0) the file could not be
+    /// replaced.
     #[error("{}: write of {len} bytes at offset {offset} failed: {cause}", path.display())]
-    Write { path: PathBuf, offset: u64, len: u64, cause: io::Error },
+    Write {
+        /// The file.
+        path: PathBuf,
+        /// Where the failed write started, in bytes from the file's start.
+        offset: u64,
+        /// Bytes it was to write from there.
+        len: u64,
+        /// What the operating system said.
+        cause: io::Error,
+    },
+    /// A read met the end of the file before bytes the plan needs (the file shrank after it was opened).
     #[error("{}: file ended at offset {offset} while {expected_end} bytes were expected (truncated while being read?)", path.display())]
-    Truncated { path: PathBuf, offset: u64, expected_end: u64 },
+    Truncated {
+        /// The file.
+        path: PathBuf,
+        /// Where the file ended.
+        offset: u64,
+        /// The end of the bytes the read needed.
+        expected_end: u64,
+    },
+    /// A requested range lies past the end of the file as it is now.
     #[error("{}: {len} bytes at offset {offset} lie past the end of the {file_len}-byte file (did it change since it was parsed?)", path.display())]
-    PastEnd { path: PathBuf, offset: u64, len: u64, file_len: u64 },
+    PastEnd {
+        /// The file.
+        path: PathBuf,
+        /// Where the range starts.
+        offset: u64,
+        /// The range's length in bytes.
+        len: u64,
+        /// The file's length in bytes when it was opened.
+        file_len: u64,
+    },
+    /// A setting has a value the engine cannot use.
     #[error("setting {name}={value:?}: {reason}")]
-    Setting { name: &'static str, value: String, reason: String },
+    Setting {
+        /// The setting's name (`chunk_bytes`, say).
+        name: &'static str,
+        /// The value given, as text.
+        value: String,
+        /// Why it cannot be used.
+        reason: String,
+    },
     /// Pinning staging memory for device DMA failed (the cause keeps the driver's error).
     #[error("pinning {bytes} bytes of staging memory: {cause}")]
-    Staging { bytes: u64, cause: Box<dyn std::error::Error + Send + Sync> },
+    Staging {
+        /// The bytes that were to be pinned.
+        bytes: u64,
+        /// The pinner's error.
+        cause: Box<dyn std::error::Error + Send + Sync>,
+    },
     /// Host memory ran out.
     #[error("out of host memory allocating {bytes} bytes for {what}{}", cause.as_ref().map(|c| format!(" ({c})")).unwrap_or_default())]
-    OutOfMemory { what: &'static str, bytes: u64, cause: Option<io::Error> },
+    OutOfMemory {
+        /// What the memory was for: `host` (a [`crate::HostBuffer`]) or `staging` (a lane's staging slots).
+        what: &'static str,
+        /// The allocation that failed, in bytes.
+        bytes: u64,
+        /// The operating system's error, where a mapping failed (the allocator gives none).
+        cause: Option<io::Error>,
+    },
     /// An io_uring call failed.
     #[error("io_uring {call}: {cause}")]
-    Uring { call: &'static str, cause: io::Error },
+    Uring {
+        /// The step that failed (`setup` of the ring, `submit`).
+        call: &'static str,
+        /// What the kernel said.
+        cause: io::Error,
+    },
     /// io_uring was asked for but this kernel or sandbox refuses it.
     #[error("io_uring was requested by {origin} but is unavailable: {reason}")]
-    UringUnavailable { origin: String, reason: String },
+    UringUnavailable {
+        /// Who asked for it (a setting's source: an environment variable, the caller).
+        origin: String,
+        /// Why it is unavailable (the probe's finding).
+        reason: String,
+    },
     /// An I/O thread could not be started.
     #[error("cannot start an I/O thread: {0}")]
     Thread(io::Error),
@@ -42,10 +123,15 @@ pub enum IoError {
     /// A lane could not make staging that serves the load (a bug: the load fails instead of waiting forever).
     #[error("{0}")]
     StagingUnfit(String),
+    /// The destinations or staging asked for cannot serve the load (overlapping or out-of-range destinations, an
+    /// empty staging ring, an object read given to the file interface).
     #[error("invalid destinations: {0}")]
     Destinations(String),
+    /// The sink failed to take delivered bytes (a device copy failed, say); the cause is the sink's error.
     #[error("{0}")]
     Sink(#[source] Box<dyn std::error::Error + Send + Sync>),
+    /// The load was cancelled before it completed: its `cancel` flag was set, [`crate::Running::cancel`] was called
+    /// or its `Running` dropped, or an object read was stopped.
     #[error("load cancelled")]
     Cancelled,
     /// An object could not be opened or read (its message names the URL and the byte range).

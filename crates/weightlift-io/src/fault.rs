@@ -6,8 +6,10 @@ use std::io;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-/// One injected fault, on input file `file` (its index in the load).
+/// One injected fault, on input file `file` (its index in the load) at byte `offset` of it; the write faults apply to
+/// the file being written.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[allow(missing_docs)] // the fields: `file` and `offset`, as above; each variant says what happens there
 pub enum Fault {
     /// Every read covering `offset` fails with EIO.
     Eio { file: u32, offset: u64 },
@@ -33,6 +35,7 @@ pub struct FaultPlan {
 }
 
 impl FaultPlan {
+    /// A plan injecting `faults`, none fired yet.
     pub fn new(faults: Vec<Fault>) -> FaultPlan {
         FaultPlan { faults: faults.into_iter().map(|f| (f, AtomicBool::new(false))).collect() }
     }
@@ -40,12 +43,13 @@ impl FaultPlan {
     /// Runs before a read of `[offset, offset + len)` of `file` (at `path`) is issued.
     pub fn before_read(&self, file: u32, path: &Path, offset: u64, len: u64) {
         for (fault, fired) in &self.faults {
-            if let Fault::TruncateAt { file: f, offset: at } = *fault {
-                if f == file && offset + len > at && !fired.swap(true, Ordering::SeqCst) {
-                    if let Ok(w) = OpenOptions::new().write(true).open(path) {
-                        let _ = w.set_len(at);
-                    }
-                }
+            if let Fault::TruncateAt { file: f, offset: at } = *fault
+                && f == file
+                && offset + len > at
+                && !fired.swap(true, Ordering::SeqCst)
+                && let Ok(w) = OpenOptions::new().write(true).open(path)
+            {
+                let _ = w.set_len(at);
             }
         }
     }
@@ -60,10 +64,10 @@ impl FaultPlan {
                     return Err(io::Error::from_raw_os_error(libc::ENOSPC));
                 }
                 Fault::ShortWrite { offset: at } if covers(at) && at > offset => {
-                    if let Ok(n) = result {
-                        if !fired.swap(true, Ordering::SeqCst) {
-                            return Ok(n.min((at - offset) as usize));
-                        }
+                    if let Ok(n) = result
+                        && !fired.swap(true, Ordering::SeqCst)
+                    {
+                        return Ok(n.min((at - offset) as usize));
                     }
                 }
                 _ => {}
@@ -86,10 +90,10 @@ impl FaultPlan {
                     panic!("injected panic at offset {at} of file {file}");
                 }
                 Fault::Short { file: f, offset: at } if f == file && covers(at) && at > offset => {
-                    if let Ok(n) = result {
-                        if !fired.swap(true, Ordering::SeqCst) {
-                            return Ok(n.min((at - offset) as usize));
-                        }
+                    if let Ok(n) = result
+                        && !fired.swap(true, Ordering::SeqCst)
+                    {
+                        return Ok(n.min((at - offset) as usize));
                     }
                 }
                 _ => {}

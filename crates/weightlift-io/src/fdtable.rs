@@ -65,6 +65,7 @@ pub struct Status {
 }
 
 impl Status {
+    /// Reads `/proc/self/status`; `None` where it cannot be read or lacks either field.
     pub fn read() -> Option<Status> {
         let mut text = String::new();
         std::fs::File::open("/proc/self/status").ok()?.read_to_string(&mut text).ok()?;

@@ -42,11 +42,13 @@ pub enum LocalCopy {
 pub struct OpenFile {
     /// The file's path, or the object's URL.
     pub path: PathBuf,
+    /// Where its buffered reads go: a local descriptor or the object.
     pub source: Source,
     /// The O_DIRECT descriptor, when the filesystem accepts O_DIRECT reads.
     pub direct: Option<File>,
     /// Why there is no O_DIRECT descriptor.
     pub direct_refused: Option<String>,
+    /// The input's length in bytes when it was opened.
     pub len: u64,
     /// Offset and length alignment for O_DIRECT reads (the logical block size).
     pub block: u64,
@@ -131,11 +133,11 @@ impl OpenFile {
     /// its header was parsed from, and an object that no longer has it is refused.
     pub fn open_object(url: &str, etag: Option<&str>) -> Result<OpenFile, IoError> {
         let object = Object::open(url).map_err(IoError::Remote)?;
-        if let (Some(was), Some(now)) = (etag, object.etag()) {
-            if was != now {
-                let (was, now) = (was.to_string(), now.to_string());
-                return Err(IoError::Remote(weightlift_remote::RemoteError::Changed { url: url.into(), was, now }));
-            }
+        if let (Some(was), Some(now)) = (etag, object.etag())
+            && was != now
+        {
+            let (was, now) = (was.to_string(), now.to_string());
+            return Err(IoError::Remote(weightlift_remote::RemoteError::Changed { url: url.into(), was, now }));
         }
         Ok(OpenFile {
             path: PathBuf::from(url),
@@ -186,6 +188,7 @@ impl OpenFile {
         }
     }
 
+    /// Whether O_DIRECT reads are possible (the input has an O_DIRECT descriptor).
     pub fn supports_direct(&self) -> bool {
         self.direct.is_some()
     }

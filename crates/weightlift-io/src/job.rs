@@ -30,6 +30,9 @@ pub enum Admit {
 
 /// Flow control of a streaming load: decides, op by op in plan order, whether to read it now.
 pub trait Gate: Send + Sync {
+    /// Whether to read `op`, the next op in plan order, now; `pieces` are the destination pieces it feeds. Called
+    /// by whichever lane asks for work, with the job's lock held (so it must be quick and must not block), and
+    /// asked again about the same op after [`Admit::Wait`] once the engine is woken.
     fn admit(&self, op: &ReadOp, pieces: &[Piece]) -> Admit;
 }
 

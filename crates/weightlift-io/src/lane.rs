@@ -396,21 +396,22 @@ impl Lane {
             guard
         };
         let result = 'set_up: {
-            if let Some(s) = self.staging.as_mut() {
-                if s.slot_bytes() as u64 >= slot_bytes && s.slots() >= slots_per_lane {
-                    if let (Some(p), false) = (pinner, s.is_pinned()) {
-                        let _one = one_at_a_time();
-                        // Staging made for a host load is pinned for the device only now, and io_uring holds its
-                        // pages as fixed buffers: pin with the buffers unregistered, then register them again, the
-                        // order that staging made for a device load has (pinned, then registered).
-                        // SAFETY: the lane is idle (restaging happens between jobs): no read is in flight into it.
-                        unsafe { self.io.register(None) };
-                        let pinned = s.pin(p);
-                        self.register_staging();
-                        break 'set_up pinned;
-                    }
-                    break 'set_up Ok(());
+            if let Some(s) = self.staging.as_mut()
+                && s.slot_bytes() as u64 >= slot_bytes
+                && s.slots() >= slots_per_lane
+            {
+                if let (Some(p), false) = (pinner, s.is_pinned()) {
+                    let _one = one_at_a_time();
+                    // Staging made for a host load is pinned for the device only now, and io_uring holds its
+                    // pages as fixed buffers: pin with the buffers unregistered, then register them again, the
+                    // order that staging made for a device load has (pinned, then registered).
+                    // SAFETY: the lane is idle (restaging happens between jobs): no read is in flight into it.
+                    unsafe { self.io.register(None) };
+                    let pinned = s.pin(p);
+                    self.register_staging();
+                    break 'set_up pinned;
                 }
+                break 'set_up Ok(());
             }
             let (old_bytes, old_slots) = self.staging.as_ref().map_or((0, 0), |s| (s.slot_bytes() as u64, s.slots()));
             let cap = self.pool.staging_per_lane().max(slot_bytes);
@@ -443,10 +444,10 @@ impl Lane {
             let locked = Instant::now();
             // SAFETY: the lane is idle and holds no staging: nothing is in flight, nothing registered is unmapped.
             unsafe { self.io.register(None) };
-            if let Some(p) = pinner {
-                if let Err(e) = staging.pin(p) {
-                    break 'set_up Err(e);
-                }
+            if let Some(p) = pinner
+                && let Err(e) = staging.pin(p)
+            {
+                break 'set_up Err(e);
             }
             let pinned = locked.elapsed();
             self.staging = Some(staging);

@@ -21,6 +21,7 @@
 //! `unsafe` appears only where memory is handed to the kernel (io_uring submissions, buffer registration, reads
 //! into slots and destinations), in the host copy of the sink, in `mincore`, in the aligned host allocation, and in
 //! mapping input files to advise the kernel on them.
+#![deny(missing_docs)]
 
 mod buffer;
 pub mod durable;

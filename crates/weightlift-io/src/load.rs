@@ -29,8 +29,11 @@ const RESIDENT_ENOUGH: f64 = 0.5;
 /// What to load: byte ranges of opened files and the sizes of the destinations they fill.
 #[derive(Debug)]
 pub struct LoadRequest<'a> {
+    /// The inputs; an extent's `file` is an index into this.
     pub files: &'a [Arc<OpenFile>],
+    /// The byte ranges to read and where each lands. Destination ranges must not overlap.
     pub extents: &'a [Extent],
+    /// Each destination's length in bytes; an extent's `dest` is an index into this.
     pub dest_lens: &'a [u64],
 }
 
@@ -41,6 +44,7 @@ pub struct LoadOptions<'a> {
     pub progress: Option<&'a AtomicU64>,
     /// Set to stop the load early (it then fails with `IoError::Cancelled`).
     pub cancel: Option<&'a AtomicBool>,
+    /// Injected faults (tests).
     pub faults: Option<&'a FaultPlan>,
     /// Pins staging memory for device DMA.
     pub pinner: Option<Arc<dyn Pinner>>,
@@ -55,9 +59,13 @@ impl std::fmt::Debug for LoadOptions<'_> {
 /// Options of a load that outlives the call starting it (a streaming load): everything owned.
 #[derive(Default)]
 pub struct StreamOptions {
+    /// Incremented by the bytes of every completed read.
     pub progress: Option<Arc<AtomicU64>>,
+    /// Set to stop the load early (it then fails with `IoError::Cancelled`).
     pub cancel: Option<Arc<AtomicBool>>,
+    /// Holds reads back, or skips them, op by op (see [`Gate`]); `None` reads everything as fast as it can.
     pub gate: Option<Arc<dyn Gate>>,
+    /// Pins staging memory for device DMA.
     pub pinner: Option<Arc<dyn Pinner>>,
     /// Injected faults (tests).
     pub faults: Option<Arc<FaultPlan>>,
@@ -75,9 +83,13 @@ impl std::fmt::Debug for StreamOptions {
 /// What a load did, and why.
 #[derive(Clone, Debug)]
 pub struct IoReport {
+    /// The kernel interface the lanes used.
     pub read_engine: ReadEngineUsed,
+    /// Why that one (chosen by a setting, or io_uring found unavailable).
     pub read_engine_reason: String,
+    /// Whether io_uring read into registered (fixed) buffers.
     pub fixed_buffers: bool,
+    /// Why the kernel refused to register the staging as fixed buffers, where it did.
     pub fixed_refusal: Option<String>,
     /// The page-cache decision: which reads were buffered or O_DIRECT, and why.
     pub direct_reason: String,
@@ -91,21 +103,30 @@ pub struct IoReport {
     pub requested_bytes: u64,
     /// Bytes read through the O_DIRECT and buffered descriptors (alignment and coalesced gaps included).
     pub direct_bytes: u64,
+    /// See `direct_bytes`.
     pub buffered_bytes: u64,
     /// Bytes of the input files in the page cache before the load (where probed). Where a load of most of a large
     /// span of a file was judged from samples, an estimate from them: the whole span, or none of it.
     pub resident_bytes: Option<u64>,
+    /// Reads issued (retries of one read not counted again).
     pub ops: u64,
     /// Ops a streaming load's gate skipped (their destinations were read another way).
     pub skipped_ops: u64,
+    /// Lanes that took part in the load.
     pub lanes: usize,
+    /// Reads in flight per lane (1 for `pread` lanes).
     pub queue_depth: usize,
+    /// Staging slots each lane used.
     pub slots_per_lane: usize,
+    /// Bytes of each staging slot.
     pub slot_bytes: u64,
     /// Staging memory this load could use at most.
     pub peak_staging_bytes: u64,
+    /// Seconds spent probing the page cache and planning the reads.
     pub plan_secs: f64,
+    /// Seconds from handing the job to the lanes until its last byte landed.
     pub io_secs: f64,
+    /// The lanes' counters, summed.
     pub stats: LaneStats,
 }
 

@@ -75,7 +75,9 @@ pub enum StagingPages {
 pub enum ReadEngine {
     /// io_uring where the kernel allows it, else `pread` threads.
     Auto,
+    /// io_uring; starting the engine fails ([`IoError::UringUnavailable`]) where the kernel refuses it.
     Uring,
+    /// Blocking `pread` calls, one read in flight per lane.
     Pread,
 }
 
@@ -123,17 +125,28 @@ pub fn parse_bytes(s: &str) -> Result<u64, String> {
     n.checked_mul(mult).ok_or_else(|| "too large".to_string())
 }
 
-/// The storage engine's parameters.
+/// The storage engine's parameters. `weightlift::Settings` documents each with its environment variable;
+/// [`IoParams::validate`] checks the ranges.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct IoParams {
+    /// Largest read of cached pages and largest host→device copy, in bytes (default 4 MiB; a multiple of 4 KiB);
+    /// reads of cold pages take up to four times this.
     pub chunk_bytes: u64,
+    /// Reads in flight per io_uring lane (default 1).
     pub queue_depth: u32,
+    /// Upper bound on the lanes' staging memory together, in bytes (default 256 MiB), whatever the load's size.
     pub staging_bytes: u64,
+    /// Lanes (I/O threads), each with its own ring and staging slots (default: the CPU count, at most 16).
     pub threads: u32,
+    /// When reads bypass the page cache.
     pub direct: DirectMode,
+    /// What a load leaves in the page cache.
     pub cache: CachePolicy,
+    /// Which kernel interface submits the reads.
     pub engine: ReadEngine,
+    /// The page size staging memory asks for.
     pub staging_pages: StagingPages,
+    /// The folio size asked for cold ranges read through the page cache.
     pub cache_pages: CachePages,
 }
 
@@ -161,7 +174,7 @@ impl IoParams {
             Err(IoError::Setting { name, value, reason: reason.to_string() })
         };
         let chunk = self.chunk_bytes;
-        if chunk < 4096 || chunk % 4096 != 0 || chunk > 1 << 30 {
+        if chunk < 4096 || !chunk.is_multiple_of(4096) || chunk > 1 << 30 {
             return bad("chunk_bytes", chunk.to_string(), "must be a multiple of 4 KiB between 4 KiB and 1 GiB");
         }
         if self.queue_depth == 0 || self.queue_depth > 4096 {

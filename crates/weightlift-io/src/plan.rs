@@ -10,8 +10,11 @@ use std::ops::Range;
 /// A byte range of an input file and where it must land.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Extent {
+    /// The input's index in the load.
     pub file: u32,
+    /// Where the range starts in the file, in bytes.
     pub offset: u64,
+    /// The range's length in bytes.
     pub len: u64,
     /// Destination id (a tensor).
     pub dest: u32,
@@ -24,14 +27,18 @@ pub struct Extent {
 pub struct Piece {
     /// Offset inside the read's buffer.
     pub at: u64,
+    /// Bytes of the piece.
     pub len: u64,
+    /// Destination id.
     pub dest: u32,
+    /// Offset inside the destination.
     pub dest_offset: u64,
 }
 
 /// One read to issue.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ReadOp {
+    /// The input's index in the load.
     pub file: u32,
     /// File offset of the read (block-aligned when `direct`).
     pub offset: u64,
@@ -39,6 +46,7 @@ pub struct ReadOp {
     pub len: u64,
     /// Bytes the file actually holds from `offset` within `len`: the read is complete once this many arrived.
     pub valid: u64,
+    /// Read through the O_DIRECT descriptor (else the buffered one).
     pub direct: bool,
     /// A buffered read of cold pages ([`ReadKind::ColdBuffered`]; never `direct`): the page cache keeps what it reads.
     pub cold: bool,
@@ -49,6 +57,7 @@ pub struct ReadOp {
 /// What the planner needs to know of an input file.
 #[derive(Clone, Copy, Debug)]
 pub struct PlanFile {
+    /// The file's length in bytes.
     pub len: u64,
     /// O_DIRECT alignment.
     pub block: u64,
@@ -67,6 +76,7 @@ pub enum ReadKind {
     ColdBuffered,
 }
 
+/// How [`plan`] cuts and joins reads.
 #[derive(Clone, Copy, Debug)]
 pub struct PlanOptions {
     /// Largest buffered read of cached pages.
@@ -83,7 +93,9 @@ pub struct PlanOptions {
 /// The reads of one load.
 #[derive(Clone, Debug, Default)]
 pub struct Plan {
+    /// The reads, in the order they are handed to the lanes (file by file, by offset).
     pub ops: Vec<ReadOp>,
+    /// Every read's pieces, each read's contiguous (see [`ReadOp::pieces`]).
     pub pieces: Vec<Piece>,
     /// Buffer size that holds any op of this plan (a multiple of 4 KiB).
     pub slot_bytes: u64,
@@ -92,6 +104,7 @@ pub struct Plan {
 }
 
 impl Plan {
+    /// The pieces `op` feeds.
     pub fn pieces_of(&self, op: &ReadOp) -> &[Piece] {
         &self.pieces[op.pieces.clone()]
     }
@@ -106,7 +119,16 @@ impl Plan {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum PlanError {
     /// An extent lies past the end of its file.
-    PastEnd { file: u32, offset: u64, len: u64, file_len: u64 },
+    PastEnd {
+        /// The input's index in the load.
+        file: u32,
+        /// Where the extent starts.
+        offset: u64,
+        /// The extent's length in bytes.
+        len: u64,
+        /// The file's length in bytes.
+        file_len: u64,
+    },
     /// An extent names a missing destination, overflows it, or overlaps another extent's destination range.
     Destination(String),
 }
@@ -308,7 +330,7 @@ mod tests {
                 match (direct_every, n % 3) {
                     (0, _) => ReadKind::Cached,
                     (_, 0) => ReadKind::ColdBuffered,
-                    _ if n % direct_every == 0 => ReadKind::Direct,
+                    _ if n.is_multiple_of(direct_every) => ReadKind::Direct,
                     _ => ReadKind::Cached,
                 }
             }).unwrap();

@@ -15,11 +15,17 @@ const MAX_RETRIES: u32 = 1000;
 /// Counters of one lane, summed into the load's report.
 #[derive(Clone, Debug, Default)]
 pub struct LaneStats {
+    /// Reads issued (each op once, whatever its retries).
     pub ops: u64,
+    /// Bytes read through O_DIRECT descriptors.
     pub direct_bytes: u64,
+    /// Bytes read through buffered descriptors (or from objects).
     pub buffered_bytes: u64,
+    /// Reads issued again after an interruption (EINTR or EAGAIN).
     pub retries: u64,
+    /// Reads that returned fewer bytes than asked before the end of the file (continued from where they stopped).
     pub short_reads: u64,
+    /// O_DIRECT reads the filesystem refused (EINVAL), read again buffered.
     pub direct_fallbacks: u64,
     /// Time blocked in the kernel waiting for reads (io_uring_enter, or inside pread).
     pub io_wait: Duration,
@@ -37,10 +43,12 @@ pub struct LaneStats {
     /// kernel reads whole 2 MiB folios around them, 2 MiB folios only where the filesystem has large folios), and
     /// the time the lanes spent doing it (the disk reads of those ranges happen there).
     pub populated_bytes: u64,
+    /// See `populated_bytes`.
     pub populate: Duration,
 }
 
 impl LaneStats {
+    /// Adds `o`'s counters and times to these.
     pub fn add(&mut self, o: &LaneStats) {
         self.ops += o.ops;
         self.direct_bytes += o.direct_bytes;
@@ -220,7 +228,7 @@ impl Reading {
                     return Ok(Next::Complete);
                 }
                 stats.short_reads += 1;
-                if self.direct && self.done % file.block != 0 {
+                if self.direct && !self.done.is_multiple_of(file.block) {
                     self.direct = false;
                 }
             }

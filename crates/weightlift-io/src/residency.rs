@@ -27,14 +27,29 @@ pub const SAMPLE_BYTES: u64 = 1 << 20;
 #[derive(Clone, Debug)]
 pub enum Residency {
     /// Every page is cached.
-    All { len: u64 },
+    All {
+        /// The file's length in bytes.
+        len: u64,
+    },
     /// No page is cached.
     None,
     /// Every place probed in a span of `bytes` bytes was wholly cached (`cached`), or at most a quarter cached;
     /// taken to hold for every range the load asks about.
-    Sampled { cached: bool, bytes: u64 },
+    Sampled {
+        /// Whether the places probed were wholly cached.
+        cached: bool,
+        /// The span's length in bytes.
+        bytes: u64,
+    },
     /// Per-page bitmap.
-    Pages { page: u64, len: u64, resident: Vec<bool> },
+    Pages {
+        /// The page size in bytes.
+        page: u64,
+        /// The file's length in bytes.
+        len: u64,
+        /// Whether each page, from the file's start, is cached.
+        resident: Vec<bool>,
+    },
 }
 
 /// `struct cachestat_range` of the Linux UAPI.
@@ -113,10 +128,11 @@ impl Residency {
         let page = rustix::param::page_size() as u64;
         let hi = hi.min(len);
         let span = hi.saturating_sub(lo);
-        if span > SAMPLED_ABOVE && requested.saturating_mul(10) >= span.saturating_mul(9) {
-            if let Some(r) = Self::sampled(file, lo, hi, page) {
-                return Some(r);
-            }
+        if span > SAMPLED_ABOVE
+            && requested.saturating_mul(10) >= span.saturating_mul(9)
+            && let Some(r) = Self::sampled(file, lo, hi, page)
+        {
+            return Some(r);
         }
         let pages = len.div_ceil(page);
         match cachestat_pages(file, 0, 0) {

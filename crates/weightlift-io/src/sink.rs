@@ -5,6 +5,7 @@ use std::fmt;
 
 use crate::plan::Piece;
 
+/// What a sink's failure carries: any error (the CUDA crate's device errors, say).
 pub type SinkError = Box<dyn std::error::Error + Send + Sync>;
 
 /// A delivery that may still be reading its staging slot (an asynchronous device copy).
@@ -54,7 +55,9 @@ pub trait Sink: Send + Sync {
 /// A sink that reports every landing to `observer` (a checker hashing destinations as they complete, say) and
 /// otherwise behaves as `inner`.
 pub struct Observed<'a> {
+    /// The sink that takes the bytes.
     pub inner: &'a dyn Sink,
+    /// Called with the pieces of every landing, after `inner`'s `landed`.
     pub observer: &'a Observer<'a>,
 }
 

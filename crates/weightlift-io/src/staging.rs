@@ -140,18 +140,22 @@ impl Staging {
         (unsafe { self.map.as_mut_ptr().add(self.offset + i * self.slot_bytes) }, self.slot_bytes)
     }
 
+    /// Bytes of each slot.
     pub fn slot_bytes(&self) -> usize {
         self.slot_bytes
     }
 
+    /// How many slots the region has.
     pub fn slots(&self) -> usize {
         self.slots
     }
 
+    /// Bytes of all the slots together.
     pub fn bytes(&self) -> u64 {
         (self.slot_bytes * self.slots) as u64
     }
 
+    /// Whether the region is pinned for device DMA (it was made with a pinner).
     pub fn is_pinned(&self) -> bool {
         self.pin.is_some()
     }
@@ -175,6 +179,7 @@ pub struct StagingPool {
 }
 
 impl StagingPool {
+    /// An empty pool.
     pub fn new() -> StagingPool {
         StagingPool::default()
     }
@@ -223,18 +228,15 @@ mod tests {
         let smaps = std::fs::read_to_string("/proc/self/smaps").ok()?;
         let mut inside = false;
         for line in smaps.lines() {
-            if let Some((range, _)) = line.split_once(' ') {
-                if let Some((a, b)) = range.split_once('-') {
-                    if let (Ok(a), Ok(b)) = (usize::from_str_radix(a, 16), usize::from_str_radix(b, 16)) {
-                        inside = a <= start && start < b;
-                        continue;
-                    }
-                }
+            if let Some((range, _)) = line.split_once(' ')
+                && let Some((a, b)) = range.split_once('-')
+                && let (Ok(a), Ok(b)) = (usize::from_str_radix(a, 16), usize::from_str_radix(b, 16))
+            {
+                inside = a <= start && start < b;
+                continue;
             }
-            if inside {
-                if let Some(v) = line.strip_prefix("AnonHugePages:") {
-                    return v.trim().trim_end_matches("kB").trim().parse().ok();
-                }
+            if inside && let Some(v) = line.strip_prefix("AnonHugePages:") {
+                return v.trim().trim_end_matches("kB").trim().parse().ok();
             }
         }
         None

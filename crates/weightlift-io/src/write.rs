@@ -39,12 +39,19 @@ impl WriteSource for HostSource<'_> {
 /// What a write did.
 #[derive(Clone, Debug, Default)]
 pub struct WriteReport {
+    /// Bytes written.
     pub bytes: u64,
+    /// Of those, bytes written with O_DIRECT.
     pub direct_bytes: u64,
+    /// Of those, bytes written buffered (the unaligned head and tail, or all where O_DIRECT is refused).
     pub buffered_bytes: u64,
+    /// Writes issued.
     pub ops: u64,
+    /// The kernel interface: `uring` or `pwrite`.
     pub backend: &'static str,
+    /// Wall time of the whole write, fsync included.
     pub seconds: f64,
+    /// Of that, seconds in `fsync` (0 unless the request was durable).
     pub fsync_secs: f64,
 }
 
@@ -54,9 +61,13 @@ const WRITE_SLOTS: usize = 8;
 /// Where to write: `len` bytes at `offset` of `path` (created if missing, never truncated), fsynced when `durable`.
 #[derive(Clone, Copy, Debug)]
 pub struct WriteRequest<'a> {
+    /// The file to write.
     pub path: &'a Path,
+    /// Where the bytes go in it.
     pub offset: u64,
+    /// How many bytes to write.
     pub len: u64,
+    /// Whether to fsync before returning.
     pub durable: bool,
     /// Injected faults (tests).
     pub faults: Option<&'a crate::fault::FaultPlan>,
@@ -151,7 +162,8 @@ impl Writer<'_> {
     /// The op writing `n` bytes at position `pos` of the write: O_DIRECT when aligned and allowed.
     fn op(&self, pos: u64, n: u64) -> ReadOp {
         let at = self.offset + pos;
-        let direct = self.target.direct.is_some() && at % self.target.block == 0 && n % self.target.block == 0;
+        let direct =
+            self.target.direct.is_some() && at.is_multiple_of(self.target.block) && n.is_multiple_of(self.target.block);
         ReadOp { file: 0, offset: at, len: n, valid: n, direct, cold: false, pieces: 0..0 }
     }
 

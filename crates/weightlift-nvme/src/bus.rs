@@ -48,14 +48,17 @@ impl Mmio {
         Mmio { base, len, kind }
     }
 
+    /// Whether the window is a device's registers or plain memory standing in for them.
     pub fn kind(&self) -> MmioKind {
         self.kind
     }
 
+    /// The window's length in bytes.
     pub fn len(&self) -> usize {
         self.len
     }
 
+    /// Whether the window has no bytes.
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
@@ -66,13 +69,15 @@ impl Mmio {
     }
 
     fn at(&self, offset: usize) -> Result<*mut u32, NvmeError> {
-        if offset % 4 != 0 || offset.checked_add(4).is_none_or(|end| end > self.len) {
+        if !offset.is_multiple_of(4) || offset.checked_add(4).is_none_or(|end| end > self.len) {
             return Err(NvmeError::Register { offset, len: self.len });
         }
         // SAFETY: `offset + 4 <= len`, so the pointer stays inside the window.
         Ok(unsafe { self.base.as_ptr().add(offset) }.cast())
     }
 
+    /// Reads the 32-bit register at byte `offset` (volatile for a device, an acquiring load for memory);
+    /// [`NvmeError::Register`] if it is misaligned or outside the window.
     pub fn read32(&self, offset: usize) -> Result<u32, NvmeError> {
         let p = self.at(offset)?;
         Ok(match self.kind {
@@ -104,6 +109,7 @@ impl Mmio {
         Ok(u64::from(lo) | (u64::from(hi) << 32))
     }
 
+    /// A 64-bit register as two 32-bit writes, low dword first.
     pub fn write64(&self, offset: usize, value: u64) -> Result<(), NvmeError> {
         self.write32(offset, value as u32)?;
         self.write32(offset + 4, (value >> 32) as u32)
@@ -163,14 +169,18 @@ impl DmaBuffer {
         Ok(DmaBuffer { mapping: Some(mapping), mem, len: rounded, bus })
     }
 
+    /// The buffer's length in bytes (the size asked for, rounded up to whole pages).
     pub fn len(&self) -> usize {
         self.len
     }
 
+    /// Whether the buffer has no bytes.
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
 
+    /// The address the device uses for the buffer's first byte (page aligned): a bus (IOVA) address, not this
+    /// process's.
     pub fn bus_addr(&self) -> u64 {
         self.bus
     }
@@ -181,7 +191,7 @@ impl DmaBuffer {
     }
 
     fn range(&self, offset: usize, len: usize, align: usize) -> Result<*mut u8, NvmeError> {
-        if offset % align != 0 || offset.checked_add(len).is_none_or(|end| end > self.len) {
+        if !offset.is_multiple_of(align) || offset.checked_add(len).is_none_or(|end| end > self.len) {
             return Err(NvmeError::invalid(
                 "DMA buffer access",
                 format!("{len} bytes at offset {offset} of a {}-byte buffer (alignment {align})", self.len),

@@ -14,46 +14,129 @@ pub enum NvmeError {
         io_name(*opcode),
         slba.saturating_add(u64::from(*nlb))
     )]
-    Command { qid: u16, cid: u16, opcode: u8, slba: u64, nlb: u32, status: Status },
+    Command {
+        /// The I/O queue's id.
+        qid: u16,
+        /// The command's identifier on that queue.
+        cid: u16,
+        /// The I/O opcode (a [`IoOpcode`] value, or another the controller saw).
+        opcode: u8,
+        /// The first logical block.
+        slba: u64,
+        /// How many blocks (the field's 0-based value plus one).
+        nlb: u32,
+        /// The completion's status.
+        status: Status,
+    },
     /// An admin command completed with an error status.
     #[error("admin command {name} (opcode {opcode:#04x}) failed: {status}")]
-    Admin { name: &'static str, opcode: u8, status: Status },
+    Admin {
+        /// The command's name ([`crate::spec::AdminOpcode::name`]; `unknown` for an opcode it lacks).
+        name: &'static str,
+        /// Its admin opcode.
+        opcode: u8,
+        /// The completion's status.
+        status: Status,
+    },
     /// A transfer larger than the controller accepts in one command (MDTS) or than the queue's slots hold.
     #[error("transfer of {bytes} bytes exceeds the {limit}-byte limit per command ({why})")]
-    TooLarge { bytes: u64, limit: u64, why: &'static str },
+    TooLarge {
+        /// The transfer asked for, in bytes.
+        bytes: u64,
+        /// The largest one allowed, in bytes.
+        limit: u64,
+        /// Which limit: the controller's MDTS or the queue's slot size.
+        why: &'static str,
+    },
     /// Every submission slot of a queue pair holds a command still in flight.
     #[error("queue {qid} is full ({in_flight} commands in flight)")]
-    QueueFull { qid: u16, in_flight: usize },
+    QueueFull {
+        /// The queue's id.
+        qid: u16,
+        /// Commands in flight on it.
+        in_flight: usize,
+    },
     /// A value outside what the protocol or this implementation accepts.
     #[error("invalid {what}: {detail}")]
-    Invalid { what: &'static str, detail: String },
+    Invalid {
+        /// What is invalid (a field, an option, a queue size).
+        what: &'static str,
+        /// Why.
+        detail: String,
+    },
     /// The controller did not answer in time.
     #[error("timed out after {waited_ms} ms waiting for {what}")]
-    Timeout { what: String, waited_ms: u64 },
+    Timeout {
+        /// What was awaited (the controller becoming ready, a command's completion).
+        what: String,
+        /// How long, in milliseconds.
+        waited_ms: u64,
+    },
     /// The controller reported a fatal status (CSTS.CFS) or the queues can no longer be trusted.
     #[error("controller failed: {0}")]
     ControllerFailed(String),
     /// A register offset outside BAR0 or not 4-byte aligned.
     #[error("register access at offset {offset:#x} outside the {len}-byte register window or misaligned")]
-    Register { offset: usize, len: usize },
+    Register {
+        /// The register's offset in BAR0, in bytes.
+        offset: usize,
+        /// The register window's length in bytes.
+        len: usize,
+    },
     /// Memory for queues, PRP lists or data could not be allocated or mapped for DMA.
     #[error("DMA memory of {bytes} bytes: {reason}")]
-    Dma { bytes: u64, reason: String },
+    Dma {
+        /// The memory asked for, in bytes.
+        bytes: u64,
+        /// Why it could not be had.
+        reason: String,
+    },
     /// A byte range outside the namespace or the destination.
     #[error("range of {len} bytes at offset {offset} lies outside the {limit}-byte {what}")]
-    OutOfRange { what: &'static str, offset: u64, len: u64, limit: u64 },
-    /// The backing file of the software controller.
+    OutOfRange {
+        /// Which: `namespace` or `destination`.
+        what: &'static str,
+        /// Where the range starts, in bytes.
+        offset: u64,
+        /// Its length in bytes.
+        len: u64,
+        /// The namespace's or destination's length in bytes.
+        limit: u64,
+    },
+    /// The software controller's backing file could not be opened or examined, or its thread not started.
     #[error("{}: {what}: {cause}", path.display())]
-    Backing { path: PathBuf, what: &'static str, cause: std::io::Error },
+    Backing {
+        /// The backing file.
+        path: PathBuf,
+        /// The step that failed.
+        what: &'static str,
+        /// What the operating system said.
+        cause: std::io::Error,
+    },
     /// No NVMe controller is bound to vfio-pci (the message says how to bind one).
     #[error("no NVMe controller bound to vfio-pci{found}; {how}")]
-    NoVfioDevice { found: String, how: String },
+    NoVfioDevice {
+        /// What the PCI bus holds instead (each NVMe controller and its driver), as a parenthesised clause.
+        found: String,
+        /// How to bind one to vfio-pci.
+        how: String,
+    },
     /// A VFIO step failed.
     #[error("vfio: {step}: {detail}")]
-    Vfio { step: &'static str, detail: String },
+    Vfio {
+        /// The step (an ioctl, a mapping, a sysfs read).
+        step: &'static str,
+        /// What went wrong.
+        detail: String,
+    },
     /// A CUDA step of the GPU path failed (or CUDA is missing).
     #[error("gpu: {step}: {detail}")]
-    Gpu { step: &'static str, detail: String },
+    Gpu {
+        /// The step (registering memory, compiling or launching the kernel, ...).
+        step: &'static str,
+        /// What went wrong.
+        detail: String,
+    },
     /// Something this backend cannot do.
     #[error("unsupported: {0}")]
     Unsupported(String),

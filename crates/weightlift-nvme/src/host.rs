@@ -40,27 +40,35 @@ impl Default for BringUp {
 /// What bring-up learnt about the controller.
 #[derive(Clone, Debug)]
 pub struct ControllerInfo {
+    /// Controller Capabilities (CAP) as read at bring-up.
     pub cap: Cap,
+    /// The NVMe version the controller implements (VS).
     pub version: Version,
+    /// Its Identify Controller data.
     pub identify: IdentifyController,
     /// Largest transfer per command in bytes (MDTS, or 1 MiB where the controller sets no limit).
     pub max_transfer: u64,
-    /// I/O submission and completion queues granted.
+    /// I/O submission queues granted (Set Features, Number of Queues).
     pub io_sqs: u16,
+    /// I/O completion queues granted.
     pub io_cqs: u16,
 }
 
 /// The namespace in use.
 #[derive(Clone, Debug)]
 pub struct NamespaceInfo {
+    /// The namespace's identifier.
     pub nsid: u32,
+    /// Its Identify Namespace data.
     pub identify: IdentifyNamespace,
+    /// Bytes per logical block, in the format in use.
     pub lba_size: u32,
     /// Namespace size in blocks.
     pub lbas: u64,
 }
 
 impl NamespaceInfo {
+    /// The namespace's size in bytes.
     pub fn bytes(&self) -> u64 {
         self.lbas.saturating_mul(u64::from(self.lba_size))
     }
@@ -348,14 +356,17 @@ impl Controller {
         })
     }
 
+    /// What bring-up learnt about the controller.
     pub fn info(&self) -> &ControllerInfo {
         &self.shared.info
     }
 
+    /// The namespace reads and writes go to.
     pub fn namespace(&self) -> &NamespaceInfo {
         &self.shared.ns
     }
 
+    /// The controller's registers and DMA memory.
     pub fn bus(&self) -> &Arc<dyn Bus> {
         &self.shared.bus
     }
@@ -509,25 +520,31 @@ pub struct RawQueuePair {
 }
 
 impl RawQueuePair {
+    /// The pair's queue id (its submission and completion queues share it).
     pub fn qid(&self) -> u16 {
         self.qid
     }
+    /// Entries per queue.
     pub fn entries(&self) -> u32 {
         self.entries
     }
+    /// The submission queue's memory (`entries` entries of 64 bytes).
     pub fn sq(&self) -> &DmaBuffer {
         &self.sq
     }
+    /// The completion queue's memory (`entries` entries of 16 bytes).
     pub fn cq(&self) -> &DmaBuffer {
         &self.cq
     }
-    /// BAR0 offsets of this pair's doorbells.
+    /// BAR0 offset of the Submission Queue Tail doorbell.
     pub fn sq_doorbell(&self) -> usize {
         self.sq_doorbell
     }
+    /// BAR0 offset of the Completion Queue Head doorbell.
     pub fn cq_doorbell(&self) -> usize {
         self.cq_doorbell
     }
+    /// The controller the pair belongs to.
     pub fn controller(&self) -> &Controller {
         &self.ctrl
     }

@@ -46,12 +46,17 @@ struct InFlight {
 /// One completed command, valid for the duration of the callback that receives it.
 #[derive(Debug)]
 pub struct Completion<'a> {
+    /// The queue the command ran on.
     pub qid: u16,
+    /// The command's identifier there.
     pub cid: u16,
     /// The command's opcode ([`IoOpcode`] values for the commands this crate builds).
     pub opcode: u8,
+    /// The first logical block (0 for a flush).
     pub slba: u64,
+    /// Blocks transferred (0 for a flush).
     pub nlb: u32,
+    /// How it ended; [`Completion::result`] turns a failure into an error.
     pub status: Status,
     /// From submission to the completion being seen.
     pub latency: Duration,
@@ -114,16 +119,16 @@ impl Controller {
         let ns = self.namespace();
         let mdts = self.info().max_transfer;
         let slot_bytes = opts.slot_bytes.unwrap_or(mdts);
-        if slot_bytes < u64::from(ns.lba_size) || slot_bytes % u64::from(ns.lba_size) != 0 {
+        if slot_bytes < u64::from(ns.lba_size) || !slot_bytes.is_multiple_of(u64::from(ns.lba_size)) {
             return Err(NvmeError::invalid(
                 "slot size",
                 format!("{slot_bytes} bytes is not a multiple of the {}-byte block", ns.lba_size),
             ));
         }
-        if opts.data_offset % 4 != 0 || opts.data_offset >= PAGE_SIZE {
+        if !opts.data_offset.is_multiple_of(4) || opts.data_offset >= PAGE_SIZE {
             return Err(NvmeError::invalid("data offset", format!("{} (dword aligned, below 4096)", opts.data_offset)));
         }
-        if opts.prp_list_offset % 8 != 0 || opts.prp_list_offset >= PAGE_SIZE {
+        if !opts.prp_list_offset.is_multiple_of(8) || opts.prp_list_offset >= PAGE_SIZE {
             return Err(NvmeError::invalid(
                 "PRP list offset",
                 format!("{} (qword aligned, below 4096)", opts.prp_list_offset),
@@ -163,10 +168,12 @@ impl Controller {
 }
 
 impl IoQueuePair {
+    /// The pair's queue id.
     pub fn qid(&self) -> u16 {
         self.raw.qid()
     }
 
+    /// Entries per queue.
     pub fn entries(&self) -> u32 {
         self.raw.entries()
     }
@@ -176,6 +183,7 @@ impl IoQueuePair {
         self.slots.capacity()
     }
 
+    /// Commands submitted and not yet completed.
     pub fn in_flight(&self) -> usize {
         self.slots.in_use()
     }
@@ -275,7 +283,7 @@ impl IoQueuePair {
     pub fn submit_write(&mut self, slba: u64, data: &[u8]) -> Result<u16, NvmeError> {
         self.check()?;
         let lba = u64::from(self.lba_size);
-        if data.is_empty() || data.len() as u64 % lba != 0 {
+        if data.is_empty() || !(data.len() as u64).is_multiple_of(lba) {
             return Err(NvmeError::invalid("write", format!("{} bytes is not a whole number of blocks", data.len())));
         }
         let nlb = u32::try_from(data.len() as u64 / lba).unwrap_or(u32::MAX);
@@ -374,11 +382,11 @@ impl IoQueuePair {
                 return Ok(n);
             }
             polls = polls.wrapping_add(1);
-            if polls % 256 == 0 {
-                if let Some(why) = self.raw.controller().failure() {
-                    self.broken = Some(why.clone());
-                    return Err(NvmeError::ControllerFailed(why));
-                }
+            if polls.is_multiple_of(256)
+                && let Some(why) = self.raw.controller().failure()
+            {
+                self.broken = Some(why.clone());
+                return Err(NvmeError::ControllerFailed(why));
             }
             if start.elapsed() > timeout {
                 self.broken = Some("a command timed out".into());
@@ -403,12 +411,16 @@ pub struct LoadReport {
     pub bytes: u64,
     /// Bytes the commands transferred (whole blocks).
     pub transferred: u64,
+    /// Queue pairs used.
     pub queue_pairs: usize,
+    /// Entries per queue.
     pub entries: u32,
+    /// Wall time of the load.
     pub elapsed: Duration,
 }
 
 impl LoadReport {
+    /// Commands completed per second.
     pub fn iops(&self) -> f64 {
         self.commands as f64 / self.elapsed.as_secs_f64().max(1e-9)
     }

@@ -12,6 +12,7 @@
 //!
 //! `unsafe` appears where memory is shared with a device: register windows, DMA buffers, the software controller's
 //! IOMMU, VFIO's ioctls and mappings, and CUDA registration and launches.
+#![deny(missing_docs)]
 
 pub mod bus;
 mod error;

@@ -7,24 +7,31 @@ use crate::error::NvmeError;
 /// `len` bytes at namespace byte `offset`, to land at `dest_offset` in the destination.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ByteRange {
+    /// Where the range starts in the namespace, in bytes.
     pub offset: u64,
+    /// The range's length in bytes.
     pub len: u64,
+    /// Where it lands in the destination, in bytes.
     pub dest_offset: u64,
 }
 
 /// One read command of a load.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Chunk {
+    /// The command's first logical block.
     pub slba: u64,
+    /// Blocks it reads.
     pub nlb: u32,
     /// Bytes at the start of the first block that belong to no range.
     pub skip: u32,
     /// Bytes delivered to the destination.
     pub len: u32,
+    /// Where those bytes land in the destination.
     pub dest_offset: u64,
 }
 
 impl Chunk {
+    /// Bytes the command transfers (whole blocks of `lba_size` bytes).
     pub fn bytes(&self, lba_size: u32) -> u64 {
         u64::from(self.nlb) * u64::from(lba_size)
     }

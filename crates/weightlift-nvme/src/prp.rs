@@ -16,8 +16,12 @@ const PAGE: u64 = PAGE_SIZE as u64;
 /// when no list is needed).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PrpSet {
+    /// PRP Entry 1: the data's bus address.
     pub prp1: u64,
+    /// PRP Entry 2: 0 when the data fits PRP1's page, the second page's address when it ends there, else the list's
+    /// bus address.
     pub prp2: u64,
+    /// The list's qwords, page addresses (and, where a list page fills, the pointer to the next list page).
     pub list: Vec<u64>,
 }
 
@@ -52,7 +56,7 @@ pub fn build(data: u64, len: u64, list_bus: u64, list_capacity: usize) -> Result
     if len == 0 {
         return Err(NvmeError::invalid("PRP transfer", "zero-length transfer"));
     }
-    if data % 4 != 0 {
+    if !data.is_multiple_of(4) {
         return Err(NvmeError::invalid("PRP transfer", format!("data address {data:#x} is not dword aligned")));
     }
     data.checked_add(len).ok_or_else(|| NvmeError::invalid("PRP transfer", "address range overflows"))?;
@@ -63,7 +67,7 @@ pub fn build(data: u64, len: u64, list_bus: u64, list_capacity: usize) -> Result
         1 => return Ok(PrpSet { prp1: data, prp2: second, list: Vec::new() }),
         _ => {}
     }
-    if list_bus % 8 != 0 {
+    if !list_bus.is_multiple_of(8) {
         return Err(NvmeError::invalid("PRP list", format!("list address {list_bus:#x} is not qword aligned")));
     }
     let need = list_qwords(data, len, list_bus);
@@ -96,7 +100,9 @@ pub fn build(data: u64, len: u64, list_bus: u64, list_capacity: usize) -> Result
 /// One contiguous piece of a transfer in bus address space.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Segment {
+    /// Bus address of the piece's first byte.
     pub addr: u64,
+    /// The piece's length in bytes.
     pub len: u64,
 }
 
@@ -111,7 +117,7 @@ pub fn walk(
     if len == 0 {
         return Ok(Vec::new());
     }
-    if prp1 % 4 != 0 {
+    if !prp1.is_multiple_of(4) {
         return Err(Status::PRP_OFFSET_INVALID);
     }
     let mut segs: Vec<Segment> = Vec::new();
@@ -130,13 +136,13 @@ pub fn walk(
         return Ok(segs);
     }
     if rest <= PAGE {
-        if prp2 % PAGE != 0 {
+        if !prp2.is_multiple_of(PAGE) {
             return Err(Status::PRP_OFFSET_INVALID);
         }
         push(prp2, rest)?;
         return Ok(segs);
     }
-    if prp2 % 8 != 0 {
+    if !prp2.is_multiple_of(8) {
         return Err(Status::PRP_OFFSET_INVALID);
     }
     let mut pos = prp2;
@@ -172,6 +178,7 @@ pub fn walk(
 /// transfer), which [`SlotPrps::new`] checks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SlotPrps {
+    /// PRP Entry 1 of every transfer: the slot's bus address.
     pub prp1: u64,
     /// The page after PRP1's: PRP2 of a transfer that needs exactly one more page.
     pub page2: u64,

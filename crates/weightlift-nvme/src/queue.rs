@@ -4,8 +4,9 @@
 //! and is generated with the same constants.
 #![forbid(unsafe_code)]
 
-/// Smallest and largest queue sizes the spec allows (entries).
+/// Smallest queue size the spec allows (entries).
 pub const MIN_ENTRIES: u32 = 2;
+/// Largest queue size the spec allows (entries).
 pub const MAX_ENTRIES: u32 = 65536;
 
 fn valid(entries: u32) -> bool {
@@ -22,6 +23,7 @@ pub struct SqRing {
 }
 
 impl SqRing {
+    /// An empty queue of `entries` entries; `None` outside [`MIN_ENTRIES`]..=[`MAX_ENTRIES`].
     pub fn new(entries: u32) -> Option<SqRing> {
         valid(entries).then_some(SqRing { entries, tail: 0, head: 0 })
     }
@@ -31,12 +33,15 @@ impl SqRing {
         (valid(entries) && tail < entries && head < entries).then_some(SqRing { entries, tail, head })
     }
 
+    /// The queue's size in entries.
     pub fn entries(&self) -> u32 {
         self.entries
     }
+    /// The next entry the host writes (what it rings the tail doorbell with).
     pub fn tail(&self) -> u32 {
         self.tail
     }
+    /// The next entry the controller consumes, as the last completion reported.
     pub fn head(&self) -> u32 {
         self.head
     }
@@ -46,6 +51,7 @@ impl SqRing {
         (self.tail + self.entries - self.head) % self.entries
     }
 
+    /// Whether `entries - 1` commands are waiting (no entry can be written).
     pub fn is_full(&self) -> bool {
         self.used() == self.entries - 1
     }
@@ -86,20 +92,26 @@ pub struct CqRing {
 }
 
 impl CqRing {
+    /// A fresh queue of `entries` entries (head 0, expecting phase 1); `None` outside
+    /// [`MIN_ENTRIES`]..=[`MAX_ENTRIES`].
     pub fn new(entries: u32) -> Option<CqRing> {
         valid(entries).then_some(CqRing { entries, head: 0, phase: true })
     }
 
+    /// Resumes a ring whose head and phase another agent (the GPU) moved.
     pub fn resume(entries: u32, head: u32, phase: bool) -> Option<CqRing> {
         (valid(entries) && head < entries).then_some(CqRing { entries, head, phase })
     }
 
+    /// The queue's size in entries.
     pub fn entries(&self) -> u32 {
         self.entries
     }
+    /// The next entry to look at (what the host rings the head doorbell with once it consumed the ones before).
     pub fn head(&self) -> u32 {
         self.head
     }
+    /// The phase tag a new entry at the head carries.
     pub fn phase(&self) -> bool {
         self.phase
     }
@@ -127,9 +139,11 @@ pub struct SqConsumer {
 }
 
 impl SqConsumer {
+    /// A fresh queue of `entries` entries; `None` outside [`MIN_ENTRIES`]..=[`MAX_ENTRIES`].
     pub fn new(entries: u32) -> Option<SqConsumer> {
         valid(entries).then_some(SqConsumer { entries, head: 0 })
     }
+    /// The next entry to fetch (what completions report as the SQ head).
     pub fn head(&self) -> u32 {
         self.head
     }
@@ -159,6 +173,8 @@ pub struct CqProducer {
 }
 
 impl CqProducer {
+    /// A fresh queue of `entries` entries (posting with phase 1 first); `None` outside
+    /// [`MIN_ENTRIES`]..=[`MAX_ENTRIES`].
     pub fn new(entries: u32) -> Option<CqProducer> {
         valid(entries).then_some(CqProducer { entries, tail: 0, phase: true, head: 0 })
     }
@@ -172,6 +188,7 @@ impl CqProducer {
         true
     }
 
+    /// Whether posting another entry would overwrite one the host has not consumed.
     pub fn is_full(&self) -> bool {
         (self.tail + 1) % self.entries == self.head
     }
@@ -200,9 +217,11 @@ pub struct SlotPool {
 }
 
 impl SlotPool {
+    /// Slots `0..capacity`, all free.
     pub fn new(capacity: u16) -> SlotPool {
         SlotPool { free: (0..capacity).rev().collect(), capacity: usize::from(capacity) }
     }
+    /// A free slot (the lowest-numbered first, at the start), or `None` when all are in use.
     pub fn take(&mut self) -> Option<u16> {
         self.free.pop()
     }
@@ -214,9 +233,11 @@ impl SlotPool {
         self.free.push(slot);
         true
     }
+    /// Slots taken and not given back.
     pub fn in_use(&self) -> usize {
         self.capacity - self.free.len()
     }
+    /// How many slots there are.
     pub fn capacity(&self) -> usize {
         self.capacity
     }

@@ -16,12 +16,15 @@ use crate::planes;
 /// An open pack: its validated index and the file.
 #[derive(Debug)]
 pub struct Pack {
+    /// Where the pack was opened from (errors name it).
     pub path: PathBuf,
+    /// The pack's header and tables, validated against the file's length.
     pub index: PackIndex,
     file: File,
 }
 
 impl Pack {
+    /// Opens the pack at `path` and validates its index ([`weightlift_format::wlpack::read`]); no chunk is read.
     pub fn open(path: &Path) -> Result<Pack, PackError> {
         let index = wlpack::read(path)?;
         let file = File::open(path).map_err(PackError::io(path))?;

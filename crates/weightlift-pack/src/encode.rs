@@ -23,6 +23,7 @@ use crate::planes;
 pub struct PackOptions {
     /// Codec for every plane that shrinks enough with it; the others are stored raw.
     pub codec: Codec,
+    /// Compression effort (see [`Level`]); [`PackOptions::validate`] checks its range for the codec.
     pub level: Level,
     /// Bytes per plane per chunk (nvCOMP's batched decoders do best with about 64 KiB).
     pub plane_chunk: u64,
@@ -81,10 +82,15 @@ impl Default for PackOptions {
 /// What was packed.
 #[derive(Clone, Debug)]
 pub struct PackSummary {
+    /// Original files the pack holds (a shard index counts as one).
     pub files: usize,
+    /// Tensors packed.
     pub tensors: usize,
+    /// Chunks written, over all tensors and files.
     pub chunks: usize,
+    /// Bytes of the original files.
     pub raw_bytes: u64,
+    /// Bytes of the pack written (header, tables and streams).
     pub pack_bytes: u64,
 }
 

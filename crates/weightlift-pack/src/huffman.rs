@@ -256,7 +256,7 @@ pub fn decode(stored: &[u8], out: &mut [u8]) -> Result<(), String> {
     let mut start = 0usize;
     for (i, e) in h.ends.chunks_exact(4).enumerate() {
         let end = u32::from_le_bytes([e[0], e[1], e[2], e[3]]) as usize;
-        if end < start || end > h.bits.len() || end % 4 != 0 {
+        if end < start || end > h.bits.len() || !end.is_multiple_of(4) {
             return Err(format!("segment {i} ends at {end} (previous {start}, {} bytes of bits)", h.bits.len()));
         }
         ranges.push(start..end);

@@ -7,6 +7,7 @@
 //! - [`Pack`], [`unpack`], [`verify`]: the CPU decoder, one chunk at a time or a whole pack back into its original
 //!   files byte for byte,
 //! - [`manifest`]: chunk checksums of plain checkpoints, for verifying later loads.
+#![deny(missing_docs)]
 #![forbid(unsafe_code)]
 
 mod codec;

@@ -24,7 +24,10 @@ pub const SUFFIX: &str = ".xxh3.json";
 pub struct Manifest {
     /// Always `xxh3-64`.
     pub checksum: String,
+    /// Bytes per checksummed chunk ([`CHUNK_BYTES`] when written by [`create`]); the last chunk of a tensor may
+    /// be shorter.
     pub chunk_bytes: u64,
+    /// Every tensor of the checkpoint, in the order its index lists them.
     pub tensors: Vec<TensorSums>,
     /// Position of each tensor by name, built on the first lookup (a manifest of a MoE model has 100 k tensors).
     #[serde(skip)]
@@ -47,10 +50,13 @@ impl Eq for NameIndex {}
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TensorSums {
+    /// The tensor's name in the checkpoint.
     pub name: String,
     /// The file (plain name) and offset the tensor was read from.
     pub file: String,
+    /// Byte offset of the tensor's data in `file`.
     pub offset: u64,
+    /// The tensor's length in bytes.
     pub nbytes: u64,
     /// xxh3-64 of each chunk, as 16 hex digits.
     pub chunks: Vec<String>,
@@ -110,6 +116,7 @@ impl TensorSums {
 }
 
 impl Manifest {
+    /// An xxh3-64 manifest of `tensors`, checksummed in chunks of `chunk_bytes`.
     pub fn new(chunk_bytes: u64, tensors: Vec<TensorSums>) -> Manifest {
         Manifest { checksum: "xxh3-64".into(), chunk_bytes, tensors, by_name: NameIndex::default() }
     }
@@ -126,6 +133,8 @@ impl Manifest {
         index.get(name).and_then(|&i| self.tensors.get(i))
     }
 
+    /// Reads the manifest at `path`. Errors: the file cannot be read ([`PackError::Io`]), is not a manifest's
+    /// JSON, or names a checksum other than xxh3-64 or zero-byte chunks ([`PackError::Invalid`]).
     pub fn read(path: &Path) -> Result<Manifest, PackError> {
         let text = std::fs::read(path).map_err(PackError::io(path))?;
         let m: Manifest = serde_json::from_slice(&text)

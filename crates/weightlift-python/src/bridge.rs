@@ -275,11 +275,11 @@ pub fn interruptible_with<T: Send>(
                     // only at its end (the queue keeps at most 1,000). A Ctrl-C may surface there, as Python code
                     // runs handing them over.
                     let stop = flush(py);
-                    if interrupted.is_none() {
-                        if let Some(e) = stop.or_else(|| py.check_signals().err()).or_else(|| tick(py).err()) {
-                            cancel.store(true, Ordering::Relaxed);
-                            interrupted = Some(e);
-                        }
+                    if interrupted.is_none()
+                        && let Some(e) = stop.or_else(|| py.check_signals().err()).or_else(|| tick(py).err())
+                    {
+                        cancel.store(true, Ordering::Relaxed);
+                        interrupted = Some(e);
                     }
                 }
             }

@@ -72,10 +72,10 @@ impl NativeBuffer {
         if copy == Some(true) {
             return Err(pyo3::exceptions::PyBufferError::new_err("weightlift buffers are exported without copying"));
         }
-        if let Some(d) = dl_device {
-            if d != self.holder.dl_device() {
-                return Err(pyo3::exceptions::PyBufferError::new_err("cannot export to another device without a copy"));
-            }
+        if let Some(d) = dl_device
+            && d != self.holder.dl_device()
+        {
+            return Err(pyo3::exceptions::PyBufferError::new_err("cannot export to another device without a copy"));
         }
         dlpack::capsule(py, &self.holder, stream.unwrap_or(0).max(0) as usize)
     }

@@ -166,23 +166,21 @@ pub(crate) fn aws_profile(mut builder: object_store::aws::AmazonS3Builder) -> ob
     let from_config = ini_section(&config, &config_section);
     let keys_in_env = env("AWS_ACCESS_KEY_ID").is_some();
     let get = |k: &str| from_credentials.get(k).or_else(|| from_config.get(k)).cloned();
-    if !keys_in_env {
-        if let (Some(id), Some(secret)) = (get("aws_access_key_id"), get("aws_secret_access_key")) {
-            builder = builder.with_config(K::AccessKeyId, id).with_config(K::SecretAccessKey, secret);
-            if let Some(token) = get("aws_session_token") {
-                builder = builder.with_config(K::Token, token);
-            }
+    if !keys_in_env && let (Some(id), Some(secret)) = (get("aws_access_key_id"), get("aws_secret_access_key")) {
+        builder = builder.with_config(K::AccessKeyId, id).with_config(K::SecretAccessKey, secret);
+        if let Some(token) = get("aws_session_token") {
+            builder = builder.with_config(K::Token, token);
         }
     }
-    if env("AWS_REGION").or_else(|| env("AWS_DEFAULT_REGION")).is_none() {
-        if let Some(region) = get("region") {
-            builder = builder.with_config(K::Region, region);
-        }
+    if env("AWS_REGION").or_else(|| env("AWS_DEFAULT_REGION")).is_none()
+        && let Some(region) = get("region")
+    {
+        builder = builder.with_config(K::Region, region);
     }
-    if env("AWS_ENDPOINT_URL").or_else(|| env("AWS_ENDPOINT")).or_else(|| env("AWS_ENDPOINT_URL_S3")).is_none() {
-        if let Some(endpoint) = get("endpoint_url") {
-            builder = builder.with_config(K::Endpoint, endpoint);
-        }
+    if env("AWS_ENDPOINT_URL").or_else(|| env("AWS_ENDPOINT")).or_else(|| env("AWS_ENDPOINT_URL_S3")).is_none()
+        && let Some(endpoint) = get("endpoint_url")
+    {
+        builder = builder.with_config(K::Endpoint, endpoint);
     }
     builder
 }
@@ -204,10 +202,8 @@ fn parse_ini_section(text: &str, name: &str) -> HashMap<String, String> {
             inside = section.trim() == name;
             continue;
         }
-        if inside {
-            if let Some((k, v)) = line.split_once('=') {
-                out.insert(k.trim().to_ascii_lowercase(), v.trim().to_string());
-            }
+        if inside && let Some((k, v)) = line.split_once('=') {
+            out.insert(k.trim().to_ascii_lowercase(), v.trim().to_string());
         }
     }
     out

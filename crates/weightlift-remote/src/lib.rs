@@ -15,6 +15,7 @@
 //!
 //! The runtime and the clients (one per bucket or host, each with its connection pool) are process-wide: they
 //! are created on first use and live as long as the process.
+#![deny(missing_docs)]
 
 mod client;
 mod error;

@@ -105,6 +105,7 @@ impl Object {
         }
     }
 
+    /// The URL the object was opened with.
     pub fn url(&self) -> &str {
         &self.url
     }
@@ -114,6 +115,7 @@ impl Object {
         self.len
     }
 
+    /// Whether the object had no bytes when it was opened.
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
@@ -123,6 +125,7 @@ impl Object {
         self.etag.as_deref()
     }
 
+    /// This object's requests so far (all its reads, through every handle to it).
     pub fn stats(&self) -> Stats {
         let c = &self.counters;
         Stats {
@@ -234,10 +237,10 @@ impl Object {
         };
         let got = self.store.get_opts(&self.path, options).await.map_err(|e| self.classify(e))?;
         let changed = |now: String| Failure::Fatal(self.changed(now));
-        if let (Some(was), Some(now)) = (&self.etag, &got.meta.e_tag) {
-            if was != now {
-                return Err(changed(now.clone()));
-            }
+        if let (Some(was), Some(now)) = (&self.etag, &got.meta.e_tag)
+            && was != now
+        {
+            return Err(changed(now.clone()));
         }
         if got.meta.size != self.len {
             return Err(changed(format!("a {}-byte object", got.meta.size)));
@@ -367,6 +370,7 @@ impl Head {
         Ok(Head { object, window: Mutex::new((0, bytes)) })
     }
 
+    /// The object the header is read from.
     pub fn object(&self) -> &Arc<Object> {
         &self.object
     }

@@ -61,7 +61,7 @@ impl BlockDevice {
                 path.display()
             )));
         }
-        if is_block_device && block_size % native != 0 {
+        if is_block_device && !block_size.is_multiple_of(native) {
             return Err(Error::InvalidArgument(format!(
                 "{}: block size {block_size} is not a multiple of the device's logical block size {native}",
                 path.display()

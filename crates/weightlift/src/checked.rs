@@ -55,10 +55,11 @@ impl Watch {
             let d = p.dest as usize;
             let (Some(count), Some(&len)) = (self.landed.get(d), self.lens.get(d)) else { continue };
             let before = count.fetch_add(p.len, Ordering::AcqRel);
-            if before < len && before + p.len >= len {
-                if let Some(tx) = self.tx.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
-                    let _ = tx.send(d);
-                }
+            if before < len
+                && before + p.len >= len
+                && let Some(tx) = self.tx.lock().unwrap_or_else(|e| e.into_inner()).as_ref()
+            {
+                let _ = tx.send(d);
             }
         }
     }
@@ -181,10 +182,11 @@ impl<'a> GpuChecker<'a> {
                 bytes = 0;
             }
         }
-        if self.first_error.is_none() && !round.is_empty() {
-            if let Err(e) = self.launch(&round, address) {
-                self.first_error = Some(e);
-            }
+        if self.first_error.is_none()
+            && !round.is_empty()
+            && let Err(e) = self.launch(&round, address)
+        {
+            self.first_error = Some(e);
         }
         while !self.in_flight.is_empty() {
             self.harvest(true);

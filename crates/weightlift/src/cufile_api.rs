@@ -286,7 +286,7 @@ impl Session {
     /// An O_DIRECT handle takes block-aligned file offsets and sizes only (the memory side is staged, so any
     /// address works).
     fn check_alignment(f: &FileEntry, file_offset: u64, size: u64) -> Result<()> {
-        if f.mode.direct && (file_offset % f.block != 0 || size % f.block != 0) {
+        if f.mode.direct && (!file_offset.is_multiple_of(f.block) || !size.is_multiple_of(f.block)) {
             return Err(Error::InvalidArgument(format!(
                 "{}: misaligned O_DIRECT request (file offset {file_offset}, size {size}; the block is {} bytes)",
                 f.path.display(),

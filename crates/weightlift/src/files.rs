@@ -54,10 +54,10 @@ impl FileCache {
     fn open_as(&self, path: &Path, want_direct: bool, devices: bool) -> Result<Arc<OpenFile>> {
         let id = identity(path)?;
         let mut open = self.open.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some((known, f)) = open.get(path) {
-            if *known == id {
-                return Ok(f.clone());
-            }
+        if let Some((known, f)) = open.get(path)
+            && *known == id
+        {
+            return Ok(f.clone());
         }
         let f = Arc::new(if devices {
             OpenFile::open_device(path, want_direct)?

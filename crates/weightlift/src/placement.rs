@@ -53,7 +53,7 @@ pub fn pack_aligned(entries: &[&TensorEntry], align: Option<u64>) -> Placement {
     let mut open: Option<usize> = None;
     for i in order {
         let t = entries[i];
-        let aligned = t.offset % element_align(t.dtype) == 0;
+        let aligned = t.offset.is_multiple_of(element_align(t.dtype));
         if t.nbytes >= SMALL_TENSOR || !aligned {
             out.tensors[i] = (out.blocks.len(), 0);
             out.blocks.push(Block { file: t.file, start: t.offset, len: t.nbytes });
@@ -63,7 +63,7 @@ pub fn pack_aligned(entries: &[&TensorEntry], align: Option<u64>) -> Placement {
             let blk = &mut out.blocks[b];
             let end = blk.start + blk.len;
             // Entries come in file order, so `t.offset >= blk.start`.
-            let fits = align.is_none_or(|a| (t.offset - blk.start) % a == 0);
+            let fits = align.is_none_or(|a| (t.offset - blk.start).is_multiple_of(a));
             if blk.file == t.file && t.offset <= end + GAP_MAX && t.end() - blk.start <= BLOCK_MAX && fits {
                 blk.len = blk.len.max(t.end() - blk.start);
                 out.tensors[i] = (b, t.offset - blk.start);

@@ -329,10 +329,10 @@ impl Settings {
     pub fn resolve(overrides: &Overrides) -> Result<Settings> {
         let mut s = Settings::default();
         for doc in SETTINGS {
-            if let Ok(v) = std::env::var(doc.env) {
-                if !v.trim().is_empty() {
-                    s.set_text(doc.name, v.trim(), Source::Env).map_err(|reason| invalid(doc.env, &v, reason))?;
-                }
+            if let Ok(v) = std::env::var(doc.env)
+                && !v.trim().is_empty()
+            {
+                s.set_text(doc.name, v.trim(), Source::Env).map_err(|reason| invalid(doc.env, &v, reason))?;
             }
         }
         for (name, text) in &overrides.0 {

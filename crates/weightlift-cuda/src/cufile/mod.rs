@@ -59,9 +59,13 @@ pub enum CufileMode {
 #[derive(Clone)]
 pub struct Cufile {
     api: Api,
+    /// The driver's properties (`cuFileDriverGetProperties`).
     pub props: DriverProps,
+    /// Whether data moves peer-to-peer or through cuFile's compat path, and why.
     pub mode: CufileMode,
+    /// The library file that was loaded.
     pub library: String,
+    /// cuFile's version as `cuFileGetVersion` reports it (e.g. 1150 for 1.15), where the library has that call.
     pub version: Option<i32>,
 }
 
@@ -126,6 +130,7 @@ unsafe impl Send for CufileHandle {}
 unsafe impl Sync for CufileHandle {}
 
 impl Cufile {
+    /// Whether data moves between storage and GPU memory peer-to-peer ([`CufileMode::PeerToPeer`]).
     pub fn is_peer_to_peer(&self) -> bool {
         matches!(self.mode, CufileMode::PeerToPeer(_))
     }

@@ -10,7 +10,9 @@ use crate::library::sym;
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RawStatus {
+    /// The `CUfileOpError` (0 for success; 5000 and up for failures).
     pub err: u32,
+    /// The `CUresult` of the CUDA call that failed, where `err` is a CUDA driver error.
     pub cu_err: u32,
 }
 
@@ -31,21 +33,34 @@ pub(crate) struct Descr {
 /// `CU_FILE_HANDLE_TYPE_OPAQUE_FD`.
 pub(crate) const HANDLE_TYPE_FD: u32 = 1;
 
-/// `CUfileDrvProps_t` (cuFile 1.1 and later).
+/// `CUfileDrvProps_t` (cuFile 1.1 and later), as `cuFileDriverGetProperties` fills it. Sizes are in KiB, the unit
+/// of cuFile's matching setters (`cuFileDriverSetMaxDirectIOSize`, say).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct DriverProps {
+    /// nvidia-fs driver major version (0 where it is not loaded).
     pub nvfs_major: u32,
+    /// nvidia-fs driver minor version.
     pub nvfs_minor: u32,
+    /// Largest I/O, in KiB, that cuFile completes by polling rather than waiting (when polling is on).
     pub poll_thresh_size: usize,
+    /// Largest single direct I/O, in KiB; cuFile splits larger requests.
     pub max_direct_io_size: usize,
+    /// `CUfileDriverStatusFlags_t` bits: the storage kinds supported (NVMe, NVMe-oF, NFS, Lustre, ...).
     pub dstatusflags: u32,
+    /// `CUfileDriverControlFlags_t` bits: poll mode, compat mode allowed, POSIX I/O mode.
     pub dcontrolflags: u32,
+    /// `CUfileFeatureFlags_t` bits: dynamic routing, batch I/O, streams, parallel I/O, PCI P2PDMA.
     pub fflags: u32,
+    /// GPU memory per device cuFile may use for its own bounce buffers, in KiB.
     pub max_device_cache_size: u32,
+    /// Size of each of those bounce buffers, in KiB.
     pub per_buffer_cache_size: u32,
+    /// Device memory cuFile may keep pinned (registered buffers included), in KiB.
     pub max_device_pinned_mem_size: u32,
+    /// Most entries one batch I/O may hold.
     pub max_batch_io_size: u32,
+    /// Batch I/O timeout in milliseconds.
     pub max_batch_io_timeout_msecs: u32,
 }
 

@@ -43,6 +43,7 @@ pub enum NvCodec {
 }
 
 impl NvCodec {
+    /// Every codec, in declaration order.
     pub const ALL: [NvCodec; 7] = [
         NvCodec::Zstd,
         NvCodec::Lz4,
@@ -66,6 +67,7 @@ impl NvCodec {
         }
     }
 
+    /// The codec's lowercase name, as weightlift's settings and reports spell it (`zstd`, `lz4`, ...).
     pub fn name(self) -> &'static str {
         match self {
             NvCodec::Zstd => "zstd",
@@ -78,6 +80,7 @@ impl NvCodec {
         }
     }
 
+    /// The codec [`NvCodec::name`] calls `name`, ignoring case; `None` for any other name.
     pub fn parse(name: &str) -> Option<NvCodec> {
         NvCodec::ALL.into_iter().find(|c| c.name().eq_ignore_ascii_case(name))
     }

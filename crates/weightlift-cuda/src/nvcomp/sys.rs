@@ -29,8 +29,11 @@ impl Opts {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Alignments {
+    /// Alignment in bytes each compressed input must start at.
     pub input: usize,
+    /// Alignment in bytes each decompressed output must start at.
     pub output: usize,
+    /// Alignment in bytes of the temporary buffer.
     pub temp: usize,
 }
 

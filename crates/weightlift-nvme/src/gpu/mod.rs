@@ -53,6 +53,7 @@ pub enum Tier {
 /// How the GPU path is laid out.
 #[derive(Clone, Debug)]
 pub struct GpuOptions {
+    /// Where the data lands first: pinned host memory, or device memory.
     pub tier: Tier,
     /// Queue pairs, one thread block each.
     pub queue_pairs: u16,
@@ -98,7 +99,7 @@ impl Mapped {
 
     /// `T` at byte `offset`, for the host.
     fn at<T>(&self, offset: usize) -> Option<*mut T> {
-        let fits = offset % std::mem::align_of::<T>() == 0
+        let fits = offset.is_multiple_of(std::mem::align_of::<T>())
             && offset.checked_add(std::mem::size_of::<T>()).is_some_and(|end| end <= self.mem.len());
         // SAFETY: in bounds, checked above.
         fits.then(|| unsafe { self.mem.as_ptr().cast_mut().add(offset) }.cast())
@@ -177,7 +178,7 @@ impl GpuLoader {
                 format!("{} pairs of {} entries (1.. pairs of 2..={max_entries})", opts.queue_pairs, opts.entries),
             ));
         }
-        if opts.threads_per_block == 0 || opts.threads_per_block % 32 != 0 || opts.threads_per_block > 1024 {
+        if opts.threads_per_block == 0 || !opts.threads_per_block.is_multiple_of(32) || opts.threads_per_block > 1024 {
             return Err(NvmeError::invalid(
                 "threads per block",
                 format!("{} (a multiple of 32 up to 1024)", opts.threads_per_block),
@@ -318,10 +319,12 @@ impl GpuLoader {
         })
     }
 
+    /// The tier the loader was built for.
     pub fn tier(&self) -> Tier {
         self.opts.tier
     }
 
+    /// I/O queue pairs the kernels drive (one thread block each).
     pub fn queue_pairs(&self) -> usize {
         self.queues.len()
     }

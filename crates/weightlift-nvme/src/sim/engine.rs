@@ -162,7 +162,7 @@ impl SimShared {
     }
 
     fn reg_atomic(&self, offset: usize) -> Option<&AtomicU32> {
-        if offset % 4 != 0 || offset + 4 > self.regs_len {
+        if !offset.is_multiple_of(4) || offset + 4 > self.regs_len {
             return None;
         }
         // SAFETY: in bounds and aligned within the page this struct owns; every access to the page is atomic (the

@@ -108,7 +108,7 @@ impl Iommu {
 
     /// An aligned dword of host memory, loaded atomically (queue entries the host or a GPU wrote).
     pub fn load_u32(&self, addr: u64) -> Option<u32> {
-        if addr % 4 != 0 {
+        if !addr.is_multiple_of(4) {
             return None;
         }
         let (v, _) = self.access(addr, 4, |r, n| match r {
@@ -122,7 +122,7 @@ impl Iommu {
 
     /// An aligned qword of host memory (a PRP list entry).
     pub fn load_u64(&self, addr: u64) -> Option<u64> {
-        if addr % 8 != 0 {
+        if !addr.is_multiple_of(8) {
             return None;
         }
         let (v, _) = self.access(addr, 8, |r, n| match r {
@@ -136,7 +136,7 @@ impl Iommu {
 
     /// Stores an aligned dword of host memory (completion entries) with the given ordering.
     pub fn store_u32(&self, addr: u64, value: u32, order: Ordering) -> bool {
-        if addr % 4 != 0 {
+        if !addr.is_multiple_of(4) {
             return false;
         }
         let r = self.access(addr, 4, |r, n| match r {

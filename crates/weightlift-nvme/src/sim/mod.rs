@@ -61,17 +61,24 @@ impl Default for SoftConfig {
 /// completes with `status` and moves no data.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Fault {
+    /// The logical block that triggers it.
     pub lba: u64,
+    /// The status such commands complete with.
     pub status: Status,
+    /// The kind of command it applies to; `None` for every I/O command.
     pub op: Option<IoOpcode>,
 }
 
 /// Counters of what the controller did.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct SoftStats {
+    /// I/O commands executed (failed ones included).
     pub io_commands: u64,
+    /// Admin commands executed.
     pub admin_commands: u64,
+    /// Bytes read commands moved from the backing file into memory.
     pub bytes_read: u64,
+    /// Bytes write commands moved from memory into the backing file.
     pub bytes_written: u64,
 }
 
@@ -145,6 +152,7 @@ impl SoftNvme {
         self.bus.clone()
     }
 
+    /// The backing file.
     pub fn path(&self) -> &Path {
         &self.shared.path
     }
@@ -154,14 +162,17 @@ impl SoftNvme {
         self.shared.faults.lock().unwrap_or_else(|p| p.into_inner()).push(fault);
     }
 
+    /// Removes every injected failure.
     pub fn clear_faults(&self) {
         self.shared.faults.lock().unwrap_or_else(|p| p.into_inner()).clear();
     }
 
+    /// Sets the delay between fetching a command and posting its completion, for commands fetched from now on.
     pub fn set_latency(&self, latency: Duration) {
         self.shared.latency_ns.store(latency.as_nanos().min(u128::from(u64::MAX)) as u64, Ordering::Relaxed);
     }
 
+    /// What the controller has done so far.
     pub fn stats(&self) -> SoftStats {
         self.shared.stats()
     }

@@ -16,12 +16,16 @@ pub const FEATURE_NUMBER_OF_QUEUES: u8 = 0x07;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[repr(u8)]
 pub enum IoOpcode {
+    /// Commit volatile write cache contents to the medium.
     Flush = 0x00,
+    /// Write logical blocks from host (or device) memory.
     Write = 0x01,
+    /// Read logical blocks into memory.
     Read = 0x02,
 }
 
 impl IoOpcode {
+    /// The opcode with value `v`, if it is one of these.
     pub fn from_u8(v: u8) -> Option<IoOpcode> {
         Some(match v {
             0x00 => IoOpcode::Flush,
@@ -46,16 +50,24 @@ impl fmt::Display for IoOpcode {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[repr(u8)]
 pub enum AdminOpcode {
+    /// Delete I/O Submission Queue.
     DeleteIoSq = 0x00,
+    /// Create I/O Submission Queue.
     CreateIoSq = 0x01,
+    /// Delete I/O Completion Queue.
     DeleteIoCq = 0x04,
+    /// Create I/O Completion Queue.
     CreateIoCq = 0x05,
+    /// Identify (controller or namespace data structures).
     Identify = 0x06,
+    /// Set Features.
     SetFeatures = 0x09,
+    /// Get Features.
     GetFeatures = 0x0A,
 }
 
 impl AdminOpcode {
+    /// The opcode with value `v`, if it is one of these.
     pub fn from_u8(v: u8) -> Option<AdminOpcode> {
         Some(match v {
             0x00 => AdminOpcode::DeleteIoSq,
@@ -69,6 +81,7 @@ impl AdminOpcode {
         })
     }
 
+    /// The command's name as the specification spells it ("Create I/O Completion Queue").
     pub fn name(self) -> &'static str {
         match self {
             AdminOpcode::DeleteIoSq => "Delete I/O Submission Queue",
@@ -86,27 +99,42 @@ impl AdminOpcode {
 /// 4-7 NSID, 8-15 CDW2-3, 16-23 MPTR, 24-31 PRP1, 32-39 PRP2, 40-63 CDW10-15.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct SubmissionEntry {
+    /// Opcode, CDW0 bits 7:0 (an [`IoOpcode`] or [`AdminOpcode`] value).
     pub opcode: u8,
     /// Fused operation, CDW0 bits 9:8.
     pub fuse: u8,
     /// PRP or SGL for Data Transfer, CDW0 bits 15:14 (0: PRPs).
     pub psdt: u8,
+    /// Command Identifier, CDW0 bits 31:16: unique among the queue's commands in flight, echoed in the completion.
     pub cid: u16,
+    /// Namespace Identifier (0 where the command concerns none).
     pub nsid: u32,
+    /// Command Dword 2 (command-specific).
     pub cdw2: u32,
+    /// Command Dword 3 (command-specific).
     pub cdw3: u32,
+    /// Metadata Pointer (unused by weightlift: namespaces without metadata).
     pub mptr: u64,
+    /// PRP Entry 1: bus address of the data (or its first page).
     pub prp1: u64,
+    /// PRP Entry 2: the second page, or the bus address of a PRP list (see [`crate::prp`]).
     pub prp2: u64,
+    /// Command Dword 10 (for Read and Write: the starting LBA's low 32 bits).
     pub cdw10: u32,
+    /// Command Dword 11 (for Read and Write: the starting LBA's high 32 bits).
     pub cdw11: u32,
+    /// Command Dword 12 (for Read and Write: the number of blocks, 0's based, in bits 15:0).
     pub cdw12: u32,
+    /// Command Dword 13 (command-specific).
     pub cdw13: u32,
+    /// Command Dword 14 (command-specific).
     pub cdw14: u32,
+    /// Command Dword 15 (command-specific).
     pub cdw15: u32,
 }
 
 impl SubmissionEntry {
+    /// Command Dword 0 as encoded: opcode, FUSE, PSDT and CID in their bits.
     pub fn cdw0(&self) -> u32 {
         u32::from(self.opcode)
             | (u32::from(self.fuse & 0x3) << 8)
@@ -114,6 +142,7 @@ impl SubmissionEntry {
             | (u32::from(self.cid) << 16)
     }
 
+    /// The entry as its sixteen dwords, in order.
     pub fn to_dwords(&self) -> [u32; 16] {
         [
             self.cdw0(),
@@ -135,6 +164,7 @@ impl SubmissionEntry {
         ]
     }
 
+    /// The entry the sixteen dwords `d` encode (the inverse of [`SubmissionEntry::to_dwords`]).
     pub fn from_dwords(d: [u32; 16]) -> SubmissionEntry {
         let q = |lo: u32, hi: u32| u64::from(lo) | (u64::from(hi) << 32);
         SubmissionEntry {
@@ -157,6 +187,7 @@ impl SubmissionEntry {
         }
     }
 
+    /// The entry's 64 bytes as a controller reads them from the queue (little-endian dwords).
     pub fn to_bytes(&self) -> [u8; SQE_BYTES] {
         let mut b = [0u8; SQE_BYTES];
         for (i, d) in self.to_dwords().iter().enumerate() {
@@ -165,6 +196,7 @@ impl SubmissionEntry {
         b
     }
 
+    /// The entry encoded in the 64 bytes `b` (the inverse of [`SubmissionEntry::to_bytes`]).
     pub fn from_bytes(b: &[u8; SQE_BYTES]) -> SubmissionEntry {
         let mut d = [0u32; 16];
         for (i, w) in d.iter_mut().enumerate() {
@@ -194,6 +226,7 @@ impl SubmissionEntry {
         })
     }
 
+    /// Flush of namespace `nsid`.
     pub fn flush(cid: u16, nsid: u32) -> SubmissionEntry {
         SubmissionEntry { opcode: IoOpcode::Flush as u8, cid, nsid, ..Default::default() }
     }
@@ -235,18 +268,22 @@ impl SubmissionEntry {
         }
     }
 
+    /// Delete I/O Submission Queue `qid`.
     pub fn delete_io_sq(cid: u16, qid: u16) -> SubmissionEntry {
         SubmissionEntry { opcode: AdminOpcode::DeleteIoSq as u8, cid, cdw10: u32::from(qid), ..Default::default() }
     }
 
+    /// Delete I/O Completion Queue `qid` (its submission queues first).
     pub fn delete_io_cq(cid: u16, qid: u16) -> SubmissionEntry {
         SubmissionEntry { opcode: AdminOpcode::DeleteIoCq as u8, cid, cdw10: u32::from(qid), ..Default::default() }
     }
 
+    /// Get Features of Feature Identifier `fid` (current value).
     pub fn get_features(cid: u16, fid: u8) -> SubmissionEntry {
         SubmissionEntry { opcode: AdminOpcode::GetFeatures as u8, cid, cdw10: u32::from(fid), ..Default::default() }
     }
 
+    /// Set Features: Feature Identifier `fid` to the value `cdw11` carries.
     pub fn set_features(cid: u16, fid: u8, cdw11: u32) -> SubmissionEntry {
         SubmissionEntry {
             opcode: AdminOpcode::SetFeatures as u8,
@@ -258,11 +295,16 @@ impl SubmissionEntry {
     }
 }
 
-/// An I/O command as a controller understands it.
+/// An I/O command as a controller understands it. The fields are the entry's, decoded: `nsid` the namespace,
+/// `slba` the first logical block, `nlb` the number of blocks (1-based here), `prp1`/`prp2` the data's PRP entries.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[allow(missing_docs)] // the fields: as above
 pub enum IoCommand {
+    /// Read `nlb` blocks from `slba` into the memory the PRPs describe.
     Read { nsid: u32, slba: u64, nlb: u32, prp1: u64, prp2: u64 },
+    /// Write `nlb` blocks at `slba` from the memory the PRPs describe.
     Write { nsid: u32, slba: u64, nlb: u32, prp1: u64, prp2: u64 },
+    /// Flush the namespace's volatile write cache.
     Flush { nsid: u32 },
 }
 
@@ -282,15 +324,26 @@ pub fn parse_io(e: &SubmissionEntry) -> Result<IoCommand, Status> {
     })
 }
 
-/// An admin command as a controller understands it.
+/// An admin command as a controller understands it. The fields are the entry's, decoded: `qid` a queue's id, `cqid`
+/// the completion queue a submission queue posts to, `entries` a queue's size (1-based here), `prp1`/`prp2` PRP
+/// entries (a queue's memory, or the Identify page), `contiguous` and `interrupts` the PC and IEN flags, `cns` the
+/// Controller or Namespace Structure Identify returns, `fid` a Feature Identifier and `cdw11` its value.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[allow(missing_docs)] // the fields: as above
 pub enum AdminCommand {
+    /// Identify: the `cns` structure (of namespace `nsid` where it is one) into the page at `prp1`.
     Identify { cns: u8, nsid: u32, prp1: u64, prp2: u64 },
+    /// Create I/O Completion Queue `qid`.
     CreateIoCq { qid: u16, entries: u32, prp1: u64, contiguous: bool, interrupts: bool },
+    /// Create I/O Submission Queue `qid`, completing into `cqid`.
     CreateIoSq { qid: u16, entries: u32, cqid: u16, prp1: u64, contiguous: bool },
+    /// Delete I/O Submission Queue `qid`.
     DeleteIoSq { qid: u16 },
+    /// Delete I/O Completion Queue `qid`.
     DeleteIoCq { qid: u16 },
+    /// Get Features `fid`.
     GetFeatures { fid: u8 },
+    /// Set Features `fid` to `cdw11`.
     SetFeatures { fid: u8, cdw11: u32 },
 }
 

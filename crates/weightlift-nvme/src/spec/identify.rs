@@ -77,6 +77,7 @@ fn check_len(b: &[u8], what: &'static str) -> Result<(), NvmeError> {
 }
 
 impl IdentifyController {
+    /// The 4096-byte Identify Controller page, these fields at their offsets and the rest zero.
     pub fn to_bytes(&self) -> Vec<u8> {
         let mut b = vec![0u8; IDENTIFY_BYTES];
         put(&mut b, 0, &self.vid.to_le_bytes());
@@ -97,6 +98,7 @@ impl IdentifyController {
         b
     }
 
+    /// Reads the fields from an Identify Controller page; [`NvmeError::Invalid`] if `b` is shorter than 4096 bytes.
     pub fn from_bytes(b: &[u8]) -> Result<IdentifyController, NvmeError> {
         check_len(b, "identify controller data")?;
         Ok(IdentifyController {
@@ -130,8 +132,11 @@ impl IdentifyController {
 /// One LBA Format (4 bytes): metadata size bits 15:0, LBA data size (log2) bits 23:16, relative performance 25:24.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct LbaFormat {
+    /// Metadata Size: bytes of metadata per block (weightlift reads only formats without).
     pub ms: u16,
+    /// LBA Data Size: a block is 2 ^ `lbads` bytes (9 for 512, 12 for 4096).
     pub lbads: u8,
+    /// Relative Performance (0 best to 3 degraded).
     pub rp: u8,
 }
 
@@ -174,6 +179,7 @@ impl IdentifyNamespace {
         }
     }
 
+    /// The 4096-byte Identify Namespace page, these fields at their offsets (at most 16 formats) and the rest zero.
     pub fn to_bytes(&self) -> Vec<u8> {
         let mut b = vec![0u8; IDENTIFY_BYTES];
         put(&mut b, 0, &self.nsze.to_le_bytes());
@@ -188,6 +194,7 @@ impl IdentifyNamespace {
         b
     }
 
+    /// Reads the fields from an Identify Namespace page; [`NvmeError::Invalid`] if `b` is shorter than 4096 bytes.
     pub fn from_bytes(b: &[u8]) -> Result<IdentifyNamespace, NvmeError> {
         check_len(b, "identify namespace data")?;
         let nlbaf = usize::from(b[25]).min(15) + 1;

@@ -6,8 +6,9 @@ pub mod reg {
     pub const CAP: usize = 0x00;
     /// Version.
     pub const VS: usize = 0x08;
-    /// Interrupt Mask Set / Clear (unused: weightlift polls).
+    /// Interrupt Mask Set (unused: weightlift polls).
     pub const INTMS: usize = 0x0C;
+    /// Interrupt Mask Clear (unused: weightlift polls).
     pub const INTMC: usize = 0x10;
     /// Controller Configuration.
     pub const CC: usize = 0x14;
@@ -99,13 +100,17 @@ impl Cap {
 pub struct Version(pub u32);
 
 impl Version {
+    /// NVMe 2.0.0.
     pub const V2_0: Version = Version(0x0002_0000);
+    /// Major version (bits 31:16).
     pub fn major(self) -> u16 {
         (self.0 >> 16) as u16
     }
+    /// Minor version (bits 15:8).
     pub fn minor(self) -> u8 {
         (self.0 >> 8) as u8
     }
+    /// Tertiary version (bits 7:0).
     pub fn tertiary(self) -> u8 {
         self.0 as u8
     }
@@ -151,6 +156,7 @@ impl Cc {
         bits32(self.0, 20, 4) as u8
     }
 
+    /// The same configuration with Enable set to `en`.
     pub fn with_en(self, en: bool) -> Cc {
         Cc(set32(self.0, 0, 1, u32::from(en)))
     }
@@ -172,7 +178,9 @@ impl Cc {
 pub struct Csts(pub u32);
 
 impl Csts {
+    /// Ready bit (0).
     pub const RDY: u32 = 1;
+    /// Controller Fatal Status bit (1).
     pub const CFS: u32 = 1 << 1;
     /// Ready.
     pub fn rdy(self) -> bool {
@@ -198,9 +206,11 @@ impl Aqa {
         let ok = |n: u16| (2..=4096).contains(&n);
         (ok(sq_entries) && ok(cq_entries)).then(|| Aqa(u32::from(sq_entries - 1) | (u32::from(cq_entries - 1) << 16)))
     }
+    /// Admin Submission Queue entries (1-based).
     pub fn sq_entries(self) -> u32 {
         bits32(self.0, 0, 12) + 1
     }
+    /// Admin Completion Queue entries (1-based).
     pub fn cq_entries(self) -> u32 {
         bits32(self.0, 16, 12) + 1
     }

@@ -11,10 +11,15 @@ pub const CQE_BYTES: usize = 16;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[repr(u8)]
 pub enum StatusCodeType {
+    /// Generic command status: codes any command may return.
     Generic = 0,
+    /// Command-specific status: meaning depends on the opcode.
     CommandSpecific = 1,
+    /// Media and data integrity errors.
     MediaAndDataIntegrity = 2,
+    /// Path-related status (multipath, fabrics).
     PathRelated = 3,
+    /// Vendor-specific status.
     VendorSpecific = 7,
 }
 
@@ -24,25 +29,44 @@ pub enum StatusCodeType {
 pub struct Status(u16);
 
 impl Status {
+    /// Successful Completion (generic status 0x00).
     pub const SUCCESS: Status = Status::new(StatusCodeType::Generic, 0x00);
+    /// Invalid Command Opcode (generic status 0x01).
     pub const INVALID_OPCODE: Status = Status::new(StatusCodeType::Generic, 0x01);
+    /// Invalid Field in Command (generic status 0x02).
     pub const INVALID_FIELD: Status = Status::new(StatusCodeType::Generic, 0x02);
+    /// Command ID Conflict (generic status 0x03).
     pub const COMMAND_ID_CONFLICT: Status = Status::new(StatusCodeType::Generic, 0x03);
+    /// Data Transfer Error (generic status 0x04).
     pub const DATA_TRANSFER_ERROR: Status = Status::new(StatusCodeType::Generic, 0x04);
+    /// Internal Error (generic status 0x06).
     pub const INTERNAL_ERROR: Status = Status::new(StatusCodeType::Generic, 0x06);
+    /// Command Aborted due to SQ Deletion (generic status 0x08).
     pub const ABORTED_SQ_DELETION: Status = Status::new(StatusCodeType::Generic, 0x08);
+    /// Invalid Namespace or Format (generic status 0x0B).
     pub const INVALID_NAMESPACE: Status = Status::new(StatusCodeType::Generic, 0x0B);
+    /// PRP Offset Invalid (generic status 0x13).
     pub const PRP_OFFSET_INVALID: Status = Status::new(StatusCodeType::Generic, 0x13);
+    /// Namespace is Write Protected (generic status 0x20).
     pub const NAMESPACE_WRITE_PROTECTED: Status = Status::new(StatusCodeType::Generic, 0x20);
+    /// LBA Out of Range (generic status 0x80).
     pub const LBA_OUT_OF_RANGE: Status = Status::new(StatusCodeType::Generic, 0x80);
+    /// Capacity Exceeded (generic status 0x81).
     pub const CAPACITY_EXCEEDED: Status = Status::new(StatusCodeType::Generic, 0x81);
+    /// Completion Queue Invalid (command-specific status 0x00).
     pub const COMPLETION_QUEUE_INVALID: Status = Status::new(StatusCodeType::CommandSpecific, 0x00);
+    /// Invalid Queue Identifier (command-specific status 0x01).
     pub const INVALID_QUEUE_IDENTIFIER: Status = Status::new(StatusCodeType::CommandSpecific, 0x01);
+    /// Invalid Queue Size (command-specific status 0x02).
     pub const INVALID_QUEUE_SIZE: Status = Status::new(StatusCodeType::CommandSpecific, 0x02);
+    /// Invalid Queue Deletion (command-specific status 0x0C).
     pub const INVALID_QUEUE_DELETION: Status = Status::new(StatusCodeType::CommandSpecific, 0x0C);
+    /// Write Fault (media and data integrity status 0x80).
     pub const WRITE_FAULT: Status = Status::new(StatusCodeType::MediaAndDataIntegrity, 0x80);
+    /// Unrecovered Read Error (media and data integrity status 0x81).
     pub const UNRECOVERED_READ_ERROR: Status = Status::new(StatusCodeType::MediaAndDataIntegrity, 0x81);
 
+    /// Status Code `sc` of type `sct`, with CRD, More and DNR clear.
     pub const fn new(sct: StatusCodeType, sc: u8) -> Status {
         Status(((sct as u16) << 8) | sc as u16)
     }
@@ -52,6 +76,7 @@ impl Status {
         Status(raw & 0x7FFF)
     }
 
+    /// The 15-bit field as it sits in DW3 bits 31:17.
     pub const fn raw(self) -> u16 {
         self.0
     }
@@ -71,6 +96,7 @@ impl Status {
         self.0 & (1 << 14) != 0
     }
 
+    /// The same status with Do Not Retry set.
     pub const fn with_dnr(self) -> Status {
         Status(self.0 | (1 << 14))
     }
@@ -133,20 +159,22 @@ impl fmt::Debug for Status {
 pub struct CompletionEntry {
     /// DW0: command specific (Set Features returns the allocated queue counts here).
     pub dw0: u32,
+    /// DW1: command specific (reserved for the commands weightlift issues).
     pub dw1: u32,
     /// DW2 bits 15:0: where the controller's SQ head stands.
     pub sq_head: u16,
-    /// DW2 bits 31:16.
+    /// DW2 bits 31:16: the submission queue the command came from.
     pub sq_id: u16,
-    /// DW3 bits 15:0.
+    /// DW3 bits 15:0: the command's identifier, as submitted.
     pub cid: u16,
     /// DW3 bit 16: the phase tag, inverted by the controller on every pass through the queue.
     pub phase: bool,
-    /// DW3 bits 31:17.
+    /// DW3 bits 31:17: how the command ended.
     pub status: Status,
 }
 
 impl CompletionEntry {
+    /// The entry as its four dwords, in order.
     pub fn to_dwords(&self) -> [u32; 4] {
         [
             self.dw0,
@@ -156,6 +184,7 @@ impl CompletionEntry {
         ]
     }
 
+    /// The entry the four dwords `d` encode.
     pub fn from_dwords(d: [u32; 4]) -> CompletionEntry {
         CompletionEntry {
             dw0: d[0],
@@ -173,6 +202,7 @@ impl CompletionEntry {
         u32::from(cid) | (u32::from(phase) << 16) | (u32::from(status.raw()) << 17)
     }
 
+    /// The entry's 16 bytes as a controller posts them (little-endian dwords).
     pub fn to_bytes(&self) -> [u8; CQE_BYTES] {
         let mut b = [0u8; CQE_BYTES];
         for (i, d) in self.to_dwords().iter().enumerate() {
@@ -181,6 +211,7 @@ impl CompletionEntry {
         b
     }
 
+    /// The entry encoded in the 16 bytes `b`.
     pub fn from_bytes(b: &[u8; CQE_BYTES]) -> CompletionEntry {
         CompletionEntry::from_dwords([le_u32(b, 0), le_u32(b, 4), le_u32(b, 8), le_u32(b, 12)])
     }

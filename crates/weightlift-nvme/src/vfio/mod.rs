@@ -290,6 +290,7 @@ impl VfioBus {
         })
     }
 
+    /// The controller's PCI address (`0000:01:00.0`).
     pub fn address(&self) -> &str {
         &self.address
     }
