@@ -90,6 +90,7 @@ fn pack_index(pack: &weightlift::Pack) -> (TensorIndex, String) {
                 metadata,
                 gguf_version: None,
                 etag: None,
+                header: None,
             }],
             tensors,
         },

@@ -643,6 +643,7 @@ fn raw_source(path: &Path) -> Result<weightlift_format::SourceFile> {
         metadata: weightlift_format::Metadata::None,
         gguf_version: None,
         etag,
+        header: None,
     })
 }
 

@@ -93,7 +93,8 @@ impl FileCache {
                 let file = match (f.path.to_str().filter(|p| weightlift_remote::is_url(p)), copies) {
                     (Some(url), Some((dir, fill))) => {
                         let fill = fill.get(i).copied().unwrap_or(false);
-                        Arc::new(OpenFile::open_object_cached(url, etag, dir, fill, want_direct)?)
+                        let header = f.header.as_ref();
+                        Arc::new(OpenFile::open_object_cached(url, etag, header, dir, fill, want_direct)?)
                     }
                     (Some(url), None) => Arc::new(OpenFile::open_object(url, etag)?),
                     (None, _) => self.open(&f.path, want_direct)?,
