@@ -29,7 +29,7 @@ typedef enum wl_status {
    */
   WL_ERR_INVALID_ARGUMENT = 1,
   /**
-   * A file, tensor or region kind that does not exist.
+   * A file, object (or its bucket), tensor or region kind that does not exist.
    */
   WL_ERR_NOT_FOUND = 2,
   /**
@@ -68,6 +68,10 @@ typedef enum wl_status {
    * A bug in weightlift (a caught panic); please report it with the message.
    */
   WL_ERR_INTERNAL = 11,
+  /**
+   * The file's permissions, or the object store's answer to the credentials, refuse the access.
+   */
+  WL_ERR_ACCESS_DENIED = 12,
 } wl_status;
 
 /**
@@ -228,12 +232,14 @@ enum wl_status wl_engine_prepare(const struct wl_engine *engine,
                                  int32_t device);
 
 /**
- * Opens a checkpoint's index (headers only; no tensor data is read).
+ * Opens a checkpoint's index (headers only; no tensor data is read). `path` is a local path or the URL of an
+ * object (`s3://`, `gs://`, `az://`, `http(s)://`), whose header is fetched and whose version (ETag) is pinned.
  *
  * # Safety
  * `path` must be a NUL-terminated string; `out` valid for a write.
  */
-enum wl_status wl_checkpoint_open(const char *path, struct wl_checkpoint **out);
+enum wl_status wl_checkpoint_open(const char *path,
+                                  struct wl_checkpoint **out);
 
 /**
  * Closes a checkpoint.
@@ -274,7 +280,8 @@ enum wl_status wl_checkpoint_find(const struct wl_checkpoint *ckpt,
 
 /**
  * Loads tensors `which[k]` of `ckpt` into `dests[k]` (k < n) through one plan: all destinations on one device
- * (host, or one CUDA device), each at least as long as its tensor. Returns when every byte has arrived.
+ * (host, or one CUDA device), each at least as long as its tensor. Returns when every byte has arrived. An object's
+ * bytes come from the version its header was read from (a replaced object fails the load).
  *
  * # Safety
  * `engine` and `ckpt` must be live; `which` and `dests` must hold `n` entries; each destination must be valid
@@ -287,8 +294,8 @@ enum wl_status wl_load_tensors(const struct wl_engine *engine,
                                size_t n);
 
 /**
- * Reads up to `dest.len` bytes of `path` from `offset` into `dest`, like `pread`: `*bytes_read` (if not NULL)
- * is the count, fewer at the end of the file.
+ * Reads up to `dest.len` bytes of `path` (a local path or an object's URL) from `offset` into `dest`, like
+ * `pread`: `*bytes_read` (if not NULL) is the count, fewer at the end of the file.
  *
  * # Safety
  * `engine` live; `path` NUL-terminated; `dest` valid for writes of `dest.len` bytes and untouched by anything

@@ -1,7 +1,8 @@
 """One rank of the distributed-load tests (tests/test_distributed.py starts several): joins a gloo process group,
 runs every scenario in order and writes, per scenario, each returned tensor's dtype, shape and SHA-256 of its bytes,
 the load report, or the error raised, to OUTDIR/rank<R>.json. The test compares them with references it computes
-itself.
+itself. With a config naming ``remote`` checkpoints (URLs), it runs the loads from objects instead and keeps the
+tensors themselves (OUTDIR/rank<R>-<scenario>.pt), for the test to compare with ``torch.equal``.
 
     python tests/distributed_worker.py RANK WORLD PORT CONFIG.json OUTDIR
 """
@@ -48,6 +49,30 @@ def attempt(fn) -> dict:
     return {"tensors": digest(tensors), "report": wd.last_report()}
 
 
+def kept(fn, path: str) -> dict:
+    """``attempt`` keeping the returned tensors (cloned out of the load's shared buffer) in ``path``."""
+    try:
+        tensors = fn()
+    except Exception as e:  # noqa: BLE001 - the test inspects what was raised
+        return {"error": type(e).__name__, "message": str(e), "trace": traceback.format_exc()}
+    torch.save({k: v.clone() for k, v in tensors.items()}, path)
+    return {"report": wd.last_report()}
+
+
+def remote(urls: dict, rank: int, world: int, outdir: str) -> dict:
+    """Loads from objects: replicated (both collectives, in several steps), a shard index whose shards are found
+    beside it in the bucket, and slices along dims 0 and 1 (the latter exchanged)."""
+    cpu = {"device": "cpu"}
+    spec = {"rows": (0, world, rank), "cols": (1, world, rank)}
+    scenarios = {
+        "all_gather": lambda: wd.load_file(urls["mixed"], collective="all_gather", block_bytes=8192, **cpu),
+        "broadcast": lambda: wd.load_file(urls["mixed"], collective="broadcast", block_bytes=8192, **cpu),
+        "index": lambda: wd.load_file(urls["index"], **cpu),
+        "shard": lambda: wd.load_file(urls["mixed"], shard=spec, block_bytes=8192, **cpu),
+    }
+    return {key: kept(fn, os.path.join(outdir, f"rank{rank}-{key}.pt")) for key, fn in scenarios.items()}
+
+
 SOAK_ROUNDS = 24
 
 
@@ -92,6 +117,11 @@ def main() -> None:
             json.dump(results, f)
         os.replace(out_path + ".tmp", out_path)
 
+    if "remote" in cfg:
+        results.update(remote(cfg["remote"], rank, world, sys.argv[5]))
+        save()
+        dist.destroy_process_group()
+        return
     mixed, index, aligned = cfg["mixed"], cfg["index"], cfg["aligned"]
     cpu = {"device": "cpu"}
     results["all_gather"] = attempt(lambda: wd.load_file(mixed, collective="all_gather", block_bytes=8192, **cpu))

@@ -1,16 +1,12 @@
 """Python loads from objects: checkpoints written by the upstream tools, served on 127.0.0.1 by real servers
-(s3s-fs for S3, nginx for HTTP, started here), loaded from s3:// and http:// URLs and compared tensor by tensor with
-the upstream packages' own reads of the local files. A missing server skips, unless WEIGHTLIFT_REQUIRE_SERVERS=1
-(CI), where it fails."""
+(s3s-fs for S3, nginx for HTTP, started by the fixtures of conftest.py), loaded from s3:// and http:// URLs and
+compared tensor by tensor with the upstream packages' own reads of the local files. A missing server skips, unless
+WEIGHTLIFT_REQUIRE_SERVERS=1 (CI), where it fails."""
 
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import socket
-import subprocess
-import time
 from pathlib import Path
 
 import pytest
@@ -19,84 +15,6 @@ from safetensors.torch import load_file as upstream_load, save_file as upstream_
 
 import weightlift
 import weightlift.safetensors as wst
-
-ACCESS_KEY, SECRET_KEY = "weightlift-test", "weightlift-test-secret"
-
-
-def _missing(what: str):
-    if os.environ.get("WEIGHTLIFT_REQUIRE_SERVERS") == "1":
-        pytest.fail(f"{what} (WEIGHTLIFT_REQUIRE_SERVERS=1)")
-    pytest.skip(what)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _wait(port: int, proc: subprocess.Popen, what: str) -> None:
-    deadline = time.monotonic() + 20
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            return
-        except OSError:
-            if proc.poll() is not None:
-                raise RuntimeError(f"{what} exited at start ({proc.returncode})")
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"{what} did not listen on {port}")
-            time.sleep(0.02)
-
-
-@pytest.fixture(scope="module")
-def s3(tmp_path_factory):
-    binary = os.environ.get("WEIGHTLIFT_S3S_FS") or shutil.which("s3s-fs") or shutil.which(
-        "s3s-fs", path=os.path.expanduser("~/.cargo/bin"))
-    if not binary:
-        _missing("no s3s-fs here (cargo install s3s-fs --features binary, or set WEIGHTLIFT_S3S_FS)")
-    root = tmp_path_factory.mktemp("s3")
-    (root / "bucket").mkdir()
-    port = _free_port()
-    proc = subprocess.Popen([binary, "--host", "127.0.0.1", "--port", str(port), "--access-key", ACCESS_KEY,
-                             "--secret-key", SECRET_KEY, str(root)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    _wait(port, proc, "s3s-fs")
-    env = {"AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}", "AWS_ACCESS_KEY_ID": ACCESS_KEY,
-           "AWS_SECRET_ACCESS_KEY": SECRET_KEY, "AWS_REGION": "us-east-1", "AWS_ALLOW_HTTP": "true"}
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    yield root / "bucket"
-    for k, v in saved.items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = v
-    proc.kill()
-    proc.wait()
-
-
-@pytest.fixture(scope="module")
-def http(tmp_path_factory):
-    binary = shutil.which("nginx") or shutil.which("nginx", path="/usr/sbin")
-    if not binary:
-        _missing("no nginx here (apt-get install nginx-light)")
-    base = tmp_path_factory.mktemp("nginx")
-    root = base / "www"
-    root.mkdir()
-    port = _free_port()
-    (base / "nginx.conf").write_text(
-        f"daemon off; master_process off; worker_processes 1; pid {base}/nginx.pid; error_log {base}/error.log;\n"
-        "events { worker_connections 256; }\n"
-        f"http {{ access_log off; client_body_temp_path {base}/t; proxy_temp_path {base}/t; "
-        f"fastcgi_temp_path {base}/t; uwsgi_temp_path {base}/t; scgi_temp_path {base}/t;\n"
-        f"server {{ listen 127.0.0.1:{port}; root {root}; }} }}\n")
-    proc = subprocess.Popen([binary, "-p", str(base), "-c", str(base / "nginx.conf")],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    _wait(port, proc, "nginx")
-    yield root, f"http://127.0.0.1:{port}"
-    proc.kill()
-    proc.wait()
 
 
 def _checkpoint(path: Path) -> dict[str, torch.Tensor]:
@@ -166,6 +84,27 @@ def test_load_file_over_http_and_missing_objects(http, tmp_path):
     with pytest.raises(weightlift.WeightliftError, match="no such object") as e:
         wst.load_file(f"{base}/none.safetensors")
     assert "\n" not in str(e.value)
+
+
+def test_ranges_of_a_checkpoint_come_from_the_version_parsed(s3, tmp_path):
+    """Checkpoint.read_ranges_into (weightlift.distributed's reads) reads an object as parsed: its bytes while it
+    keeps its ETag, an error naming the change once it was replaced."""
+    want = _checkpoint(tmp_path / "v.safetensors")
+    shutil.copy(tmp_path / "v.safetensors", s3 / "v.safetensors")
+    url = "s3://bucket/v.safetensors"
+    ckpt = weightlift._native.Checkpoint([url])
+    assert ckpt.files[0]["etag"]
+    info = ckpt.tensor("positions")
+    buf = torch.empty(info.nbytes, dtype=torch.uint8)
+    engine = weightlift._core.shared_engine()
+    report = ckpt.read_ranges_into(engine, [(0, info.offset, info.nbytes, 0)], buf.data_ptr(), buf.numel(), "cpu")
+    assert torch.equal(buf.view(torch.int64), want["positions"])
+    assert report["network"]["objects"] == [url]
+    data = bytearray((tmp_path / "v.safetensors").read_bytes())
+    data[-1] ^= 1
+    (s3 / "v.safetensors").write_bytes(data)
+    with pytest.raises(weightlift.WeightliftError, match=f"{url}: the object changed while it was being read"):
+        ckpt.read_ranges_into(engine, [(0, info.offset, info.nbytes, 0)], buf.data_ptr(), buf.numel(), "cpu")
 
 
 def test_load_gguf_over_http(http, tmp_path):

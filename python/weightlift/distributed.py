@@ -526,6 +526,7 @@ class _Load:
         self.failure: "BaseException | None" = None
         self.stopped = False
         self.paths: list[str] = []
+        self.checkpoint: "_native.Checkpoint | None" = None
         self.start = time.perf_counter()
 
     def run(self, paths: list[str], shard: Shard) -> dict[str, "torch.Tensor"]:
@@ -552,21 +553,26 @@ class _Load:
 
     def _prepare(self, paths: list[str], shard: Shard) -> tuple[list[_Entry], dict[str, ShardSpec], int]:
         try:
-            info = _native.inspect(paths)
-            if info["format"] != "safetensors":
-                raise FormatError(f"{', '.join(paths)}: not a safetensors checkpoint (it is {info['format']})")
-            self.paths = [f["path"] for f in info["files"]]
-            entries = [_Entry(t.name, t.dtype, tuple(int(x) for x in t.shape), t.file, t.offset, t.nbytes) for t in info["tensors"]]
+            # Kept for the reads: an object's bytes are read from the version its header was parsed from.
+            checkpoint = _native.Checkpoint(paths)
+            if checkpoint.format != "safetensors":
+                raise FormatError(f"{', '.join(paths)}: not a safetensors checkpoint (it is {checkpoint.format})")
+            files = checkpoint.files
+            self.paths = [f["path"] for f in files]
+            entries = [_Entry(t.name, t.dtype, tuple(int(x) for x in t.shape), t.file, t.offset, t.nbytes) for t in checkpoint.tensors]
             specs = _resolve_specs(shard, entries)
         except Exception as e:  # noqa: BLE001 - any rank's failure must reach the others before it is raised
             self.failure = e
             return [], {}, 0
-        self.stats.header_bytes = sum(int(f["data_start"]) for f in info["files"])
+        self.checkpoint = checkpoint
+        self.stats.header_bytes = sum(int(f["data_start"]) for f in files)
         self.stats.checkpoint_bytes = sum(e.nbytes for e in entries)
-        # Offsets too: the shared buffer's layout follows them, so ranks must agree on them, not only on names.
+        # Offsets too: the shared buffer's layout follows them, so ranks must agree on them, not only on names; and
+        # the objects' ETags (None for local files): ranks reading a bucket must read one version of each object.
         table = [(e.name, e.dtype, e.shape, e.file, e.offset, e.nbytes) for e in entries]
         replicated = sorted(e.name for e in entries if e.name not in specs)
-        return entries, specs, _int64(repr((table, replicated)))
+        versions = [f["etag"] for f in files]
+        return entries, specs, _int64(repr((table, replicated, versions)))
 
     def _start(self, digest: int, coop_ok: bool, coop_digest: int) -> tuple[list[int], bool]:
         """Checks that every rank could read its headers and sees the same checkpoint; returns each rank's host key
@@ -581,8 +587,9 @@ class _Load:
         if len({r[1] for r in rows}) > 1:
             odd = [i for i, r in enumerate(rows) if r[1] != rows[0][1]]
             raise DistributedError(
-                f"ranks {odd} see other tensors (names, dtypes, shapes, offsets) or other unsharded tensors than "
-                "rank 0: every rank must load the same checkpoint files with the same set of replicated tensors"
+                f"ranks {odd} see other tensors (names, dtypes, shapes, offsets), other unsharded tensors or other "
+                "versions of the objects (ETags) than rank 0: every rank must load the same checkpoint files with the "
+                "same set of replicated tensors"
             )
         return [r[2] for r in rows], all(r[3] for r in rows) and len({r[4] for r in rows}) == 1
 
@@ -590,7 +597,7 @@ class _Load:
         if self.failure is not None or not ranges:
             return
         try:
-            report = self.engine.read_ranges_into(self.paths, ranges, buf.data_ptr(), buf.numel(), self.device)
+            report = self.checkpoint.read_ranges_into(self.engine, ranges, buf.data_ptr(), buf.numel(), self.device)
         except Exception as e:  # noqa: BLE001 - reported to every rank before it is raised
             self.failure = e
             return

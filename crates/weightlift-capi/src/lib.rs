@@ -27,7 +27,7 @@ pub enum wl_status {
     WL_OK = 0,
     /// A NULL pointer, a bad setting, a destination too small, memory of the wrong device.
     WL_ERR_INVALID_ARGUMENT = 1,
-    /// A file, tensor or region kind that does not exist.
+    /// A file, object (or its bucket), tensor or region kind that does not exist.
     WL_ERR_NOT_FOUND = 2,
     /// Reading or writing failed (the message names the file and offset).
     WL_ERR_IO = 3,
@@ -47,6 +47,8 @@ pub enum wl_status {
     WL_ERR_NOT_A_FILE = 10,
     /// A bug in weightlift (a caught panic); please report it with the message.
     WL_ERR_INTERNAL = 11,
+    /// The file's permissions, or the object store's answer to the credentials, refuse the access.
+    WL_ERR_ACCESS_DENIED = 12,
 }
 
 /// `wl_mem.device` for host memory.
@@ -165,7 +167,6 @@ fn status_of(e: &Error) -> wl_status {
     match e {
         Error::Format(f) => format_status(f),
         Error::Io(io) => match io {
-            IoError::Open { cause, .. } if cause.kind() == std::io::ErrorKind::NotFound => WL_ERR_NOT_FOUND,
             IoError::NotAFile { .. } => WL_ERR_NOT_A_FILE,
             IoError::PastEnd { .. } => WL_ERR_OUT_OF_RANGE,
             IoError::OutOfMemory { .. } => WL_ERR_OUT_OF_MEMORY,
@@ -173,7 +174,8 @@ fn status_of(e: &Error) -> wl_status {
             IoError::Setting { .. } => WL_ERR_INVALID_ARGUMENT,
             // What the kernel says of an offset or length no file can have (as the Python front raises it).
             io if io.raw_os_error() == Some(EINVAL) => WL_ERR_INVALID_ARGUMENT,
-            _ => WL_ERR_IO,
+            // A file or object missing or refused, when opened or while read.
+            io => io.io_kind().and_then(kind_status).unwrap_or(WL_ERR_IO),
         },
         Error::Cuda(c) => match c {
             CudaError::Unavailable(_) | CudaError::CufileUnavailable(_) | CudaError::NoSuchDevice { .. } => {
@@ -192,11 +194,24 @@ fn status_of(e: &Error) -> wl_status {
 
 const EINVAL: i32 = 22;
 
+/// The status of a failure to open a file or an object, by what it means (an object's error reads as a local
+/// file's of the same meaning: see `RemoteError::io_kind`); `None` for a plain I/O error.
+fn kind_status(kind: std::io::ErrorKind) -> Option<wl_status> {
+    use std::io::ErrorKind as K;
+    match kind {
+        K::NotFound => Some(wl_status::WL_ERR_NOT_FOUND),
+        K::PermissionDenied => Some(wl_status::WL_ERR_ACCESS_DENIED),
+        K::InvalidInput => Some(wl_status::WL_ERR_INVALID_ARGUMENT),
+        _ => None,
+    }
+}
+
 fn format_status(f: &FormatError) -> wl_status {
     use weightlift::format::ErrorKind;
     match &f.kind {
-        ErrorKind::Open(e) if e.kind() == std::io::ErrorKind::NotFound => wl_status::WL_ERR_NOT_FOUND,
-        ErrorKind::Open(_) | ErrorKind::Read { .. } | ErrorKind::Write(_) => wl_status::WL_ERR_IO,
+        ErrorKind::Open(e) => kind_status(e.kind()).unwrap_or(wl_status::WL_ERR_IO),
+        ErrorKind::Remote(r) => kind_status(r.io_kind()).unwrap_or(wl_status::WL_ERR_IO),
+        ErrorKind::Read { .. } | ErrorKind::Write(_) => wl_status::WL_ERR_IO,
         ErrorKind::NotAFile { .. } => wl_status::WL_ERR_NOT_A_FILE,
         _ => wl_status::WL_ERR_FORMAT,
     }
@@ -329,7 +344,7 @@ pub extern "C" fn wl_last_error() -> *const c_char {
 #[unsafe(no_mangle)]
 pub extern "C" fn wl_status_name(status: i32) -> *const c_char {
     use wl_status::*;
-    const ALL: [wl_status; 12] = [
+    const ALL: [wl_status; 13] = [
         WL_OK,
         WL_ERR_INVALID_ARGUMENT,
         WL_ERR_NOT_FOUND,
@@ -342,6 +357,7 @@ pub extern "C" fn wl_status_name(status: i32) -> *const c_char {
         WL_ERR_CANCELLED,
         WL_ERR_NOT_A_FILE,
         WL_ERR_INTERNAL,
+        WL_ERR_ACCESS_DENIED,
     ];
     let Some(&status) = ALL.iter().find(|&&s| s as i32 == status) else { return c"unknown status".as_ptr() };
     let s: &'static str = match status {
@@ -357,6 +373,7 @@ pub extern "C" fn wl_status_name(status: i32) -> *const c_char {
         WL_ERR_CANCELLED => "WL_ERR_CANCELLED\0",
         WL_ERR_NOT_A_FILE => "WL_ERR_NOT_A_FILE\0",
         WL_ERR_INTERNAL => "WL_ERR_INTERNAL\0",
+        WL_ERR_ACCESS_DENIED => "WL_ERR_ACCESS_DENIED\0",
     };
     s.as_ptr().cast()
 }
@@ -423,7 +440,8 @@ pub unsafe extern "C" fn wl_engine_prepare(engine: *const wl_engine, device: i32
 // ---------------------------------------------------------------------------------------------------------------
 // Checkpoints
 
-/// Opens a checkpoint's index (headers only; no tensor data is read).
+/// Opens a checkpoint's index (headers only; no tensor data is read). `path` is a local path or the URL of an
+/// object (`s3://`, `gs://`, `az://`, `http(s)://`), whose header is fetched and whose version (ETag) is pinned.
 ///
 /// # Safety
 /// `path` must be a NUL-terminated string; `out` valid for a write.
@@ -535,7 +553,8 @@ pub unsafe extern "C" fn wl_checkpoint_find(
 }
 
 /// Loads tensors `which[k]` of `ckpt` into `dests[k]` (k < n) through one plan: all destinations on one device
-/// (host, or one CUDA device), each at least as long as its tensor. Returns when every byte has arrived.
+/// (host, or one CUDA device), each at least as long as its tensor. Returns when every byte has arrived. An object's
+/// bytes come from the version its header was read from (a replaced object fails the load).
 ///
 /// # Safety
 /// `engine` and `ckpt` must be live; `which` and `dests` must hold `n` entries; each destination must be valid
@@ -575,9 +594,9 @@ pub unsafe extern "C" fn wl_load_tensors(
             ranges.push((t.file, t.offset, t.nbytes, k as u32, 0u64));
             raw.push((dest_of(d)?, d.len));
         }
-        let paths: Vec<PathBuf> = c.index.files.iter().map(|f| f.path.clone()).collect();
+        // The files as parsed: an object's bytes come from the version its header was read from.
         // SAFETY: per the contract, each destination is valid for its length and unaliased.
-        unsafe { e.engine.read_scattered_into(&paths, &ranges, &raw, &weightlift::LoadOpts::default()) }?;
+        unsafe { e.engine.read_scattered_of_into(&c.index.files, &ranges, &raw, &weightlift::LoadOpts::default()) }?;
         Ok(())
     })
 }
@@ -585,8 +604,8 @@ pub unsafe extern "C" fn wl_load_tensors(
 // ---------------------------------------------------------------------------------------------------------------
 // Byte ranges
 
-/// Reads up to `dest.len` bytes of `path` from `offset` into `dest`, like `pread`: `*bytes_read` (if not NULL)
-/// is the count, fewer at the end of the file.
+/// Reads up to `dest.len` bytes of `path` (a local path or an object's URL) from `offset` into `dest`, like
+/// `pread`: `*bytes_read` (if not NULL) is the count, fewer at the end of the file.
 ///
 /// # Safety
 /// `engine` live; `path` NUL-terminated; `dest` valid for writes of `dest.len` bytes and untouched by anything
@@ -739,9 +758,7 @@ pub unsafe extern "C" fn wl_read_async(
         let (e, path) = unsafe { (arg(engine, "engine")?, string(path, "path")?) };
         let eng = e.engine.clone();
         // What a pread would return, fixed now: a stream-ordered copy is queued with this length.
-        let file_len = std::fs::metadata(&path)
-            .map_err(|cause| Error::Io(IoError::Open { path: PathBuf::from(&path), cause }))?
-            .len();
+        let file_len = e.engine.len_of(path.as_ref())?;
         let len = dest.len.min(file_len.saturating_sub(offset));
         let read = move |to: RawDest| {
             let to = SendDest(to);

@@ -213,10 +213,11 @@ fn hostile_arguments_are_invalid_argument_never_a_crash_or_a_panic() {
     // SAFETY: (all calls below) valid pointers to live objects and buffers of the lengths passed, NULL where the
     // test says so.
     unsafe {
-        for bad in [999, -1, 12, i32::MIN, i32::MAX] {
+        for bad in [999, -1, 13, i32::MIN, i32::MAX] {
             assert_eq!(CStr::from_ptr(wl_status_name(bad)).to_str().unwrap(), "unknown status");
         }
         assert_eq!(CStr::from_ptr(wl_status_name(11)).to_str().unwrap(), "WL_ERR_INTERNAL");
+        assert_eq!(CStr::from_ptr(wl_status_name(12)).to_str().unwrap(), "WL_ERR_ACCESS_DENIED");
 
         // Offsets whose end overflows u64 or passes the largest file offset: EINVAL, as pwrite(2) says.
         for offset in [u64::MAX - 4, u64::MAX, i64::MAX as u64 - 4] {

@@ -175,6 +175,7 @@ pub(crate) fn read_input(input: Input) -> Result<TensorIndex, FormatError> {
     let reader = Sequential { input, pos: 0 };
     let mut cur = Cursor { input_len: len, reader: BufReader::with_capacity(1 << 16, reader), pos: 0 };
     let parsed = parse(&mut cur).map_err(|k| FormatError::new(&path, k))?;
+    let header = cur.reader.into_inner().input.header_bytes(parsed.data_start);
     let file = SourceFile {
         path,
         format: Format::Gguf,
@@ -183,6 +184,7 @@ pub(crate) fn read_input(input: Input) -> Result<TensorIndex, FormatError> {
         metadata: Metadata::Gguf(parsed.kv),
         gguf_version: Some(parsed.version),
         etag,
+        header,
     };
     Ok(TensorIndex { files: vec![file], tensors: parsed.tensors })
 }

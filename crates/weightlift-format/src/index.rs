@@ -2,6 +2,7 @@
 
 use std::collections::HashMap;
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use crate::dtype::DType;
 use crate::error::{ErrorKind, FormatError};
@@ -46,6 +47,20 @@ pub struct SourceFile {
     pub gguf_version: Option<u32>,
     /// For an object (a URL): the ETag it had when parsed, which a load of it then requires.
     pub etag: Option<String>,
+    /// For an object: its bytes `0..data_start`, as the request that fetched them for parsing brought them (`None`
+    /// for a local file, and for a header longer than that first request).
+    pub header: Option<HeaderBytes>,
+}
+
+/// An object's bytes before its tensor data, kept from parsing: a load that writes the object's local copy
+/// (`remote_cache_dir`) writes its header from here instead of fetching it again. Shared, so cheap to clone.
+#[derive(Clone, PartialEq, Eq)]
+pub struct HeaderBytes(pub Arc<[u8]>);
+
+impl std::fmt::Debug for HeaderBytes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "HeaderBytes({} bytes)", self.0.len())
+    }
 }
 
 /// One tensor: its name, type, shape and the absolute byte range that holds it.

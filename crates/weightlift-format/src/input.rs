@@ -10,6 +10,7 @@ use std::sync::Arc;
 use weightlift_remote::{Head, Object};
 
 use crate::error::{ErrorKind, FormatError};
+use crate::index::HeaderBytes;
 use crate::regular::{self, Access, OpenError};
 
 pub(crate) struct Input {
@@ -47,6 +48,15 @@ impl Input {
         match &self.src {
             Src::Object(head) => head.object().etag().map(str::to_string),
             Src::File(_) => None,
+        }
+    }
+
+    /// An object's bytes `0..data_start` when the request that opened it for parsing fetched them all (`None` for a
+    /// local file).
+    pub fn header_bytes(&self, data_start: u64) -> Option<HeaderBytes> {
+        match &self.src {
+            Src::Object(head) if data_start > 0 => head.prefix(data_start).map(|b| HeaderBytes(b.into())),
+            _ => None,
         }
     }
 

@@ -34,7 +34,7 @@ use std::path::{Path, PathBuf};
 
 pub use dtype::{DType, GgmlType, SizeError};
 pub use error::{ErrorKind, FormatError};
-pub use index::{Format, Metadata, SourceFile, TensorEntry, TensorIndex};
+pub use index::{Format, HeaderBytes, Metadata, SourceFile, TensorEntry, TensorIndex};
 pub use raw::RawSpec;
 
 /// What kind of file a path holds, as [`open`] decides it.

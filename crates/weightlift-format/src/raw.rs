@@ -52,6 +52,7 @@ pub fn read(path: impl AsRef<Path>, spec: RawSpec) -> Result<TensorIndex, Format
         metadata: Metadata::None,
         gguf_version: None,
         etag: input.etag(),
+        header: None,
     };
     let tensor = TensorEntry { name, dtype, shape: vec![count], file: 0, offset: 0, nbytes: need };
     Ok(TensorIndex { files: vec![file], tensors: vec![tensor] })

@@ -68,6 +68,7 @@ pub(crate) fn read_input(input: &Input) -> Result<TensorIndex, FormatError> {
         metadata: Metadata::Safetensors(metadata),
         gguf_version: None,
         etag: input.etag(),
+        header: input.header_bytes(data_start),
     };
     Ok(TensorIndex { files: vec![file], tensors })
 }

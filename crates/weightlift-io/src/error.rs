@@ -204,6 +204,7 @@ impl IoError {
             IoError::Open { cause, .. } | IoError::Read { cause, .. } | IoError::Write { cause, .. } => {
                 Some(cause.kind())
             }
+            IoError::Remote(e) => Some(e.io_kind()),
             _ => None,
         }
     }

@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use rustix::fs::{AtFlags, StatxFlags};
+use weightlift_format::HeaderBytes;
 use weightlift_format::regular::{self, OpenError};
 pub use weightlift_format::regular::{Access, NodeKind};
 use weightlift_remote::Object;
@@ -153,10 +154,12 @@ impl OpenFile {
 
     /// As [`OpenFile::open_object`], with local copies under `cache_dir` (see [`crate::object_cache`]): the
     /// object's valid copy is opened instead (as a local file, probing O_DIRECT unless `want_direct` is false);
-    /// failing that, where `fill` is true, the load writes a new copy as the object's bytes arrive.
+    /// failing that, where `fill` is true, the load writes a new copy as the object's bytes arrive, its first bytes
+    /// from `header` where given (the object's bytes from offset 0 as parsing fetched them, at `etag`).
     pub fn open_object_cached(
         url: &str,
         etag: Option<&str>,
+        header: Option<&HeaderBytes>,
         cache_dir: &Path,
         fill: bool,
         want_direct: bool,
@@ -175,7 +178,8 @@ impl OpenFile {
             }
         }
         if fill {
-            f.copy = CacheFill::start(cache_dir, &object).map(|c| LocalCopy::Written(Arc::new(c)));
+            let header = header.map(|h| h.0.clone());
+            f.copy = CacheFill::start(cache_dir, &object, header).map(|c| LocalCopy::Written(Arc::new(c)));
         }
         Ok(f)
     }

@@ -7,8 +7,9 @@
 //! - [`CacheFill`]: otherwise the load writes the copy as its bytes arrive: each ranged GET's body is written at its
 //!   offset into an unnamed temporary file (`O_TMPFILE`, through [`weightlift_format::output::Output`], the writer
 //!   of `save_file`) right after it landed in its staging slot; at the end of a successful load what no GET covered
-//!   is fetched (same pinned ETag), the file is fsynced and renamed over the old copy, then the sidecar is written
-//!   the same way. A load that fails or is cancelled drops the unnamed file: nothing is published, nothing is left.
+//!   is written from the header bytes parsing fetched, and what they do not hold either is fetched (same pinned
+//!   ETag); then the file is fsynced and renamed over the old copy, and the sidecar is written the same way. A load
+//!   that fails or is cancelled drops the unnamed file: nothing is published, nothing is left.
 //!
 //! The cache never fails a load: each of its failures is a warning, and the load goes on without it.
 
@@ -116,12 +117,16 @@ pub struct CacheFill {
     failed: AtomicBool,
     /// Byte ranges written so far, in completion order.
     covered: Mutex<Vec<Range<u64>>>,
+    /// The object's first bytes as parsing fetched them (its header), written at publication where no GET covered
+    /// them, instead of fetching them again.
+    header: Option<Arc<[u8]>>,
     published: AtomicBool,
 }
 
 impl CacheFill {
     /// Starts a copy of `object` under `dir`, or says why not (a warning, never an error: the load goes on).
-    pub fn start(dir: &Path, object: &Arc<Object>) -> Option<CacheFill> {
+    /// `header`: the object's bytes from offset 0, of the version `object` is pinned to, where the caller has them.
+    pub fn start(dir: &Path, object: &Arc<Object>, header: Option<Arc<[u8]>>) -> Option<CacheFill> {
         let warn = |why: String| tracing::warn!(url = object.url(), "not caching the object locally: {why}");
         let Some(etag) = object.etag() else {
             warn("it has no ETag, which a later load could check the copy against".into());
@@ -143,6 +148,7 @@ impl CacheFill {
             out: RwLock::new(None),
             failed: AtomicBool::new(false),
             covered: Mutex::new(Vec::new()),
+            header: header.filter(|h| h.len() as u64 <= object.len()),
             published: AtomicBool::new(false),
         };
         match started {
@@ -205,9 +211,14 @@ impl CacheFill {
 
     fn complete(&self, out: Output) -> Result<(), String> {
         let gaps = gaps(&lock(&self.covered), self.object.len());
+        let header = self.header.as_deref().unwrap_or_default();
         let mut buf = Vec::new();
         for gap in gaps {
             let mut at = gap.start;
+            if let Some(known) = header.get(at as usize..gap.end.min(header.len() as u64) as usize) {
+                out.file().write_all_at(known, at).map_err(|e| e.to_string())?;
+                at += known.len() as u64;
+            }
             while at < gap.end {
                 let n = (gap.end - at).min(FILL_BYTES as u64) as usize;
                 buf.resize(n, 0);

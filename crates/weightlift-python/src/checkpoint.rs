@@ -15,7 +15,7 @@ use weightlift::{Device, LoadOpts, Stream};
 use crate::alloc::TorchAllocator;
 use crate::bridge::{interruptible, interruptible_with};
 use crate::errors::{invalid_argument, to_py};
-use crate::{NativeBuffer, NativeEngine, json_to_py, parse_device, remember};
+use crate::{NativeBuffer, NativeEngine, SendPtr, json_to_py, parse_device, raw_dest, remember};
 
 /// What a checkpoint says about one tensor.
 #[pyclass(module = "weightlift._native", frozen, get_all)]
@@ -90,6 +90,7 @@ fn pack_index(pack: &weightlift::Pack) -> (TensorIndex, String) {
                 metadata,
                 gguf_version: None,
                 etag: None,
+                header: None,
             }],
             tensors,
         },
@@ -239,7 +240,7 @@ impl Checkpoint {
         self.by_name.contains_key(name)
     }
 
-    /// The files: path, format, length, where tensor data starts, and metadata.
+    /// The files: path, format, length, where tensor data starts, the ETag of an object, and metadata.
     #[getter]
     pub fn files(&self, py: Python<'_>) -> PyResult<Py<PyList>> {
         let _cuda = crate::bridge::keep_callers_context();
@@ -250,6 +251,8 @@ impl Checkpoint {
             d.set_item("format", f.format.name())?;
             d.set_item("len", f.len)?;
             d.set_item("data_start", f.data_start)?;
+            // An object's version (None for a local file, or an object its server gives no ETag).
+            d.set_item("etag", f.etag.as_deref())?;
             match &f.metadata {
                 Metadata::None => d.set_item("metadata", py.None())?,
                 Metadata::Safetensors(m) => d.set_item("metadata", json_to_py(py, &serde_json::json!(m))?)?,
@@ -387,6 +390,38 @@ impl Checkpoint {
         remember(loaded.report.to_json());
         let t = loaded.tensors.into_iter().next().ok_or_else(|| invalid_argument("no rows were loaded"))?;
         Ok(NativeBuffer::new(t.data))
+    }
+
+    /// Reads byte ranges `(file index, offset, length, destination offset)` of the checkpoint's files into the
+    /// `nbytes` of memory at address `ptr` (host, or device `cuda:N`), through one plan; returns the read's report.
+    /// The files as parsed: an object's bytes come from the version its header was read from, or the read fails.
+    /// Honours the test hook `WEIGHTLIFT_INJECT_EIO` (see `inject`).
+    fn read_ranges_into(
+        &self,
+        py: Python<'_>,
+        engine: &NativeEngine,
+        ranges: Vec<(usize, u64, u64, u64)>,
+        ptr: usize,
+        nbytes: u64,
+        device: &str,
+    ) -> PyResult<Py<PyAny>> {
+        let _cuda = crate::bridge::keep_callers_context();
+        let index = self.index()?.clone();
+        let dest = SendPtr(raw_dest(device, ptr)?);
+        let faults = self.faults()?;
+        let engine = engine.engine.clone();
+        let report = interruptible(py, move |cancel| {
+            let dest = dest;
+            let opts = LoadOpts { faults: faults.as_ref(), cancel: Some(cancel), ..LoadOpts::default() };
+            let ranges: Vec<_> = ranges.iter().map(|&(f, o, l, d)| (f, o, l, 0u32, d)).collect();
+            // SAFETY: the Python layer passes the data pointer and byte size of a live, contiguous tensor that it
+            // keeps alive (and does not hand to other work) for the duration of this call.
+            unsafe { engine.read_scattered_of_into(&index.files, &ranges, &[(dest.0, nbytes)], &opts) }
+        })?
+        .map_err(to_py)?
+        .to_json();
+        remember(report.clone());
+        json_to_py(py, &report)
     }
 
     /// Starts streaming the named tensors (all by default) onto `device`, in file order; see `NativeStream`.

@@ -74,14 +74,20 @@ pub enum RemoteError {
 }
 
 impl RemoteError {
-    /// The error as an `io::Error` (for the storage engine's completions), keeping this one as its source.
-    pub fn into_io(self) -> std::io::Error {
-        let kind = match &self {
+    /// What a local file's error of the same meaning would be: `NotFound` for a missing object or bucket,
+    /// `PermissionDenied` for refused credentials, `InvalidInput` for a URL that names no object. The fronts map
+    /// errors to their statuses and exceptions by it, as they map local files' errors.
+    pub fn io_kind(&self) -> std::io::ErrorKind {
+        match self {
             RemoteError::NotFound { .. } => std::io::ErrorKind::NotFound,
             RemoteError::Denied { .. } => std::io::ErrorKind::PermissionDenied,
             RemoteError::BadUrl { .. } => std::io::ErrorKind::InvalidInput,
             _ => std::io::ErrorKind::Other,
-        };
-        std::io::Error::new(kind, self)
+        }
+    }
+
+    /// The error as an `io::Error` (for the storage engine's completions), keeping this one as its source.
+    pub fn into_io(self) -> std::io::Error {
+        std::io::Error::new(self.io_kind(), self)
     }
 }

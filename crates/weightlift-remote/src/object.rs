@@ -375,6 +375,16 @@ impl Head {
         &self.object
     }
 
+    /// The object's bytes `0..len` when the window still holds them (as the first GET left it), without a request.
+    pub fn prefix(&self, len: u64) -> Option<Vec<u8>> {
+        let window = self.window.lock().unwrap_or_else(|p| p.into_inner());
+        let (start, bytes) = &*window;
+        if *start != 0 {
+            return None;
+        }
+        bytes.get(..usize::try_from(len).ok()?).map(<[u8]>::to_vec)
+    }
+
     /// Fills `buf` from `offset`: from the window when it holds the bytes, else with a GET of at least
     /// [`Head::FIRST`] bytes that becomes the window.
     pub fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<(), RemoteError> {

@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use weightlift_cuda::{DeviceBuffer, Gpu, PinnedBuffer, Targets};
-use weightlift_format::{DType, TensorEntry, TensorIndex};
+use weightlift_format::{DType, SourceFile, TensorEntry, TensorIndex};
 use weightlift_io::{
     DirectMode, Extent, HostBuffer, HostCache, HostSink, IoEngine, IoReport, LoadOptions, LoadRequest, Observed,
     OpenFile, StagingPool,
@@ -218,14 +218,14 @@ impl Engine {
 
     /// The index's files; an object with a valid local copy (`remote_cache_dir`) is read from it.
     pub(crate) fn open_index(&self, index: &TensorIndex) -> Result<Vec<Arc<OpenFile>>> {
-        self.open_index_writing(index, &[])
+        self.open_files_writing(&index.files, &[])
     }
 
-    /// As [`Engine::open_index`], writing a local copy of each object of file `i` where `fill[i]` (and
-    /// `remote_cache_dir` is set) that has no valid copy yet.
-    fn open_index_writing(&self, index: &TensorIndex, fill: &[bool]) -> Result<Vec<Arc<OpenFile>>> {
+    /// Files as an index describes them (see [`Engine::open_index`]), writing a local copy of each object of file
+    /// `i` where `fill[i]` (and `remote_cache_dir` is set) that has no valid copy yet.
+    fn open_files_writing(&self, files: &[SourceFile], fill: &[bool]) -> Result<Vec<Arc<OpenFile>>> {
         let dir = self.settings.remote_cache_dir.value.0.as_deref();
-        self.files.open_index(index, self.want_direct(), dir.map(|d| (d, fill)))
+        self.files.open_index(files, self.want_direct(), dir.map(|d| (d, fill)))
     }
 
     /// Freed host buffers kept for reuse by this engine's host loads.
@@ -282,26 +282,12 @@ impl Engine {
             Some(checks) => check_names(checks, index, &entries)?,
             None => Vec::new(),
         };
-        let files = self.open_index_writing(index, &whole_files(index, which))?;
+        let files = self.open_files_writing(&index.files, &whole_files(index, which))?;
         let loaded = match device {
             Device::Cpu | Device::PinnedCpu => self.load_host(&files, &entries, device, opts, names),
             Device::Cuda(n) => self.load_device(n, &files, &entries, opts, names),
         };
-        // A local copy is published only once its load succeeded. A failed load's copies go now: its reads still
-        // in flight keep the files (and the copies) alive a little longer.
-        let copies = files.iter().filter_map(|f| f.filling());
-        let (datas, mut report) = match loaded {
-            Ok(loaded) => {
-                for copy in copies {
-                    copy.publish(); // a failure is a warning: the load has its tensors
-                }
-                loaded
-            }
-            Err(e) => {
-                copies.for_each(|c| c.abandon());
-                return Err(e);
-            }
-        };
+        let (datas, mut report) = settle_copies(&files, loaded)?;
         let tensors: Vec<Tensor> = entries
             .iter()
             .zip(datas)
@@ -590,6 +576,52 @@ fn whole_files(index: &TensorIndex, which: &[usize]) -> Vec<bool> {
         .collect()
 }
 
+/// Per file, whether byte ranges `(file, offset, len, ..)` cover at least 15/16 of its bytes past the header: the
+/// rule of [`whole_files`] for reads of ranges, where a local copy's completion fetches little.
+fn whole_files_of_ranges(files: &[SourceFile], ranges: &[(usize, u64, u64, u32, u64)]) -> Vec<bool> {
+    let mut spans: Vec<Vec<(u64, u64)>> = vec![Vec::new(); files.len()];
+    for &(file, offset, len, _, _) in ranges {
+        if let Some(s) = spans.get_mut(file) {
+            s.push((offset, offset.saturating_add(len)));
+        }
+    }
+    files
+        .iter()
+        .zip(&mut spans)
+        .map(|(f, spans)| {
+            spans.sort_unstable();
+            let (mut covered, mut at) = (0u64, f.data_start);
+            for &(start, end) in spans.iter() {
+                let (start, end) = (start.max(at), end.min(f.len));
+                if end > start {
+                    covered += end - start;
+                    at = end;
+                }
+            }
+            u128::from(covered) * 16 >= u128::from(f.len.saturating_sub(f.data_start)) * 15
+        })
+        .collect()
+}
+
+/// The end of a read that may have written local copies of objects: each is published only once the read succeeded
+/// (a failure to publish is a warning: the read has its bytes); a failed read's copies go now, its reads still in
+/// flight keeping the files (and the copies) alive a little longer.
+fn settle_copies<T>(files: &[Arc<OpenFile>], read: Result<T>) -> Result<T> {
+    let copies = files.iter().filter_map(|f| f.filling());
+    match read {
+        Ok(r) => {
+            copies.for_each(|c| {
+                c.publish();
+            });
+            Ok(r)
+        }
+        Err(e) => {
+            copies.for_each(|c| c.abandon());
+            Err(e)
+        }
+    }
+}
+
 /// `path` as a raw source: its length (an object's from a HEAD request, with its ETag).
 fn raw_source(path: &Path) -> Result<weightlift_format::SourceFile> {
     let (len, etag) = match path.to_str().filter(|p| weightlift_remote::is_url(p)) {
@@ -611,6 +643,7 @@ fn raw_source(path: &Path) -> Result<weightlift_format::SourceFile> {
         metadata: weightlift_format::Metadata::None,
         gguf_version: None,
         etag,
+        header: None,
     })
 }
 
@@ -806,6 +839,11 @@ impl Engine {
         }
     }
 
+    /// The length of `path` (for a URL, its object's length now, from one HEAD request).
+    pub fn len_of(&self, path: &Path) -> Result<u64> {
+        Ok(self.open(path)?.len)
+    }
+
     /// Reads up to `len` bytes of `path` at `offset` into caller memory, like `pread`: returns the bytes read, fewer
     /// at the end of the file (none past it).
     ///
@@ -893,6 +931,28 @@ impl Engine {
         unsafe { self.read_open_scattered_into(&files, ranges, dests, opts) }
     }
 
+    /// [`Engine::read_scattered_into`] over files described already (as a parsed index gives them): an object's
+    /// ranges are read from the version the index was parsed from, or not at all, and from its valid local copy
+    /// where there is one (`remote_cache_dir`). Ranges covering the whole of an object (as [`Engine::load`] reads
+    /// it) write its local copy, published once the read has succeeded.
+    ///
+    /// # Safety
+    /// As for [`Engine::read_scattered_into`].
+    pub unsafe fn read_scattered_of_into(
+        &self,
+        files: &[SourceFile],
+        ranges: &[(usize, u64, u64, u32, u64)],
+        dests: &[(RawDest, u64)],
+        opts: &LoadOpts<'_>,
+    ) -> Result<Report> {
+        let open = self.open_files_writing(files, &whole_files_of_ranges(files, ranges))?;
+        // SAFETY: the same contract.
+        let read = unsafe { self.read_open_scattered_into(&open, ranges, dests, opts) };
+        let mut report = settle_copies(&open, read)?;
+        report.network = NetworkStats::of(&open);
+        Ok(report)
+    }
+
     /// [`Engine::read_scattered_into`] on files already open.
     ///
     /// # Safety
@@ -953,6 +1013,7 @@ impl Engine {
                 r
             }
         };
+        report.network = NetworkStats::of(files);
         report.seconds = start.elapsed().as_secs_f64();
         Ok(report)
     }

@@ -7,7 +7,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-use weightlift_format::TensorIndex;
+use weightlift_format::SourceFile;
 use weightlift_io::{IoError, OpenFile};
 
 use crate::error::{Error, Result};
@@ -41,8 +41,12 @@ pub(crate) struct FileCache {
 }
 
 impl FileCache {
-    /// `path`, opened (reusing the descriptors of an unchanged file).
+    /// `path`, opened (reusing the descriptors of an unchanged file). A URL is opened afresh each time (one HEAD
+    /// request), at the version its server has now.
     pub fn open(&self, path: &Path, want_direct: bool) -> Result<Arc<OpenFile>> {
+        if let Some(url) = path.to_str().filter(|p| weightlift_remote::is_url(p)) {
+            return Ok(Arc::new(OpenFile::open_object(url, None)?));
+        }
         self.open_as(path, want_direct, false)
     }
 
@@ -71,18 +75,17 @@ impl FileCache {
         Ok(f)
     }
 
-    /// The index's files, refusing any whose length changed since the index was read. An object (a URL) is
-    /// opened afresh for each load: its HEAD request checks the ETag the index was parsed from. With `copies`
-    /// (`remote_cache_dir` and, per file of the index, whether this load writes a new local copy), an object is
-    /// read from its valid local copy, or its copy is written as the load reads it where the flag says so.
+    /// Files as an index describes them, refusing any whose length changed since the index was read. An object (a
+    /// URL) is opened afresh for each load: its HEAD request checks the ETag the index was parsed from. With
+    /// `copies` (`remote_cache_dir` and, per file, whether this load writes a new local copy), an object is read
+    /// from its valid local copy, or its copy is written as the load reads it where the flag says so.
     pub fn open_index(
         &self,
-        index: &TensorIndex,
+        files: &[SourceFile],
         want_direct: bool,
         copies: Option<(&Path, &[bool])>,
     ) -> Result<Vec<Arc<OpenFile>>> {
-        index
-            .files
+        files
             .iter()
             .enumerate()
             .map(|(i, f)| {
@@ -90,7 +93,8 @@ impl FileCache {
                 let file = match (f.path.to_str().filter(|p| weightlift_remote::is_url(p)), copies) {
                     (Some(url), Some((dir, fill))) => {
                         let fill = fill.get(i).copied().unwrap_or(false);
-                        Arc::new(OpenFile::open_object_cached(url, etag, dir, fill, want_direct)?)
+                        let header = f.header.as_ref();
+                        Arc::new(OpenFile::open_object_cached(url, etag, header, dir, fill, want_direct)?)
                     }
                     (Some(url), None) => Arc::new(OpenFile::open_object(url, etag)?),
                     (None, _) => self.open(&f.path, want_direct)?,

@@ -158,6 +158,7 @@ fn batch_index(path: &Path, index: &PackIndex, batches: &[Batch]) -> TensorIndex
             metadata: weightlift_format::Metadata::None,
             gguf_version: None,
             etag: index.etag.clone(),
+            header: None,
         }],
         tensors: batches
             .iter()

@@ -1,7 +1,8 @@
 //! Local copies of objects (`remote_cache_dir`) against real servers (S3 through `s3s-fs`, HTTP through nginx and
 //! the tests' proxy): the first load writes the copy, byte for byte the file the object was made from; the next
-//! load reads it with only a HEAD going out; a replaced object is fetched again; a failed load publishes nothing
-//! and leaves nothing; a key with `..` writes nothing outside the folder.
+//! load reads it with only a HEAD going out; the copy's header is the one parsing fetched, at no further request; a
+//! replaced object is fetched again; a failed load publishes nothing and leaves nothing; a key with `..` writes
+//! nothing outside the folder.
 
 mod servers;
 
@@ -28,13 +29,12 @@ fn generate(dir: &Path, name: &str, seed: u64) -> PathBuf {
 
 /// Small chunks and staging (many GETs, slots reused), one retry (a lasting fault fails fast; the request settings
 /// are process-wide, so every engine of this binary sets the same).
+fn settings() -> Settings {
+    Settings::default().chunk_bytes(256 << 10).staging_bytes(4 << 20).remote_retries(1)
+}
+
 fn engine(cache: &Path) -> Engine {
-    let settings = Settings::default()
-        .chunk_bytes(256 << 10)
-        .staging_bytes(4 << 20)
-        .remote_retries(1)
-        .remote_cache_dir(Folder(Some(cache.to_path_buf())));
-    Engine::new(settings).unwrap()
+    Engine::new(settings().remote_cache_dir(Folder(Some(cache.to_path_buf())))).unwrap()
 }
 
 fn load(engine: &Engine, url: &str) -> (TensorIndex, Loaded) {
@@ -146,6 +146,44 @@ fn the_copy_is_read_with_only_a_head_going_out() {
     assert_eq!(proxy.ranged_gets.load(SeqCst), gets, "a load from the copy sent a GET");
     let net = loaded.report.network.as_ref().unwrap();
     assert_eq!((net.cached.clone(), net.requests, net.bytes), (vec![url], 1, 0), "{net:?}");
+}
+
+#[test]
+fn the_copy_takes_its_header_from_parsing_at_no_further_request() {
+    let Some(nginx) = servers::nginx(true) else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let local = generate(dir.path(), "p.safetensors", 12);
+    servers::put(&nginx.root, "p.safetensors", &local);
+    let proxy = servers::Proxy::start(nginx.port, Vec::new());
+    let url = format!("{}/p.safetensors", proxy.base());
+    let index = weightlift::format::open(&[PathBuf::from(&url)], None).unwrap();
+    let file = &index.files[0];
+    let header = file.header.as_ref().expect("parsing fetched the whole header in its first GET");
+    assert_eq!(header.0.len() as u64, file.data_start);
+    let gets = || proxy.ranged_gets.load(SeqCst);
+    let load = |engine: &Engine, index: &TensorIndex| {
+        let before = gets();
+        let loaded = engine.load(index, Device::Cpu, &LoadOpts::default()).unwrap();
+        assert_loaded(&local, index, &loaded);
+        (gets() - before, loaded.report.network.unwrap())
+    };
+    let copy_of = |cache: &Path| std::fs::read(cache.join(format!("http/127.0.0.1:{}/p.safetensors", proxy.port)));
+
+    // The load without a cache folder, and the one that writes the copy: the same GETs, the same requests.
+    let (plain_gets, plain) = load(&Engine::new(settings()).unwrap(), &index);
+    let cache = dir.path().join("cache");
+    let (gets_with, net) = load(&engine(&cache), &index);
+    assert_eq!(net.copies_written, std::slice::from_ref(&url), "{net:?}");
+    assert_eq!((gets_with, net.requests), (plain_gets, plain.requests), "{net:?}");
+    assert!(copy_of(&cache).unwrap() == std::fs::read(&local).unwrap(), "the copy differs from the file");
+
+    // Without the header bytes of parsing, the copy's header costs one more GET.
+    let mut bare = index.clone();
+    bare.files[0].header = None;
+    let other = dir.path().join("other");
+    let (gets_bare, net) = load(&engine(&other), &bare);
+    assert_eq!((gets_bare, net.requests), (plain_gets + 1, plain.requests + 1), "{net:?}");
+    assert!(copy_of(&other).unwrap() == std::fs::read(&local).unwrap(), "the copy differs from the file");
 }
 
 #[test]
