@@ -22,6 +22,8 @@ pub mod candle;
 pub mod checked;
 pub mod cufile_api;
 mod device;
+#[cfg(feature = "dlpack")]
+pub mod dlpack;
 mod engine;
 mod error;
 mod files;
@@ -43,6 +45,8 @@ pub use block::{BlockDevice, LbaRange, RegionTable};
 pub use candle_core;
 pub use checked::{Checks, ChunkSum};
 pub use device::Device;
+#[cfg(feature = "dlpack")]
+pub use dlpark;
 pub use engine::Engine;
 pub use error::{Error, Result};
 pub use layers::{LayerStreamer, LayerView, StreamerStats};
