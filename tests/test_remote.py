@@ -81,8 +81,36 @@ def test_load_file_over_http_and_missing_objects(http, tmp_path):
     want = _checkpoint(tmp_path / "m.safetensors")
     shutil.copy(tmp_path / "m.safetensors", root / "m.safetensors")
     _same(wst.load_file(f"{base}/m.safetensors"), want)
-    with pytest.raises(weightlift.WeightliftError, match="no such object") as e:
+    with pytest.raises(weightlift.WeightliftFileNotFoundError, match="no such object") as e:
         wst.load_file(f"{base}/none.safetensors")
+    assert "\n" not in str(e.value)
+
+
+def test_missing_objects_and_refused_credentials_raise_as_local_files_do(s3, http, tmp_path, monkeypatch):
+    """A missing object or bucket is a WeightliftFileNotFoundError (a FileNotFoundError), as a missing local file
+    is; refused credentials a WeightliftPermissionError (a PermissionError); a URL naming no object an
+    InvalidArgumentError (a ValueError). Each message is one line naming the URL."""
+    root, base = http
+    with pytest.raises(weightlift.WeightliftFileNotFoundError) as local:
+        wst.load_file(tmp_path / "none.safetensors")
+    missing = ["s3://bucket/none.safetensors", "s3://no-such-bucket/m.safetensors", f"{base}/none.safetensors"]
+    for url in missing:
+        for call in (lambda: wst.load_file(url), lambda: wst.safe_open(url, framework="pt"),
+                     lambda: weightlift._native.Checkpoint([url], raw_dtype="U8")):
+            with pytest.raises(FileNotFoundError) as e:
+                call()
+            assert type(e.value) is type(local.value), (url, type(e.value))
+            assert str(e.value) == f"{url}: no such object (or no such bucket)"
+    with pytest.raises(weightlift.InvalidArgumentError, match="s3://bucket/: not an object URL"):
+        wst.load_file("s3://bucket/")
+    # Refused credentials: a bucket no client of this process has read yet, whose client takes the wrong key.
+    (s3.parent / "refused").mkdir()
+    _checkpoint(s3.parent / "refused" / "m.safetensors")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "not-the-secret")
+    with pytest.raises(PermissionError) as e:
+        wst.load_file("s3://refused/m.safetensors")
+    assert isinstance(e.value, weightlift.WeightliftPermissionError), type(e.value)
+    assert str(e.value).startswith("s3://refused/m.safetensors: access denied (HTTP 403"), str(e.value)
     assert "\n" not in str(e.value)
 
 
@@ -226,7 +254,7 @@ def test_transformers_from_pretrained_from_a_bucket_missing_files(s3, tmp_path, 
     (s3.parent / "locked").mkdir()
     shutil.copytree(local, s3.parent / "locked" / "m")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "not-the-secret")
-    with pytest.raises(weightlift.WeightliftError, match="s3://locked/m/config.json: access denied") as e:
+    with pytest.raises(weightlift.WeightliftPermissionError, match="s3://locked/m/config.json: access denied") as e:
         wtr.from_pretrained(transformers.AutoModelForCausalLM, "s3://locked/m", device="cpu")
     assert "\n" not in str(e.value)
     assert list(temp_dir.glob("weightlift-model-*")) == []

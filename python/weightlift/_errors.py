@@ -20,11 +20,11 @@ class IoError(WeightliftError, OSError):
 
 
 class WeightliftFileNotFoundError(IoError, FileNotFoundError):
-    """A file does not exist."""
+    """A file does not exist, or an object (a URL) or its bucket does not."""
 
 
 class WeightliftPermissionError(IoError, PermissionError):
-    """A file cannot be opened with the access needed."""
+    """A file cannot be opened with the access needed, or an object store refused the credentials."""
 
 
 class WeightliftIsADirectoryError(IoError, IsADirectoryError):

@@ -611,8 +611,6 @@ def from_pretrained(
 
 # URL schemes weightlift reads as objects (crates/weightlift-remote's `is_url`); anything else is a local path.
 _URL_SCHEMES = ("s3", "s3a", "gs", "az", "abfs", "abfss", "azure", "http", "https")
-# How the engine reports a missing object or bucket (crates/weightlift-remote's RemoteError::NotFound).
-_NO_SUCH_OBJECT = ": no such object (or no such bucket)"
 # The small files from_pretrained reads from a model's folder besides config.json and the weights (a local load of
 # a transformers 5 model opens these and no others); each is fetched where the bucket has it.
 _REMOTE_EXTRAS = ("generation_config.json",)
@@ -643,20 +641,22 @@ def _remote_paths(files: list) -> list[str]:
         return [_remote_files.get(os.path.realpath(p), p) for p in paths]
 
 
-def _object(url: str) -> Optional[_native.Checkpoint]:
+def _object(url: str, required: bool = False) -> Optional[_native.Checkpoint]:
     """The object at ``url`` opened as one raw byte tensor (nothing read yet), or None where there is no such
-    object; other failures (credentials, a bad URL) raise weightlift's one-line error."""
+    object or bucket, which the engine raises as :class:`WeightliftFileNotFoundError` (raised as it is where
+    ``required``); other failures (credentials, a bad URL) raise weightlift's one-line error."""
     try:
         return _native.Checkpoint([url], raw_dtype="U8")
-    except WeightliftError as e:
-        if str(e).endswith(_NO_SUCH_OBJECT):
-            return None
-        raise
+    except WeightliftFileNotFoundError:
+        if required:
+            raise
+        return None
 
 
-def _fetch(url: str) -> Optional[bytes]:
-    """The bytes of the (small) object at ``url``, read by the engine, or None where there is no such object."""
-    ckpt = _object(url)
+def _fetch(url: str, required: bool = False) -> Optional[bytes]:
+    """The bytes of the (small) object at ``url``, read by the engine, or None where there is no such object (see
+    :func:`_object`)."""
+    ckpt = _object(url, required)
     if ckpt is None:
         return None
     (tensor,) = _load_tensors(ckpt, None, "cpu", None).values()
@@ -692,9 +692,10 @@ def _from_url(cls_or_auto: Any, url: str, dev: str, kwargs: dict) -> Any:
     variant = kw.get("variant")
     stem = f"model.{variant}" if variant else "model"
     config_url = _url_join(base, "config.json")
-    config_bytes = _fetch(config_url)
-    if config_bytes is None and kw.get("config") is None:
-        raise WeightliftFileNotFoundError(f"{config_url}{_NO_SUCH_OBJECT} (the model's config.json is needed)")
+    try:
+        config_bytes = _fetch(config_url, required=kw.get("config") is None)
+    except WeightliftFileNotFoundError as e:
+        raise WeightliftFileNotFoundError(f"{e} (the model's config.json is needed)") from None
     try:
         config = json.loads(config_bytes) if config_bytes is not None else {}
     except ValueError as e:

@@ -6,10 +6,11 @@
 //!   the copy. An object without an ETag never is: its length alone does not tell one version from another.
 //! - [`CacheFill`]: otherwise the load writes the copy as its bytes arrive: each ranged GET's body is written at its
 //!   offset into an unnamed temporary file (`O_TMPFILE`, through [`weightlift_format::output::Output`], the writer
-//!   of `save_file`) right after it landed in its staging slot; at the end of a successful load what no GET covered
-//!   is written from the header bytes parsing fetched, and what they do not hold either is fetched (same pinned
-//!   ETag); then the file is fsynced and renamed over the old copy, and the sidecar is written the same way. A load
-//!   that fails or is cancelled drops the unnamed file: nothing is published, nothing is left.
+//!   of `save_file`) right after it landed in its staging slot, on a thread of the network runtime's blocking pool
+//!   (a write to disk must not hold up the threads serving sockets); at the end of a successful load what no GET
+//!   covered is written from the header bytes parsing fetched, and what they do not hold either is fetched (same
+//!   pinned ETag); then the file is fsynced and renamed over the old copy, and the sidecar is written the same way.
+//!   A load that fails or is cancelled drops the unnamed file: nothing is published, nothing is left.
 //!
 //! The cache never fails a load: each of its failures is a warning, and the load goes on without it.
 
@@ -163,8 +164,9 @@ impl CacheFill {
         }
     }
 
-    /// Writes `bytes`, the object's bytes at `offset`, into the copy. On the network thread that received them,
-    /// before their staging slot is handed back; a buffered write, so it costs a copy into the page cache.
+    /// Writes `bytes`, the object's bytes at `offset`, into the copy: a buffered write (a copy into the page cache,
+    /// which may wait on the disk), made before their staging slot is handed back, on a blocking thread (see
+    /// `weightlift_remote::run_blocking`), never on a thread serving sockets.
     pub fn write(&self, offset: u64, bytes: &[u8]) {
         let out = self.out.read().unwrap_or_else(|p| p.into_inner());
         let Some(o) = out.as_ref().filter(|_| !self.failed.load(Ordering::Relaxed)) else { return };

@@ -10,12 +10,12 @@ use crate::submit::{Submission, Submitter};
 
 type Completion = (u64, io::Result<usize>);
 
-/// Where an object read's bytes landed, read by the network thread that completes it (to copy them into the
-/// object's local copy) before it hands the completion back.
+/// Where an object read's bytes landed, read by the thread that writes them into the object's local copy before
+/// it hands the completion back.
 struct Landed(*mut u8);
 
-// SAFETY: the pointer is only read on the thread that completes the read, while the lane keeps the slot as the
-// read's (see `push`).
+// SAFETY: the pointer is only read by the one thread that writes the copy, before the completion is sent, while the
+// lane keeps the slot as the read's (see `push`).
 unsafe impl Send for Landed {}
 
 impl Landed {
@@ -58,13 +58,22 @@ impl Submitter for WithObjects {
                 let tx = self.done_tx.clone();
                 let landed = Landed(buf);
                 let done = move |r: Result<usize, weightlift_remote::RemoteError>| {
-                    if let (Ok(n), Some(copy)) = (&r, &copy) {
-                        // SAFETY: the read wrote `n` bytes at `landed`, which stay valid and untouched until the
-                        // completion sent below is returned (the slot is still this read's).
-                        let bytes = unsafe { std::slice::from_raw_parts(landed.get(), *n) };
-                        copy.write(offset, bytes);
+                    let landed_bytes = r.as_ref().ok().copied();
+                    let completion = (user_data, r.map_err(weightlift_remote::RemoteError::into_io));
+                    match (landed_bytes, copy) {
+                        // The write may wait on the disk: off the thread that serves sockets, the completion sent
+                        // only once the bytes are in the copy.
+                        (Some(n), Some(copy)) => weightlift_remote::run_blocking(move || {
+                            // SAFETY: the read wrote `n` bytes at `landed`, which stay valid and untouched until the
+                            // completion sent below is returned (the slot is still this read's).
+                            let bytes = unsafe { std::slice::from_raw_parts(landed.get(), n) };
+                            copy.write(offset, bytes);
+                            let _ = tx.send(completion);
+                        }),
+                        _ => {
+                            let _ = tx.send(completion);
+                        }
                     }
-                    let _ = tx.send((user_data, r.map_err(weightlift_remote::RemoteError::into_io)));
                 };
                 // SAFETY: the caller keeps `buf..buf + len` valid and untouched until this read's completion is
                 // returned by `complete`, which happens only after `done` has run.

@@ -45,6 +45,15 @@ fn io_class(kind: Option<io::ErrorKind>, default: &'static str) -> &'static str 
     }
 }
 
+/// An object's error as a local file's of the same meaning (a missing object is a `FileNotFoundError`, refused
+/// credentials a `PermissionError`), and a URL that names no object as an invalid argument.
+fn remote_class(e: &weightlift::remote::RemoteError) -> &'static str {
+    match e.io_kind() {
+        io::ErrorKind::InvalidInput => "InvalidArgumentError",
+        kind => io_class(Some(kind), "IoError"),
+    }
+}
+
 pub fn invalid_argument(message: &str) -> PyErr {
     raise("InvalidArgumentError", message.to_string(), None)
 }
@@ -54,6 +63,7 @@ pub fn to_py(e: Error) -> PyErr {
     let class = match &e {
         Error::Format(f) => match &f.kind {
             ErrorKind::Open(cause) => io_class(Some(cause.kind()), "IoError"),
+            ErrorKind::Remote(r) => remote_class(r),
             ErrorKind::NotAFile { .. } => "NotARegularFileError",
             ErrorKind::Read { .. } | ErrorKind::Write(_) => "IoError",
             _ => "FormatError",
@@ -61,6 +71,7 @@ pub fn to_py(e: Error) -> PyErr {
         e if e.is_out_of_memory() => "OutOfMemoryError",
         Error::Io(IoError::Setting { .. }) | Error::Io(IoError::Destinations(_)) => "InvalidArgumentError",
         Error::Io(IoError::NotAFile { .. }) => "NotARegularFileError",
+        Error::Io(IoError::Remote(r)) => remote_class(r),
         Error::Io(io) => io_class(io.io_kind(), "IoError"),
         Error::Cuda(_) | Error::Nvme(_) => "CudaError",
         Error::TensorNotFound { .. } => "TensorNotFoundError",

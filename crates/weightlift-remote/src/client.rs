@@ -81,6 +81,16 @@ pub(crate) fn runtime() -> Result<&'static tokio::runtime::Runtime, RemoteError>
         })
 }
 
+/// Runs `f` on a thread of the network runtime's blocking pool: work that may wait on a disk (writing what arrived
+/// into a local copy), which must not hold up the runtime's threads serving sockets. Where there is no runtime, `f`
+/// runs on the calling thread.
+pub fn run_blocking(f: impl FnOnce() + Send + 'static) {
+    match runtime() {
+        Ok(rt) => drop(rt.spawn_blocking(f)),
+        Err(_) => f(),
+    }
+}
+
 type Clients = HashMap<(String, Config), Arc<dyn ObjectStore>>;
 
 /// The client for `url`'s bucket or host, and the object's path inside it.
@@ -232,6 +242,37 @@ mod tests {
         let p = parse_ini_section(text, "profile other");
         assert_eq!(p.get("region").map(String::as_str), Some("eu-west-1"));
         assert!(parse_ini_section(text, "missing").is_empty());
+    }
+
+    /// Work handed to `run_blocking` from the runtime's threads (as a read's completion hands a local copy's write)
+    /// waits without holding them: more of it than the runtime has threads waits at once, and async work still runs.
+    #[test]
+    fn blocking_work_leaves_the_runtime_threads_free() {
+        use std::sync::mpsc::channel;
+        let rt = runtime().unwrap();
+        let waiting = 16; // more than the runtime's threads (at most 8)
+        let (release, released) = channel::<()>();
+        let released = Arc::new(Mutex::new(released));
+        let (started, starts) = channel();
+        for _ in 0..waiting {
+            let (released, started) = (released.clone(), started.clone());
+            rt.spawn(async move {
+                run_blocking(move || {
+                    let _ = started.send(());
+                    let _ = released.lock().unwrap_or_else(|p| p.into_inner()).recv();
+                })
+            });
+        }
+        for i in 0..waiting {
+            starts.recv_timeout(Duration::from_secs(10)).unwrap_or_else(|_| panic!("{i} of {waiting} started"));
+        }
+        let (done, finished) = channel();
+        rt.spawn(async move {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+            let _ = done.send(());
+        });
+        finished.recv_timeout(Duration::from_secs(10)).expect("async work ran while the blocking work waited");
+        drop(release);
     }
 
     #[test]

@@ -21,6 +21,6 @@ mod client;
 mod error;
 mod object;
 
-pub use client::{Config, DEFAULT_RETRIES, DEFAULT_TIMEOUT_SECS, config, configure, is_url};
+pub use client::{Config, DEFAULT_RETRIES, DEFAULT_TIMEOUT_SECS, config, configure, is_url, run_blocking};
 pub use error::RemoteError;
 pub use object::{Head, Object, Stats, upload, upload_with_progress};
