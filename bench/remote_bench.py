@@ -520,8 +520,13 @@ def main() -> int:
                     if "best_gbps" in c:
                         say("http", name, f"{c['best_gbps']:.2f} GB/s")
             finally:
-                nginx.kill()
-                nginx.wait()
+                # SIGTERM: nginx's master stops its workers (SIGKILL would leave them running, orphaned).
+                nginx.terminate()
+                try:
+                    nginx.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    nginx.kill()
+                    nginx.wait()
         else:
             result["skipped"]["http"] = "needs nginx and curl"
 
