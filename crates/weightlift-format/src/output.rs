@@ -11,7 +11,7 @@
 //! both leave a whole file.
 //!
 //! The temporary name, `NAME.weightlift-tmp-PID-NONCE`, lives only between the link and the rename, or for the
-//! whole write where the filesystem has no `O_TMPFILE` (see [`open_unnamed`]). A writer killed while it has a
+//! whole write where the filesystem has no `O_TMPFILE` (see `open_unnamed` for when). A writer killed while it has a
 //! name leaves it behind, so every write first removes the temporary files of earlier writes to the same target
 //! whose writer is gone. "Gone" is decided by a lock, not by the PID (which the system reuses): a writer holds an
 //! exclusive `flock` on its temporary file from the moment it exists (named or not) until after the rename, and
