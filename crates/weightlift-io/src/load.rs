@@ -85,7 +85,7 @@ impl std::fmt::Debug for StreamOptions {
 pub struct IoReport {
     /// The kernel interface the lanes used.
     pub read_engine: ReadEngineUsed,
-    /// Why that one (chosen by a setting, or io_uring found unavailable).
+    /// Why that one: who chose it, or what the io_uring probe found.
     pub read_engine_reason: String,
     /// Whether io_uring read into registered (fixed) buffers.
     pub fixed_buffers: bool,

@@ -52,9 +52,9 @@ pub struct Completion<'a> {
     pub cid: u16,
     /// The command's opcode ([`IoOpcode`] values for the commands this crate builds).
     pub opcode: u8,
-    /// The first logical block (0 for a flush).
+    /// The first logical block the command covers (0 for a flush).
     pub slba: u64,
-    /// Blocks transferred (0 for a flush).
+    /// Blocks it covers (0 for a flush).
     pub nlb: u32,
     /// How it ended; [`Completion::result`] turns a failure into an error.
     pub status: Status,

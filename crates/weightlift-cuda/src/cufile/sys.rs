@@ -56,7 +56,7 @@ pub struct DriverProps {
     pub max_device_cache_size: u32,
     /// Size of each of those bounce buffers, in KiB.
     pub per_buffer_cache_size: u32,
-    /// Device memory cuFile may keep pinned (registered buffers included), in KiB.
+    /// Most device memory `cuFileBufRegister` may pin, in KiB.
     pub max_device_pinned_mem_size: u32,
     /// Most entries one batch I/O may hold.
     pub max_batch_io_size: u32,
