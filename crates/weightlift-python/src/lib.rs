@@ -231,35 +231,6 @@ impl NativeEngine {
         Ok(n)
     }
 
-    /// Reads byte ranges `(file index, offset, length, destination offset)` of `paths` into the `nbytes` of memory
-    /// at address `ptr` (host, or device `cuda:N`), through one plan; returns the load's report. Honours the test
-    /// hook `WEIGHTLIFT_INJECT_EIO` (see `inject`).
-    fn read_ranges_into(
-        &self,
-        py: Python<'_>,
-        paths: Vec<PathBuf>,
-        ranges: Vec<(usize, u64, u64, u64)>,
-        ptr: usize,
-        nbytes: u64,
-        device: &str,
-    ) -> PyResult<Py<PyAny>> {
-        let _cuda = crate::bridge::keep_callers_context();
-        let dest = SendPtr(raw_dest(device, ptr)?);
-        let faults = inject::from_env(&paths)?;
-        let engine = self.engine.clone();
-        let report = interruptible(py, move |cancel| {
-            let dest = dest;
-            let opts = LoadOpts { faults: faults.as_ref(), cancel: Some(cancel), ..LoadOpts::default() };
-            // SAFETY: the Python layer passes the data pointer and byte size of a live, contiguous tensor that it
-            // keeps alive (and does not hand to other work) for the duration of this call.
-            unsafe { engine.read_ranges_into(&paths, &ranges, dest.0, nbytes, &opts) }
-        })?
-        .map_err(to_py)?
-        .to_json();
-        remember(report.clone());
-        json_to_py(py, &report)
-    }
-
     /// Writes `nbytes` from address `ptr` (host, or device `cuda:N`) into `path` at `offset`; fsyncs when `durable`.
     #[allow(clippy::too_many_arguments)] // the Python signature: a pwrite plus where the memory lives
     fn write_from(
