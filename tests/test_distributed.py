@@ -154,6 +154,7 @@ def test_the_report_breaks_each_step_down(ranks):
         for r, res in enumerate(results):
             rep = res[key]["report"]
             assert (rep["read_ahead"], rep["readers"]) == (read_ahead, readers), key
+            assert rep["read_depth"] == (2 if read_ahead else 1), key  # read-ahead: two steps read at once
             steps = rep["timeline"]
             assert len(steps) == rep["steps"] > 1, key
             for read0, read1, exchanged, issued in steps:

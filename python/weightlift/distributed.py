@@ -91,8 +91,10 @@ _OK, _FAILED, _STOPPED = 0, 1, 2
 #: calling thread exchanges statuses and runs the collectives (False: read, exchange, collective in lockstep).
 #: ``_READERS``: "all" (every rank reads a block per step) or "one" (the group's first rank reads everything and
 #: broadcasts it: one reader per host, the fan-out over NVLink).
+#: ``_READ_DEPTH``: with read-ahead, how many steps each rank reads at once (1: one after another).
 _READ_AHEAD = True
 _READERS = "all"
+_READ_DEPTH = 2
 
 _lock = threading.Lock()
 _last: "dict[str, Any] | None" = None
@@ -112,7 +114,8 @@ def last_report() -> "dict[str, Any] | None":
     """The report of this process's last :func:`load_file`: this rank's figures (``rank``, ``bytes`` returned,
     ``storage_bytes`` read from storage with alignment, ``storage_requested_bytes`` asked of the engine,
     ``group_bytes_sent`` / ``group_bytes_received`` over the process group, ``seconds``, ``read_seconds`` (in the
-    engine), ``read_wait_seconds`` (the calling thread waiting for this rank's reads), ``exchange_seconds`` (status
+    engine, summed over the reads: two steps read at once both count), ``read_depth`` (steps read at once),
+    ``read_wait_seconds`` (the calling thread waiting for this rank's reads), ``exchange_seconds`` (status
     exchanges), ``collective_wait_seconds``, ``wait_seconds`` (every wait on the group), ``timeline`` (per step:
     read start, read end, status exchange done, collective launched, in seconds since the start)), ``ranks`` (every
     rank's figures) and ``summary`` (totals and the slowest rank)."""
@@ -158,6 +161,7 @@ class _Stats:
     read_wait_seconds: float = 0.0
     readers: str = ""
     read_ahead: bool = False
+    read_depth: int = 1
     #: Per step of a replicated load, seconds since the load's start: ``[read start, read end, status exchange
     #: done, collective issued]`` (read times are this rank's; -1 where this rank read nothing).
     timeline: list = field(default_factory=list)
@@ -471,37 +475,46 @@ def _typed(buf: "torch.Tensor", at: int, e: _Entry, shape: tuple[int, ...]) -> "
 
 
 class _Reader:
-    """Reads a rank's blocks of every step, in step order, on a thread of its own: the disk never waits for the
-    status exchanges and collectives, which the calling thread runs as each step's block lands. The blocks land in
-    the load's own buffer (no extra memory); a failed read ends the reading and is reported at the next exchange,
-    as in lockstep."""
+    """Reads a rank's blocks of every step, in step order, on threads of their own: the disk never waits for the
+    status exchanges and collectives, which the calling thread runs as each step's block lands. ``depth`` steps are
+    read at once (one thread each): the engine's lanes take the next step's reads as the current step's last reads
+    run, instead of draining to one read in flight at each step's end. The blocks land in the load's own buffer (no
+    extra memory); a failed read ends the reading and is reported at the next exchange, as in lockstep."""
 
-    def __init__(self, load: "_Load", ranges: Callable[[int], list], steps: int, buf: "torch.Tensor | None"):
+    def __init__(self, load: "_Load", ranges: Callable[[int], list], steps: int, buf: "torch.Tensor | None", depth: int):
         self.load, self.ranges, self.steps, self.buf = load, ranges, steps, buf
-        self.done = 0  # steps read (or given up on)
+        self.next = 0  # the next step a thread takes
+        self.read = [False] * steps  # steps read (or given up on)
+        self.done = 0  # steps 0..done-1 are all read
         self.cond = threading.Condition()
         self.stop = False
-        self.thread = threading.Thread(target=self._run, name="weightlift-distributed-reader", daemon=True)
+        self.threads = [
+            threading.Thread(target=self._run, name=f"weightlift-distributed-reader-{i}", daemon=True)
+            for i in range(max(1, min(depth, steps)))
+        ]
 
     def start(self) -> None:
-        self.thread.start()
+        for t in self.threads:
+            t.start()
 
     def _run(self) -> None:
-        for k in range(self.steps):
+        while True:
             with self.cond:
-                if self.stop:
-                    break
-            if self.load.failure is None:
+                if self.next >= self.steps:
+                    return
+                k = self.next
+                self.next += 1
+                stop = self.stop or self.load.failure is not None
+            if not stop:
                 self.load._timed_read(k, self.ranges(k), self.buf)
             with self.cond:
-                self.done = k + 1
+                self.read[k] = True
+                while self.done < self.steps and self.read[self.done]:
+                    self.done += 1
                 self.cond.notify_all()
-        with self.cond:
-            self.done = self.steps
-            self.cond.notify_all()
 
     def wait_for(self, k: int) -> None:
-        """Until step ``k`` is read; in short waits, so that Ctrl-C reaches the calling thread."""
+        """Until steps ``0..=k`` are read; in short waits, so that Ctrl-C reaches the calling thread."""
         t = time.perf_counter()
         with self.cond:
             while self.done <= k:
@@ -509,11 +522,12 @@ class _Reader:
         self.load.stats.read_wait_seconds += time.perf_counter() - t
 
     def finish(self) -> None:
-        """Stops after the step being read (on an error or interrupt of the calling thread) and joins."""
+        """Stops after the steps being read (on an error or interrupt of the calling thread) and joins."""
         with self.cond:
             self.stop = True
-        if self.thread.is_alive():
-            self.thread.join()
+        for t in self.threads:
+            if t.is_alive():
+                t.join()
 
 
 class _Load:
@@ -527,6 +541,7 @@ class _Load:
         self.stopped = False
         self.paths: list[str] = []
         self.checkpoint: "_native.Checkpoint | None" = None
+        self.stats_lock = threading.Lock()
         self.start = time.perf_counter()
 
     def run(self, paths: list[str], shard: Shard) -> dict[str, "torch.Tensor"]:
@@ -601,7 +616,8 @@ class _Load:
         except Exception as e:  # noqa: BLE001 - reported to every rank before it is raised
             self.failure = e
             return
-        self.stats.add_read(report)
+        with self.stats_lock:  # the reader's threads add theirs at once
+            self.stats.add_read(report)
 
     def _buffer(self, nbytes: int) -> "torch.Tensor":
         buf = self.torch.empty(nbytes, dtype=self.torch.uint8, device=self.device)
@@ -692,6 +708,7 @@ class _Load:
         layout = _Layout(entries, 1 if one else pg.world, self.block)
         self.stats.block_bytes = layout.block
         self.stats.readers, self.stats.read_ahead = ("one" if one else "all"), _READ_AHEAD
+        self.stats.read_depth = _READ_DEPTH if _READ_AHEAD else 1
         try:
             buf = self._buffer(layout.size)
         except Exception as e:  # noqa: BLE001
@@ -706,7 +723,7 @@ class _Load:
             return layout.ranges(at, at + blk)
 
         self.stats.timeline = [[-1.0, -1.0, -1.0, -1.0] for _ in layout.steps]
-        reader = _Reader(self, mine, len(layout.steps), buf) if _READ_AHEAD else None
+        reader = _Reader(self, mine, len(layout.steps), buf, _READ_DEPTH) if _READ_AHEAD else None
         pending: list = []
         try:
             if reader is not None:
