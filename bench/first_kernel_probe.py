@@ -2,7 +2,7 @@
 """The first GPU-kernel use of a process: a packed load, and a load checked against its manifest (``verify=True``),
 timed first and second in fresh processes, with and without setting the engine up beforehand, its cost told apart.
 
-    first_kernel_probe.py PLAIN.safetensors PACK.wlpack --out OUT.json [--device cuda:0] [--procs 3]
+    first_kernel_probe.py PLAIN.safetensors PACK.wlpack --out OUT.json [--device cuda:0] [--procs 3] [--log DIR]
 
 PLAIN needs its manifest (``weightlift checksum PLAIN``); PACK is ``weightlift pack PLAIN PACK``. Each fresh process
 makes its CUDA context first (not counted), then, by its mode, does nothing ("none"), calls
@@ -10,6 +10,8 @@ makes its CUDA context first (not counted), then, by its mode, does nothing ("no
 ("kernels": the decoders' kernels too), timed apart, then loads one kind (PACK, or PLAIN with ``verify=True``)
 twice and checks every tensor of the last load against ``safetensors``' own read of PLAIN. The figure, per kind and
 mode: first / second seconds, median over the processes (the goal: within 1.1 once the set-up was done beforehand).
+With ``--log DIR`` each process writes the engine's debug records (its ``weightlift`` logger, each with the time it
+happened) to ``DIR/KIND-MODE-N.log``: where a first load's extra time goes.
 """
 
 from __future__ import annotations
@@ -26,10 +28,19 @@ KINDS = ("pack", "verify")
 MODES = ("none", "prepare", "kernels")
 
 
-def child(plain: str, pack: str, device: str, kind: str, mode: str) -> None:
+def child(plain: str, pack: str, device: str, kind: str, mode: str, log: "str | None") -> None:
     import torch
 
     import weightlift
+
+    if log:
+        import logging
+
+        handler = logging.FileHandler(log)
+        handler.setFormatter(logging.Formatter("%(created).6f %(threadName)s %(message)s"))
+        logger = logging.getLogger("weightlift")
+        logger.addHandler(handler)
+        logger.setLevel(logging.DEBUG)
 
     torch.zeros(1, device=device)
     torch.cuda.synchronize()
@@ -40,7 +51,9 @@ def child(plain: str, pack: str, device: str, kind: str, mode: str) -> None:
     out["prepare_s"] = time.perf_counter() - t0
     path, verify = (pack, False) if kind == "pack" else (plain, True)
     times, reports = [], []
-    for _ in range(2):
+    for i in range(2):
+        if log:
+            logging.getLogger("weightlift").info("load %d starts", i + 1)
         t0 = time.perf_counter()
         loaded = weightlift.load_file(path, device=device, verify=verify)
         torch.cuda.synchronize()
@@ -62,19 +75,24 @@ def main() -> int:
     ap.add_argument("--out")
     ap.add_argument("--device", default="cuda:0")
     ap.add_argument("--procs", type=int, default=3)
+    ap.add_argument("--log", metavar="DIR", help="each process's engine debug records, in DIR")
     ap.add_argument("--child", nargs=2, metavar=("KIND", "MODE"), help=argparse.SUPPRESS)
     a = ap.parse_args()
     if not a.child and not a.out:
         ap.error("--out is required")
     if a.child:
-        child(a.plain, a.pack, a.device, *a.child)
+        child(a.plain, a.pack, a.device, *a.child, a.log)
         return 0
     rows = []
     for i in range(a.procs):
         for kind in KINDS:
             for mode in MODES:
+                extra = []
+                if a.log:
+                    os.makedirs(a.log, exist_ok=True)
+                    extra = ["--log", os.path.join(a.log, f"{kind}-{mode}-{i}.log")]
                 p = subprocess.run([sys.executable, os.path.abspath(__file__), a.plain, a.pack, "--device", a.device,
-                                    "--child", kind, mode], capture_output=True, text=True, timeout=600)
+                                    "--child", kind, mode, *extra], capture_output=True, text=True, timeout=600)
                 lines = [ln for ln in p.stdout.splitlines() if ln.startswith("{")]
                 if p.returncode != 0 or not lines:
                     raise SystemExit(f"child {kind} {mode} exited {p.returncode}: {p.stderr[-800:]}")

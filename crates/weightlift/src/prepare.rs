@@ -4,6 +4,7 @@
 use std::time::Instant;
 
 use serde_json::{Value, json};
+use weightlift_cuda::unpack::GpuUnpacker;
 use weightlift_cuda::{CudaPinner, DeviceBuffer};
 use weightlift_io::{IoError, Pinner, StagingPrepared};
 
@@ -15,6 +16,9 @@ use crate::path::PathKind;
 /// Bytes allocated from (and given back to) a device's stream-ordered pool by [`Engine::prepare`], so that the
 /// pool's first use in the process is not the first load's.
 const POOL_TOUCH_BYTES: usize = 2 << 20;
+
+/// Events made ready per lane by [`Engine::prepare`]: a lane's copies in flight (one per staging slot, a few slots).
+const WARM_EVENTS_PER_LANE: usize = 4;
 
 /// What [`Engine::prepare`] did.
 #[derive(Clone, Debug)]
@@ -115,6 +119,8 @@ impl Engine {
                         for i in 0..=lanes {
                             gpu.stream(i)?;
                         }
+                        // Each lane's stream carries a first copy, and deliveries find their events made.
+                        gpu.warm_streams(lanes, lanes * WARM_EVENTS_PER_LANE)?;
                         out.streams = lanes + 1;
                         let p = Instant::now();
                         let stream = gpu.stream(lanes)?;
@@ -149,8 +155,67 @@ impl Engine {
         let _restore = weightlift_cuda::ContextRestore::save(); // the caller's thread keeps its device
         let t = Instant::now();
         let gpu = self.gpu(n)?;
-        let unpacker = self.take_unpacker(&gpu)?;
+        let mut unpacker = self.take_unpacker(&gpu)?;
+        let warmed = warm_unpacker(&gpu, &mut unpacker);
         self.give_unpacker(n, unpacker);
+        warmed?;
         Ok(t.elapsed().as_secs_f64())
     }
+}
+
+/// Decodes one small Huffman-coded chunk (checked by its xxh3) with `unpacker`: every kernel of a packed or checked
+/// load runs once (a kernel's first launch in a process costs more than later ones), and the unpacker's device
+/// buffers and pinned result buffer exist, as after a first load. Its errors are those a first packed load would
+/// meet.
+fn warm_unpacker(gpu: &weightlift_cuda::Gpu, unpacker: &mut GpuUnpacker) -> Result<()> {
+    use weightlift_cuda::unpack::{ChunkJob, GpuCodec, StreamSrc, UnpackError};
+    use weightlift_pack::{Codec, Level};
+    const RAW: usize = 64 << 10;
+    // Two byte planes of bf16-like values (varied, never zeros): a small xorshift sequence.
+    let mut x = 0x9E37_79B9_7F4A_7C15u64;
+    let raw: Vec<u8> = (0..RAW)
+        .map(|i| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            if i % 2 == 1 { 0x3C | (x as u8 & 0x3) } else { x as u8 }
+        })
+        .collect();
+    let half = RAW / 2;
+    let (mut lo, mut hi) = (vec![0u8; half], vec![0u8; half]);
+    weightlift_pack::planes::split(&raw, &mut [&mut lo[..], &mut hi[..]]);
+    let mut blob = Vec::new();
+    let mut streams = Vec::new();
+    for plane in [&lo, &hi] {
+        let stored = weightlift_pack::compress(Codec::Huffman, Level(3), plane)
+            .map_err(|e| crate::error::gpu_decoder(UnpackError::Setup(format!("encoding the warm-up chunk: {e}"))))?;
+        blob.resize(blob.len().next_multiple_of(16), 0);
+        streams.push((blob.len() as u64, stored.len() as u64));
+        blob.extend_from_slice(&stored);
+    }
+    let _restore = weightlift_cuda::ContextRestore::save(); // the caller's thread keeps its device
+    gpu.bind()?;
+    let stream = gpu.stream(0)?;
+    let src = DeviceBuffer::alloc(gpu, blob.len(), &stream)?;
+    let dst = DeviceBuffer::alloc(gpu, RAW, &stream)?;
+    stream.synchronize().map_err(weightlift_cuda::CudaError::driver(gpu.ordinal(), "cuStreamSynchronize"))?;
+    // SAFETY: `src` holds `blob.len()` bytes of device memory, allocated (stream synchronized above).
+    unsafe { weightlift_cuda::copy_host_to_device(gpu, src.device_ptr(), &blob) }?;
+    let srcs: Vec<StreamSrc> = streams
+        .iter()
+        .map(|&(at, len)| StreamSrc { ptr: src.device_ptr() + at, stored_len: len, codec: Some(GpuCodec::Huffman) })
+        .collect();
+    let job = ChunkJob {
+        first_stream: 0,
+        planes: 2,
+        dst: dst.device_ptr(),
+        raw_len: RAW as u64,
+        checksum: weightlift_pack::checksum(&raw),
+    };
+    // SAFETY: the streams are device memory holding the stored bytes, the destination RAW writable bytes disjoint
+    // from them; both live past the wait below (which also covers the failure of the enqueue).
+    let batch = unsafe { unpacker.decode_batch(&[job], &srcs) }.map_err(crate::error::gpu_decoder)?;
+    let waited = batch.wait().map_err(crate::error::gpu_decoder);
+    unpacker.recycle(batch);
+    waited
 }
