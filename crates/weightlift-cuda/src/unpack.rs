@@ -230,26 +230,6 @@ impl GpuUnpacker {
         })
     }
 
-    /// Grows the unpacker's device buffers for batches that hash up to `bytes` in up to `chunks` ranges, and keeps
-    /// `batches` pinned result buffers for them: what its first batches of that size would otherwise allocate
-    /// (device memory from the stream-ordered pool, page-locked host memory) while a load waits. Kept until the
-    /// unpacker is dropped, as after such batches.
-    pub fn reserve(&mut self, bytes: u64, chunks: usize, batches: usize) -> Result<(), UnpackError> {
-        self.gpu.bind()?;
-        let blocks = bytes.div_ceil(1024) as usize;
-        self.sums.at_least(&self.gpu, &self.stream, (blocks * 64).max(64))?;
-        // A hash job's descriptor is 3 words; its results a hash, 8 words of lane accumulators and a status word.
-        self.desc.at_least(&self.gpu, &self.stream, (chunks * 24).max(64))?;
-        let results = (chunks * 8 * 10).max(8);
-        self.results.at_least(&self.gpu, &self.stream, results)?;
-        let have = self.pinned.iter().filter(|p| p.len() >= results).count();
-        for _ in have..batches {
-            self.pinned.push(PinnedBuffer::alloc(&self.gpu, results.next_power_of_two())?);
-        }
-        self.stream.synchronize().map_err(CudaError::driver(self.gpu.ordinal(), "cuStreamSynchronize"))?;
-        Ok(())
-    }
-
     fn nvcomp(&mut self) -> Result<Nvcomp, UnpackError> {
         if self.nvcomp.is_none() {
             self.nvcomp = Some(crate::nvcomp::nvcomp().map_err(UnpackError::Setup)?);

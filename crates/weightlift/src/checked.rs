@@ -101,7 +101,7 @@ impl Layout<'_> {
 }
 
 /// Destinations gathered for one hashing round: at least this many bytes, unless nothing more lands for a moment.
-pub(crate) const ROUND_BYTES: u64 = 64 << 20;
+const ROUND_BYTES: u64 = 64 << 20;
 const ROUND_WAIT: Duration = Duration::from_millis(1);
 
 /// Waits for the next landed destinations (several, up to [`ROUND_BYTES`], when they come in quick succession).

@@ -156,13 +156,7 @@ impl Engine {
         let t = Instant::now();
         let gpu = self.gpu(n)?;
         let mut unpacker = self.take_unpacker(&gpu)?;
-        // The first rounds of a checked load (`checked::ROUND_BYTES` each, two in flight, in chunks of 1 MiB or more)
-        // find their buffers grown.
-        let rounds = 2 * crate::checked::ROUND_BYTES;
-        let warmed = unpacker
-            .reserve(rounds, (rounds >> 20) as usize, 8)
-            .map_err(crate::error::gpu_decoder)
-            .and_then(|()| warm_unpacker(&gpu, &mut unpacker));
+        let warmed = warm_unpacker(&gpu, &mut unpacker);
         self.give_unpacker(n, unpacker);
         warmed?;
         Ok(t.elapsed().as_secs_f64())
