@@ -96,25 +96,27 @@ def stats(xs: list[float]) -> dict:
 
 #: The replicated path's alternatives (weightlift.distributed's _READ_AHEAD, _READERS and _READ_DEPTH), timed side
 #: by side: "read_ahead" (the default: each rank reads two steps' blocks at once on threads while the collectives
-#: run), "read_ahead_1" (one step's blocks at a time: the default until 2026-11-28), "lockstep" (read, exchange,
+#: run), "read_ahead_1" (one step's blocks at a time: the default until 2026-11-28), "contiguous" (each rank reads one
+#: contiguous share of the file, a block per step, one broadcast from each rank per step), "lockstep" (read, exchange,
 #: collective, in turn), "one_reader" (rank 0 reads everything, one broadcast per step: NVLink fan-out).
 VARIANTS = {
-    "read_ahead": (True, "all", 2),
-    "read_ahead_1": (True, "all", 1),
-    "lockstep": (False, "all", 1),
-    "one_reader": (True, "one", 2),
+    "read_ahead": (True, "all", 2, "interleaved"),
+    "read_ahead_1": (True, "all", 1, "interleaved"),
+    "contiguous": (True, "all", 2, "contiguous"),
+    "lockstep": (False, "all", 1, "interleaved"),
+    "one_reader": (True, "one", 2, "interleaved"),
 }
 
 
 def variant_load(path: Path, dev: str, name: str, **kw) -> dict:
-    wd._READ_AHEAD, wd._READERS, wd._READ_DEPTH = VARIANTS[name]
+    wd._READ_AHEAD, wd._READERS, wd._READ_DEPTH, wd._SPAN = VARIANTS[name]
     try:
         return wd.load_file(str(path), device=dev, **kw)
     finally:
-        wd._READ_AHEAD, wd._READERS, wd._READ_DEPTH = VARIANTS["read_ahead"]
+        wd._READ_AHEAD, wd._READERS, wd._READ_DEPTH, wd._SPAN = VARIANTS["read_ahead"]
 
 
-BREAKDOWN = ("rank", "seconds", "read_depth", "read_seconds", "read_wait_seconds", "exchange_seconds", "collective_wait_seconds", "storage_bytes", "direct_policy")
+BREAKDOWN = ("rank", "seconds", "read_depth", "span", "read_seconds", "read_wait_seconds", "exchange_seconds", "collective_wait_seconds", "storage_bytes", "direct_policy")
 
 
 def breakdown(report: dict) -> dict:
@@ -294,7 +296,7 @@ def warm_runs(path: Path, runs: int, dev: str, checkpoint_bytes: int) -> dict:
                 "summary": rep["summary"],
                 "ranks": [{k: r[k] for k in ("rank", "storage_requested_bytes", "storage_bytes", "group_bytes_received", "seconds", "read_seconds", "wait_seconds", "direct_policy")} for r in rep["ranks"]],
             }
-    for name in ("read_ahead_1", "lockstep", "one_reader"):
+    for name in ("read_ahead_1", "contiguous", "lockstep", "one_reader"):
         xs = []
         for _ in range(runs):
             out, s = timed(lambda: variant_load(path, dev, name))
@@ -597,7 +599,7 @@ def goals(r: dict) -> dict:
         "warm_aggregate_ratio_default": r["world"] * r["warm_big"]["ratio_default_distributed_to_one_gpu"],
         "warm_aggregate_ratio_default_sharded_checkpoint": r["world"] * r["warm_hf"]["ratio_default_distributed_to_one_gpu"],
         "warm_ratio_goal": 1.8,
-        "warm_variants_gbps_best": {k: r["warm_big"][f"variant_{k}"]["best"] for k in ("read_ahead_1", "lockstep", "one_reader")},
+        "warm_variants_gbps_best": {k: r["warm_big"][f"variant_{k}"]["best"] for k in ("read_ahead_1", "contiguous", "lockstep", "one_reader")},
         "cold_ratio_to_disk_median": cold.get("ratio_distributed_to_disk_median"),
         # Each GPU's cold rate against one GPU loading alone (medians), per variant and peer: the goal is >= 1.0.
         "cold_ratio_to_one_gpu_median": cold.get("ratio_to_one_gpu_median"),

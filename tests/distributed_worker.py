@@ -2,7 +2,8 @@
 runs every scenario in order and writes, per scenario, each returned tensor's dtype, shape and SHA-256 of its bytes,
 the load report, or the error raised, to OUTDIR/rank<R>.json. The test compares them with references it computes
 itself. With a config naming ``remote`` checkpoints (URLs), it runs the loads from objects instead and keeps the
-tensors themselves (OUTDIR/rank<R>-<scenario>.pt), for the test to compare with ``torch.equal``.
+tensors themselves (OUTDIR/rank<R>-<scenario>.pt), for the test to compare with ``torch.equal``; with ``"device":
+"cuda"`` too, those loads go to each rank's GPU over NCCL.
 
     python tests/distributed_worker.py RANK WORLD PORT CONFIG.json OUTDIR
 """
@@ -55,14 +56,15 @@ def kept(fn, path: str) -> dict:
         tensors = fn()
     except Exception as e:  # noqa: BLE001 - the test inspects what was raised
         return {"error": type(e).__name__, "message": str(e), "trace": traceback.format_exc()}
-    torch.save({k: v.clone() for k, v in tensors.items()}, path)
+    torch.save({k: v.clone().cpu() for k, v in tensors.items()}, path)
     return {"report": wd.last_report()}
 
 
-def remote(urls: dict, rank: int, world: int, outdir: str) -> dict:
+def remote(urls: dict, rank: int, world: int, outdir: str, device: str = "cpu") -> dict:
     """Loads from objects: replicated (both collectives, in several steps), a shard index whose shards are found
-    beside it in the bucket, and slices along dims 0 and 1 (the latter exchanged)."""
-    cpu = {"device": "cpu"}
+    beside it in the bucket, and slices along dims 0 and 1 (the latter exchanged); onto ``device`` (``cuda``: this
+    rank's GPU, over NCCL)."""
+    cpu = {"device": f"cuda:{rank}" if device == "cuda" else "cpu"}
     spec = {"rows": (0, world, rank), "cols": (1, world, rank)}
     scenarios = {
         "all_gather": lambda: wd.load_file(urls["mixed"], collective="all_gather", block_bytes=8192, **cpu),
@@ -107,8 +109,12 @@ def main() -> None:
     with open(sys.argv[4]) as f:
         cfg = json.load(f)
     out_path = os.path.join(sys.argv[5], f"rank{rank}.json")
+    # {"remote": ..., "device": "cuda"}: the loads from objects onto each rank's GPU, over NCCL.
+    on_gpu = cfg.get("device") == "cuda"
+    if on_gpu:
+        torch.cuda.set_device(rank)
     dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=60)
+        "nccl" if on_gpu else "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=60)
     )
     results: dict = {}
 
@@ -118,7 +124,7 @@ def main() -> None:
         os.replace(out_path + ".tmp", out_path)
 
     if "remote" in cfg:
-        results.update(remote(cfg["remote"], rank, world, sys.argv[5]))
+        results.update(remote(cfg["remote"], rank, world, sys.argv[5], cfg.get("device", "cpu")))
         save()
         dist.destroy_process_group()
         return
@@ -132,7 +138,10 @@ def main() -> None:
     # reader that broadcasts everything.
     wd._READ_AHEAD = False
     results["lockstep"] = attempt(lambda: wd.load_file(mixed, block_bytes=8192, **cpu))
-    wd._READ_AHEAD, wd._READERS = True, "one"
+    wd._READ_AHEAD, wd._SPAN = True, "contiguous"
+    results["contiguous"] = attempt(lambda: wd.load_file(mixed, block_bytes=8192, **cpu))
+    wd._SPAN = "interleaved"
+    wd._READERS = "one"
     results["one_reader"] = attempt(lambda: wd.load_file(mixed, block_bytes=8192, **cpu))
     os.environ["WEIGHTLIFT_INJECT_EIO"] = f"{mixed}@{cfg['eio_offset']}"
     results["one_reader_eio"] = attempt(lambda: wd.load_file(mixed, block_bytes=8192, **cpu))

@@ -115,7 +115,7 @@ def ok(result: dict) -> dict:
 def test_replicated_equals_safetensors_and_single_process(ranks, ckpt):
     world, results = ranks
     cases = [("all_gather", ckpt["mixed"]), ("broadcast", ckpt["mixed"]), ("index", ckpt["index"]), ("aligned", ckpt["aligned"])]
-    for key, path in cases + [("lockstep", ckpt["mixed"]), ("one_reader", ckpt["mixed"])]:
+    for key, path in cases + [("lockstep", ckpt["mixed"]), ("contiguous", ckpt["mixed"]), ("one_reader", ckpt["mixed"])]:
         if key == "index":
             ref = {}
             for f in sorted(Path(ckpt["dir"]).glob("model-*.safetensors")):
@@ -150,11 +150,12 @@ def test_the_report_breaks_each_step_down(ranks):
     """Per step: when this rank's read started and ended, when the status exchange and the collective's launch
     were done; the seconds spent reading, exchanging and waiting for collectives and for the reader."""
     world, results = ranks
-    for key, read_ahead, readers in (("all_gather", True, "all"), ("lockstep", False, "all"), ("one_reader", True, "one")):
+    for key, read_ahead, readers in (("all_gather", True, "all"), ("lockstep", False, "all"), ("contiguous", True, "all"), ("one_reader", True, "one")):
         for r, res in enumerate(results):
             rep = res[key]["report"]
             assert (rep["read_ahead"], rep["readers"]) == (read_ahead, readers), key
             assert rep["read_depth"] == (2 if read_ahead else 1), key  # read-ahead: two steps read at once
+            assert rep["span"] == ("contiguous" if key == "contiguous" else "interleaved"), key
             steps = rep["timeline"]
             assert len(steps) == rep["steps"] > 1, key
             for read0, read1, exchanged, issued in steps:
@@ -328,18 +329,22 @@ def test_slices_of_every_dim_match_tensor_split(ckpt):
                     assert digest({name: got}) == digest({name: torch.tensor_split(t, world, dim)[rank]}), (name, dim, world, rank)
 
 
-def test_loads_from_a_bucket_equal_safetensors(ckpt, s3, tmp_path):
-    """2 ranks over gloo on checkpoints in an S3 bucket (s3s-fs): replicated in several steps with both
-    collectives, a shard index whose shards are found beside it, slices along dims 0 and 1; every tensor of every
-    rank ``torch.equal`` to safetensors' own load of the local file, each byte asked of the server once in all."""
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_loads_from_a_bucket_equal_safetensors(ckpt, s3, tmp_path, device):
+    """2 ranks on checkpoints in an S3 bucket (s3s-fs), into host memory over gloo and onto two GPUs over NCCL
+    (where there are two): replicated in several steps with both collectives, a shard index whose shards are found
+    beside it, slices along dims 0 and 1; every tensor of every rank ``torch.equal`` to safetensors' own load of the
+    local file, each byte asked of the server once in all."""
+    if device == "cuda" and torch.cuda.device_count() < 2:
+        pytest.skip(f"needs two GPUs ({torch.cuda.device_count()} visible)")
     shutil.copy(ckpt["mixed"], s3 / "mixed.safetensors")
-    (s3 / "sharded").mkdir()
+    (s3 / "sharded").mkdir(exist_ok=True)
     index = json.loads(Path(ckpt["index"]).read_text())
     for name in ["model.safetensors.index.json", *sorted(set(index["weight_map"].values()))]:
         shutil.copy(Path(ckpt["dir"]) / name, s3 / "sharded" / name)
     urls = {"mixed": "s3://bucket/mixed.safetensors", "index": "s3://bucket/sharded/model.safetensors.index.json"}
     world = 2
-    results = run_ranks({"remote": urls}, world, tmp_path)
+    results = run_ranks({"remote": urls, "device": device}, world, tmp_path)
     full = st.load_file(ckpt["mixed"])
     merged = {}
     for shard in sorted(set(index["weight_map"].values())):

@@ -92,9 +92,12 @@ _OK, _FAILED, _STOPPED = 0, 1, 2
 #: ``_READERS``: "all" (every rank reads a block per step) or "one" (the group's first rank reads everything and
 #: broadcasts it: one reader per host, the fan-out over NVLink).
 #: ``_READ_DEPTH``: with read-ahead, how many steps each rank reads at once (1: one after another).
+#: ``_SPAN``: "interleaved" (step k's blocks of the ranks are adjacent: one all-gather per step) or "contiguous"
+#: (each rank reads one contiguous share of the files, a block per step; one broadcast from each rank per step).
 _READ_AHEAD = True
 _READERS = "all"
 _READ_DEPTH = 2
+_SPAN = "interleaved"
 
 _lock = threading.Lock()
 _last: "dict[str, Any] | None" = None
@@ -114,7 +117,8 @@ def last_report() -> "dict[str, Any] | None":
     """The report of this process's last :func:`load_file`: this rank's figures (``rank``, ``bytes`` returned,
     ``storage_bytes`` read from storage with alignment, ``storage_requested_bytes`` asked of the engine,
     ``group_bytes_sent`` / ``group_bytes_received`` over the process group, ``seconds``, ``read_seconds`` (in the
-    engine, summed over the reads: two steps read at once both count), ``read_depth`` (steps read at once),
+    engine, summed over the reads: two steps read at once both count), ``read_depth`` (steps read at once), ``span``
+    ("interleaved" or "contiguous": how the ranks' blocks lie in the files),
     ``read_wait_seconds`` (the calling thread waiting for this rank's reads), ``exchange_seconds`` (status
     exchanges), ``collective_wait_seconds``, ``wait_seconds`` (every wait on the group), ``timeline`` (per step:
     read start, read end, status exchange done, collective launched, in seconds since the start)), ``ranks`` (every
@@ -162,6 +166,7 @@ class _Stats:
     readers: str = ""
     read_ahead: bool = False
     read_depth: int = 1
+    span: str = ""
     #: Per step of a replicated load, seconds since the load's start: ``[read start, read end, status exchange
     #: done, collective issued]`` (read times are this rank's; -1 where this rank read nothing).
     timeline: list = field(default_factory=list)
@@ -342,7 +347,7 @@ class _Layout:
     offset modulo 4 KiB, so tensors keep their alignment and step boundaries (multiples of 4 KiB) fall on block
     boundaries of the files: ranks do not read the same device block twice."""
 
-    def __init__(self, entries: list[_Entry], world: int, block: "int | None"):
+    def __init__(self, entries: list[_Entry], world: int, block: "int | None", contiguous: bool = False):
         self.runs: list[_Run] = []
         self.dest: dict[str, int] = {}
         cursor = 0
@@ -358,13 +363,20 @@ class _Layout:
         if block is None:
             block = DEFAULT_BLOCK_BYTES
         self.block = block
-        span = world * block
-        full, rem = divmod(cursor, span)
-        self.steps = [(k * span, block) for k in range(full)]
-        if rem:
-            last_block = _align_up(-(-rem // world), _ALIGN)
-            self.steps.append((full * span, last_block))
-        self.size = sum(world * b for _, b in self.steps)
+        self.share = 0
+        if contiguous:
+            # Rank r reads the r-th of `world` contiguous shares of the buffer (of the files), a block per step.
+            self.share = _align_up(-(-cursor // world), _ALIGN)
+            self.steps = [(lo, min(block, self.share - lo)) for lo in range(0, self.share, block)]
+            self.size = world * self.share
+        else:
+            span = world * block
+            full, rem = divmod(cursor, span)
+            self.steps = [(k * span, block) for k in range(full)]
+            if rem:
+                last_block = _align_up(-(-rem // world), _ALIGN)
+                self.steps.append((full * span, last_block))
+            self.size = sum(world * b for _, b in self.steps)
         self._starts = [r.dest for r in self.runs]
 
     def ranges(self, lo: int, hi: int) -> list[tuple[int, int, int, int]]:
@@ -705,10 +717,12 @@ class _Load:
     def _replicate(self, pg: _Group, entries: list[_Entry]) -> dict[str, "torch.Tensor"]:
         """Every rank reads its blocks of each step; the blocks reach the other ranks while the next steps are read."""
         one = _READERS == "one"
-        layout = _Layout(entries, 1 if one else pg.world, self.block)
+        contiguous = _SPAN == "contiguous" and not one
+        layout = _Layout(entries, 1 if one else pg.world, self.block, contiguous)
         self.stats.block_bytes = layout.block
         self.stats.readers, self.stats.read_ahead = ("one" if one else "all"), _READ_AHEAD
         self.stats.read_depth = _READ_DEPTH if _READ_AHEAD else 1
+        self.stats.span = "contiguous" if contiguous else "interleaved"
         try:
             buf = self._buffer(layout.size)
         except Exception as e:  # noqa: BLE001
@@ -719,7 +733,7 @@ class _Load:
             lo, blk = layout.steps[k]
             if one:
                 return layout.ranges(lo, lo + blk) if pg.rank == 0 else []
-            at = lo + pg.rank * blk
+            at = pg.rank * layout.share + lo if contiguous else lo + pg.rank * blk
             return layout.ranges(at, at + blk)
 
         self.stats.timeline = [[-1.0, -1.0, -1.0, -1.0] for _ in layout.steps]
@@ -743,7 +757,7 @@ class _Load:
                 t = time.perf_counter()
                 pg.wait(pending, f"the collective of step {k - 1}")
                 self.stats.collective_wait_seconds += time.perf_counter() - t
-                pending = self._share(pg, buf, lo, blk, one)
+                pending = self._share(pg, buf, lo, blk, one, layout.share)
                 self.stats.timeline[k][3] = time.perf_counter() - self.start
                 self.stats.steps += 1
             t = time.perf_counter()
@@ -764,10 +778,16 @@ class _Load:
             self._read(ranges, buf)
             self.stats.timeline[k][1] = time.perf_counter() - self.start
 
-    def _share(self, pg: _Group, buf: "torch.Tensor", lo: int, blk: int, one: bool = False) -> list:
+    def _share(self, pg: _Group, buf: "torch.Tensor", lo: int, blk: int, one: bool = False, share: int = 0) -> list:
+        """Launches step ``lo``'s collectives (``share``: the contiguous layout's share per rank, else 0)."""
         dist, w = pg.dist, pg.world
         if w == 1:
             return []
+        if share:
+            # Each rank's block lies in its own share: one broadcast from each.
+            self.stats.group_bytes_sent += blk
+            self.stats.group_bytes_received += (w - 1) * blk
+            return [dist.broadcast(buf[i * share + lo : i * share + lo + blk], src=pg.ranks[i], group=pg.group, async_op=True) for i in range(w)]
         if one:
             self.stats.group_bytes_sent += blk if pg.rank == 0 else 0
             self.stats.group_bytes_received += 0 if pg.rank == 0 else blk
