@@ -75,7 +75,8 @@ def last_report() -> "dict[str, Any] | None":
 def prepare(device: Any, *, kernels: bool = False, engine: "_native.NativeEngine | None" = None) -> dict[str, Any]:
     """Sets the process-wide engine (or ``engine``) up for loads onto ``device`` now, so that a first load from the
     page cache pays for none of it: the I/O lanes' staging memory (mapped, faulted in, pinned for a GPU), and for a
-    GPU its CUDA streams and a first use of its memory pool. A process's first load otherwise does this while it
+    GPU its CUDA streams (each carrying a first small copy), the events its copies use and a first use of its memory
+    pool. A process's first load otherwise does this while it
     runs: on the H100 machine the first 4 GiB ``load_file`` of a fresh process took 1.27-1.46x its second, and
     0.93-1.06x after ``prepare``.
 
@@ -91,8 +92,9 @@ def prepare(device: Any, *, kernels: bool = False, engine: "_native.NativeEngine
     disk sets up its own larger staging (milliseconds beside its seconds of reading).
 
     ``kernels=True`` also makes the GPU kernels of packed checkpoints (``.wlpack``) and of checked loads
-    (``verify=True``) ready: compiled with NVRTC or read from the kernel cache, and loaded into the device's context
-    (``kernels_secs`` in the result), which a process's first packed or checked load otherwise does.
+    (``verify=True``) ready: compiled with NVRTC or read from the kernel cache, loaded into the device's context and
+    run once on a small chunk (``kernels_secs`` in the result), which a process's first packed or checked load
+    otherwise does.
 
     ``device`` as for :func:`load_file`. Returns what was done: ``staging`` (lanes, lanes set up now, bytes,
     seconds; None where the device's data path does not read through the lanes, such as cuFile peer-to-peer),

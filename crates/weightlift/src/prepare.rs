@@ -62,7 +62,8 @@ impl Prepared {
 impl Engine {
     /// Sets the engine up for loads onto `device` now, so that a first load from the page cache pays for none of
     /// it: the lanes' staging (mapped, faulted in, pinned for a GPU and registered with each lane's ring), and for
-    /// a GPU its context, data path, the lanes' streams and a first use of its memory pool. A program's first load
+    /// a GPU its context, data path, the lanes' streams (each carrying a first small copy), the events the copies
+    /// use and a first use of its memory pool. A program's first load
     /// otherwise does this while it runs: on the H100 machine a fresh process's first 4 GiB load took 1.16–1.45×
     /// its second (bench/results/2026-11-24-h100-zj), 0.93–1.06× after `prepare` (-zn, -zo). It moves that work,
     /// it does not make it cheaper (37–55 ms there): it saves time only run beside other start-up work. Faulting
@@ -146,8 +147,9 @@ impl Engine {
     }
 
     /// Makes the GPU kernels of packed checkpoints and of checked loads (`verify`) ready on `device` now: compiled
-    /// with NVRTC, or read from the kernel cache (see `weightlift_cuda::kernel_cache`), and loaded into the device's
-    /// context, where a program's first packed or checked load would otherwise do it while it runs. Returns the
+    /// with NVRTC, or read from the kernel cache (see `weightlift_cuda::kernel_cache`), loaded into the device's
+    /// context and run once on a small chunk, where a program's first packed or checked load would otherwise do it
+    /// while it runs. Returns the
     /// seconds it took (close to nothing when they are ready already). `Device::Cpu` has no kernels: `Ok(0.0)`.
     /// Errors as the first packed load on the GPU would give them (NVRTC missing, say).
     pub fn prepare_kernels(&self, device: Device) -> Result<f64> {
