@@ -150,17 +150,10 @@ def write_big(path: Path, gib: float) -> None:
 
 def write_hf(folder: Path, small: bool) -> None:
     """A Llama model of random weights (~1.1 GB bf16; ~10 MB when ``small``) saved by transformers in shards of
-    about a third of it, with an index."""
-    from transformers import LlamaConfig, LlamaForCausalLM
+    about a third of it, with an index (``wlbench.files.save_random_llama``)."""
+    from wlbench.files import save_random_llama
 
-    h, i, n, v = (256, 688, 2, 1000) if small else (2048, 5632, 8, 32000)
-    cfg = LlamaConfig(hidden_size=h, intermediate_size=i, num_hidden_layers=n, num_attention_heads=16, num_key_value_heads=16, vocab_size=v)
-    torch.manual_seed(7)
-    with torch.device(DEV):
-        model = LlamaForCausalLM(cfg).to(torch.bfloat16)
-    tmp = folder.with_name(folder.name + ".tmp")
-    model.save_pretrained(str(tmp), max_shard_size="4MB" if small else "400MB")
-    os.replace(tmp, folder)
+    save_random_llama(str(folder), small, DEV)
 
 
 def prepare(scratch: Path, gib: float) -> tuple[Path, Path]:

@@ -194,29 +194,20 @@ def curl_ceiling(url: str, size: int, streams: int, part: int, runs: int, before
 
 
 def from_pretrained_case(work: Path, wl: str, dev: str, runs: int, sync, small: bool = False) -> dict:
-    """A Llama of random bf16 weights (~1.1 GB, 8 layers of width 2048) written by save_pretrained in shards of
-    400 MB with their index, uploaded to s3://bucket/llama/: weightlift.transformers.from_pretrained from the bucket,
+    """A Llama of random bf16 weights (~1.1 GB, 8 layers of width 2048; ``wlbench.files.save_random_llama``) written
+    by save_pretrained in shards of 400 MB with their index, uploaded to s3://bucket/llama/: weightlift.transformers.from_pretrained from the bucket,
     timed, every parameter and buffer equal to transformers' own from_pretrained of the local folder; beside it
     weightlift.load_file of the index URL (the same bytes without building the model)."""
     import torch
-    from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
+    from transformers import AutoModelForCausalLM
+    from wlbench.files import save_random_llama
 
     import weightlift
     import weightlift.transformers as wtr
 
     folder = work / ("hf-llama-small" if small else "hf-llama")
     if not (folder / "model.safetensors.index.json").exists():
-        h, i, v = (256, 688, 1000) if small else (2048, 5632, 32000)  # small: a check of the script (~10 MB)
-        cfg = LlamaConfig(hidden_size=h, intermediate_size=i, num_hidden_layers=8, num_attention_heads=16,
-                          num_key_value_heads=16, vocab_size=v)
-        torch.manual_seed(7)
-        with torch.device(dev):
-            model = LlamaForCausalLM(cfg).to(torch.bfloat16)
-        tmp = folder.with_name(folder.name + ".tmp")
-        shutil.rmtree(tmp, ignore_errors=True)
-        model.save_pretrained(str(tmp), max_shard_size="4MB" if small else "400MB")
-        del model
-        os.replace(tmp, folder)
+        save_random_llama(str(folder), small, dev)  # small: a check of the script (~10 MB)
     for f in sorted(folder.iterdir()):
         subprocess.run([wl, "upload", str(f), f"s3://bucket/llama/{f.name}"], check=True, stdout=subprocess.DEVNULL)
     weights = sum(t.nbytes for t in weightlift._native.inspect([str(folder / "model.safetensors.index.json")])["tensors"])

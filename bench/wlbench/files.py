@@ -75,6 +75,27 @@ def make_upstream(path: str, size: int, seed: int) -> None:
         f"{os.path.getsize(path) / 2**30:.2f} GiB in {time.perf_counter() - t0:.1f} s")
 
 
+def save_random_llama(folder: str, small: bool, device: str) -> None:
+    """A Llama of random bf16 weights (seeded: every run writes the same) saved by transformers' ``save_pretrained``
+    in shards with their index, published whole (written beside ``folder``, then renamed): ~1.1 GB, 8 layers of
+    width 2048 in shards of 400 MB; ~10 MB when ``small`` (2 layers of width 256, shards of 4 MB: a check of a
+    script)."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    h, i, n, v = (256, 688, 2, 1000) if small else (2048, 5632, 8, 32000)
+    cfg = LlamaConfig(hidden_size=h, intermediate_size=i, num_hidden_layers=n, num_attention_heads=16,
+                      num_key_value_heads=16, vocab_size=v)
+    torch.manual_seed(7)
+    with torch.device(device):
+        model = LlamaForCausalLM(cfg).to(torch.bfloat16)
+    tmp = folder.rstrip("/") + ".tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp, max_shard_size="4MB" if small else "400MB")
+    del model
+    os.replace(tmp, folder)
+
+
 def fresh(copy: str, source: str) -> bool:
     return os.path.exists(copy) and os.path.getmtime(copy) >= os.path.getmtime(source)
 
