@@ -105,13 +105,19 @@ VARIANTS = {
     "contiguous": (True, "all", 2, "contiguous"),
     "lockstep": (False, "all", 1, "interleaved"),
     "one_reader": (True, "one", 2, "interleaved"),
+    # One step (a block larger than the file): each rank's share in one engine call, then one all-gather; and one
+    # rank reading everything in one call, then one broadcast. What splitting the reads into steps costs cold.
+    "one_step": (True, "all", 2, "interleaved"),
+    "one_reader_one_step": (True, "one", 2, "interleaved"),
 }
+#: Arguments of load_file per variant beside the defaults.
+VARIANT_ARGS = {"one_step": {"block_bytes": 1 << 40}, "one_reader_one_step": {"block_bytes": 1 << 40}}
 
 
 def variant_load(path: Path, dev: str, name: str, **kw) -> dict:
     wd._READ_AHEAD, wd._READERS, wd._READ_DEPTH, wd._SPAN = VARIANTS[name]
     try:
-        return wd.load_file(str(path), device=dev, **kw)
+        return wd.load_file(str(path), device=dev, **{**VARIANT_ARGS.get(name, {}), **kw})
     finally:
         wd._READ_AHEAD, wd._READERS, wd._READ_DEPTH, wd._SPAN = VARIANTS["read_ahead"]
 
