@@ -193,6 +193,16 @@ def _slow_load(tmp_path: Path):
     return big, _core.new_engine(threads=1, chunk_bytes="4KiB", cache="bypass")
 
 
+@pytest.fixture(autouse=True)
+def _ctrl_c_raises():
+    """Ctrl-C raises KeyboardInterrupt in these tests whatever the runner left: a Python started with SIGINT ignored
+    (a background job of a non-interactive shell, `cmd &`) keeps it ignored, and `_thread.interrupt_main` then does
+    nothing."""
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, old)
+
+
 def _interrupt_after(seconds: float):
     """Raises KeyboardInterrupt in the main thread after `seconds`, as Ctrl-C does; returns the timer and a list that
     receives the time it fired."""
