@@ -3,6 +3,7 @@
 timed first and second in fresh processes, with and without setting the engine up beforehand, its cost told apart.
 
     first_kernel_probe.py PLAIN.safetensors PACK.wlpack --out OUT.json [--device cuda:0] [--procs 3] [--log DIR]
+                          [--modes none,prepare,kernels]
 
 PLAIN needs its manifest (``weightlift checksum PLAIN``); PACK is ``weightlift pack PLAIN PACK``. Each fresh process
 makes its CUDA context first (not counted), then, by its mode, does nothing ("none"), calls
@@ -11,7 +12,8 @@ makes its CUDA context first (not counted), then, by its mode, does nothing ("no
 twice and checks every tensor of the last load against ``safetensors``' own read of PLAIN. The figure, per kind and
 mode: first / second seconds, median over the processes (the goal: within 1.1 once the set-up was done beforehand).
 With ``--log DIR`` each process writes the engine's debug records (its ``weightlift`` logger, each with the time it
-happened) to ``DIR/KIND-MODE-N.log``: where a first load's extra time goes.
+happened) to ``DIR/KIND-MODE-N.log``: where a first load's extra time goes. ``--modes`` runs only those modes
+(``--modes kernels --procs 9``: the goal's own figure over more processes in the same time).
 """
 
 from __future__ import annotations
@@ -76,6 +78,7 @@ def main() -> int:
     ap.add_argument("--device", default="cuda:0")
     ap.add_argument("--procs", type=int, default=3)
     ap.add_argument("--log", metavar="DIR", help="each process's engine debug records, in DIR")
+    ap.add_argument("--modes", default=",".join(MODES), help="comma-separated modes to run (default: all)")
     ap.add_argument("--child", nargs=2, metavar=("KIND", "MODE"), help=argparse.SUPPRESS)
     a = ap.parse_args()
     if not a.child and not a.out:
@@ -83,10 +86,13 @@ def main() -> int:
     if a.child:
         child(a.plain, a.pack, a.device, *a.child, a.log)
         return 0
+    modes = [m for m in a.modes.split(",") if m]
+    if not modes or any(m not in MODES for m in modes):
+        ap.error(f"--modes: a comma-separated list of {', '.join(MODES)}")
     rows = []
     for i in range(a.procs):
         for kind in KINDS:
-            for mode in MODES:
+            for mode in modes:
                 extra = []
                 if a.log:
                     os.makedirs(a.log, exist_ok=True)
@@ -101,7 +107,7 @@ def main() -> int:
                 print(kind, mode, f"prepare {row['prepare_s']:.4f}", [round(x, 4) for x in row["seconds"]], file=sys.stderr, flush=True)
     summary: dict = {}
     for kind in KINDS:
-        for mode in MODES:
+        for mode in modes:
             rs = [r for r in rows if r["kind"] == kind and r["mode"] == mode]
             summary[f"{kind}_{mode}"] = {
                 "median_prepare_s": statistics.median(r["prepare_s"] for r in rs),

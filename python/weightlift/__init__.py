@@ -96,15 +96,31 @@ def prepare(device: Any, *, kernels: bool = False, engine: "_native.NativeEngine
     run once on a small chunk (``kernels_secs`` in the result), which a process's first packed or checked load
     otherwise does.
 
+    For a GPU whose tensors come from PyTorch's allocator (the ``device_memory`` setting's default), it also makes
+    the side stream the loads allocate on and allocates one small tensor there (``torch_secs``; None where PyTorch
+    is not installed or the setting is ``pool``): a first load otherwise creates that stream, its PyTorch handle and
+    the allocator's state for it, about a millisecond.
+
     ``device`` as for :func:`load_file`. Returns what was done: ``staging`` (lanes, lanes set up now, bytes,
     seconds; None where the device's data path does not read through the lanes, such as cuFile peer-to-peer),
     for a GPU ``staging_host`` (the faulting in before the pinning),
-    ``streams``, ``pool_secs``, ``seconds``. The memory stays until :func:`release_memory` (or a load that needs
-    other staging). Ctrl-C interrupts the wait for lanes busy with loads. Raises :class:`CudaError` when a GPU is
-    asked for and CUDA is unavailable."""
+    ``streams``, ``pool_secs``, ``torch_secs``, ``seconds``. The memory stays until :func:`release_memory` (or a
+    load that needs other staging). Ctrl-C interrupts the wait for lanes busy with loads. Raises
+    :class:`CudaError` when a GPU is asked for and CUDA is unavailable."""
+    import time
+
     dev = _core.normalize_device(device)
     _core.check_cuda(dev)
-    return (engine or _core.shared_engine()).prepare(dev, bool(kernels))
+    engine = engine or _core.shared_engine()
+    done = engine.prepare(dev, bool(kernels))
+    done["torch_secs"] = None
+    if dev.startswith("cuda") and engine.device_memory == "torch" and _core.torch_installed():
+        t0 = time.perf_counter()
+        alloc, _ = _core.device_allocator(engine, dev)
+        alloc(1)  # freed at once: back to PyTorch's cache, on the side stream's account
+        done["torch_secs"] = time.perf_counter() - t0
+    done["seconds"] += done["torch_secs"] or 0.0
+    return done
 
 
 def release_memory() -> None:

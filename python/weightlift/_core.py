@@ -28,6 +28,15 @@ def torch_module():
     return _torch
 
 
+def torch_installed() -> bool:
+    """Whether PyTorch can be imported (imported now if so)."""
+    try:
+        torch_module()
+    except InvalidArgumentError:
+        return False
+    return True
+
+
 def torch_dtypes() -> dict[str, "torch.dtype"]:
     """weightlift / safetensors dtype names → torch dtypes available in this torch."""
     t = torch_module()

@@ -156,7 +156,9 @@ struct Grow(Option<DeviceBuffer>);
 impl Grow {
     fn at_least(&mut self, gpu: &Gpu, stream: &Arc<CudaStream>, len: usize) -> Result<u64, CudaError> {
         if self.0.as_ref().is_none_or(|b| b.len() < len) {
+            let t = std::time::Instant::now();
             let mut fresh = DeviceBuffer::alloc(gpu, len.next_power_of_two().max(4096), stream)?;
+            tracing::debug!(bytes = fresh.len(), secs = t.elapsed().as_secs_f64(), "unpacker buffer grown");
             // SAFETY: the stream belongs to this buffer's context and outlives it (the unpacker holds both).
             unsafe { fresh.set_free_stream(stream.cu_stream()) };
             if let Some(mut old) = self.0.replace(fresh) {
@@ -426,7 +428,12 @@ impl GpuUnpacker {
         let need = layout.results_bytes.max(8);
         let mut host = match self.pinned.iter().position(|p| p.len() >= need) {
             Some(i) => self.pinned.swap_remove(i),
-            None => PinnedBuffer::alloc(&self.gpu, need.next_power_of_two())?,
+            None => {
+                let t = std::time::Instant::now();
+                let made = PinnedBuffer::alloc(&self.gpu, need.next_power_of_two())?;
+                tracing::debug!(bytes = made.len(), secs = t.elapsed().as_secs_f64(), "pinned result buffer made");
+                made
+            }
         };
         let s = self.stream.cu_stream();
         // SAFETY: `host` is pinned and at least `need` bytes; `results` holds them on the device; the pending batch

@@ -151,6 +151,7 @@ impl<'a> GpuChecker<'a> {
                 continue; // drain: the load fails anyway
             }
             self.stats.overlapped_bytes += self.layout.bytes_of(&round);
+            tracing::debug!(dests = round.len(), bytes = self.layout.bytes_of(&round), "hashing round");
             if let Err(e) = self.launch(&round, address) {
                 self.first_error = Some(e);
             }
