@@ -443,40 +443,51 @@ def median_ci95(xs: list[float]) -> list[float]:
     return [xs[k - 1], xs[n - k]] if k >= 1 else [xs[0], xs[-1]]
 
 
-def cold_pairs(big: Path, rounds: int, dev: str, checkpoint_bytes: int) -> dict:
-    """Rounds of cold loads, caches dropped right before each: one GPU alone, the distributed default, and the
-    distributed default with the lanes of one GPU split over the ranks (each rank's engine with ``threads`` = one
-    GPU's lanes / world: as many reads in flight on the disk as one GPU alone keeps), their order rotated from round
-    to round (a drift of the disk over the run falls on each alike), each distributed load's ratio taken against
-    the one-GPU load of its round. The disk's cold rate varies by 10-20 % from one load to the next on these VMs:
-    the ratios' median over many rounds, with its confidence interval, says more than medians of a few runs each."""
+#: The members of the cold rounds by default (--pair-members): one GPU alone, the distributed default, and the
+#: default with one GPU's lanes split over the ranks. Any name of VARIANTS may be added.
+PAIR_MEMBERS = "one_gpu,read_ahead,lanes_split"
+
+
+def cold_pairs(big: Path, rounds: int, dev: str, checkpoint_bytes: int, members: list[str]) -> dict:
+    """Rounds of cold loads, caches dropped right before each, of ``members``: "one_gpu" (one GPU alone, always
+    first in the list), a name of VARIANTS (the distributed load so), "lanes_split" (the default with each rank's
+    engine at ``threads`` = one GPU's lanes / world: as many reads in flight on the disk as one GPU alone keeps).
+    Their order rotates from round to round (a drift of the disk over the run falls on each alike), and each
+    distributed load's ratio is taken against the one-GPU load of its round. The disk's cold rate varies by 10-20 %
+    from one load to the next on these VMs: the ratios' median over many rounds, with its confidence interval, says
+    more than medians of a few runs each."""
     rank, world = dist.get_rank(), dist.get_world_size()
     lanes = int(weightlift._core.shared_engine().settings()["threads"]["value"])
-    split_engine = weightlift._core.new_engine(threads=max(1, lanes // world))
+    split_engine = weightlift._core.new_engine(threads=max(1, lanes // world)) if "lanes_split" in members else None
 
     def load(name: str):
         if name == "one_gpu":
-            return timed(lambda: weightlift.load_file(str(big), device=dev), participate=rank == 0)
-        engine = split_engine if name == "lanes_split" else None
-        return timed(lambda: variant_load(big, dev, "read_ahead", engine=engine))
+            out, s = timed(lambda: weightlift.load_file(str(big), device=dev), participate=rank == 0)
+            rep = weightlift.last_report() if rank == 0 else None
+            keep = ("seconds", "times", "read_ops", "lanes", "direct_bytes", "buffered_bytes", "resident_bytes")
+            return out, s, {k: rep.get(k) for k in keep} if rep else None
+        if name == "lanes_split":
+            out, s = timed(lambda: variant_load(big, dev, "read_ahead", engine=split_engine))
+        else:
+            out, s = timed(lambda: variant_load(big, dev, name))
+        return out, s, breakdown(wd.last_report())
 
-    members = ["one_gpu", "distributed", "lanes_split"]
     rows = []
     for i in range(rounds):
         order = members[i % len(members):] + members[: i % len(members)]
-        got = {}
+        got, reports = {}, {}
         for name in order:
             if rank == 0:
                 drop_caches()
             dist.barrier()
-            out, s = load(name)
+            out, s, reports[name] = load(name)
             del out
             if on_gpu():
                 torch.cuda.empty_cache()
             got[name] = checkpoint_bytes / s / 1e9
         rows.append({"order": order, **{f"{k}_gbps": v for k, v in got.items()},
-                     **{f"{k}_ratio": got[k] / got["one_gpu"] for k in members[1:]}})
-    out: dict = {"rounds": rows, "lanes_one_gpu": lanes, "lanes_split_per_rank": max(1, lanes // world)}
+                     **{f"{k}_ratio": got[k] / got["one_gpu"] for k in members[1:]}, "reports": reports})
+    out: dict = {"members": members, "rounds": rows, "lanes_one_gpu": lanes, "lanes_split_per_rank": max(1, lanes // world)}
     for k in members:
         out[f"{k}_gbps"] = stats([r[f"{k}_gbps"] for r in rows])
     for k in members[1:]:
@@ -484,9 +495,9 @@ def cold_pairs(big: Path, rounds: int, dev: str, checkpoint_bytes: int) -> dict:
         out[f"{k}_ratio_median"] = statistics.median(ratios)
         out[f"{k}_ratio_median_ci95"] = median_ci95(ratios)
         out[f"{k}_rounds_at_or_above_one"] = sum(x >= 1.0 for x in ratios)
-    # the default's figures under the names the goals read
-    out["ratio_median"], out["ratio_median_ci95"] = out["distributed_ratio_median"], out["distributed_ratio_median_ci95"]
-    out["pairs_at_or_above_one"] = out["distributed_rounds_at_or_above_one"]
+    if "read_ahead" in members:  # the default's figures under the names the goals read
+        out["ratio_median"], out["ratio_median_ci95"] = out["read_ahead_ratio_median"], out["read_ahead_ratio_median_ci95"]
+        out["pairs_at_or_above_one"] = out["read_ahead_rounds_at_or_above_one"]
     return out
 
 
@@ -573,9 +584,14 @@ def main() -> None:
     ap.add_argument("--cold-pairs", type=int, default=0, metavar="N",
                     help="N more rounds of cold loads in rotating order: one GPU alone, the distributed default, and "
                     "the default with one GPU's lanes split over the ranks; ratios taken within each round")
+    ap.add_argument("--pair-members", default=PAIR_MEMBERS, help=f"the loads of each cold round, one_gpu first (default "
+                    f"{PAIR_MEMBERS}; any of {', '.join(VARIANTS)} may be named)")
     ap.add_argument("--pairs-only", action="store_true", help="only the cold rounds (with --cold-pairs): no warm "
                     "runs, no checks, no peers, no cold runs of the variants")
     args = ap.parse_args()
+    members = [m for m in args.pair_members.split(",") if m]
+    if not members or members[0] != "one_gpu" or len(members) < 2 or any(m not in (*VARIANTS, "lanes_split") for m in members[1:]):
+        ap.error(f"--pair-members: one_gpu, then one or more of {', '.join((*VARIANTS, 'lanes_split'))}")
     local = int(os.environ.get("LOCAL_RANK", "0"))
     if args.device == "cuda":
         torch.cuda.set_device(local)
@@ -611,7 +627,7 @@ def main() -> None:
         if os.geteuid() != 0:
             ap.error("the cold pairs drop the page cache: they need root")
         log(f"cold pairs: {args.cold_pairs}")
-        result["cold_pairs_big"] = cold_pairs(big, args.cold_pairs, DEV, big_bytes)
+        result["cold_pairs_big"] = cold_pairs(big, args.cold_pairs, DEV, big_bytes, members)
         return finish(args, result, start)
     log("ceilings")
     result["ceilings"] = ceilings(big)
@@ -642,7 +658,7 @@ def main() -> None:
         result["cold_big"] = cold_runs(big, args.runs, DEV, big_bytes, cold_peers([big], DEV))
         if args.cold_pairs > 0:
             log(f"cold pairs: {args.cold_pairs}")
-            result["cold_pairs_big"] = cold_pairs(big, args.cold_pairs, DEV, big_bytes)
+            result["cold_pairs_big"] = cold_pairs(big, args.cold_pairs, DEV, big_bytes, members)
     result["goals"] = goals(result)
     finish(args, result, start)
 
@@ -655,7 +671,7 @@ def finish(args: argparse.Namespace, result: dict, start: float) -> None:
         result["goals"]["seconds"] = result["seconds"]
     else:
         pairs = result["cold_pairs_big"]
-        result["goals"] = {k: pairs[k] for k in ("ratio_median", "ratio_median_ci95", "pairs_at_or_above_one")}
+        result["goals"] = {k: v for k, v in pairs.items() if k.endswith(("ratio_median", "ratio_median_ci95", "at_or_above_one"))}
         result["goals"]["cold_ratio_to_one_gpu_goal"] = 1.0
     if rank == 0:
         args.outdir.mkdir(parents=True, exist_ok=True)
