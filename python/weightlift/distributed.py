@@ -49,8 +49,10 @@ Without an initialised process group, :func:`load_file` is the single-process lo
 from __future__ import annotations
 
 import bisect
+import ctypes
 import hashlib
 import os
+import pickle
 import socket
 import threading
 import time
@@ -307,16 +309,23 @@ class _Group:
         self.wait([work], what)
         return bool(flag.item())
 
-    def objects(self, obj: Any) -> list:
-        """Every rank's picklable ``obj``; only called right after a collective all ranks completed."""
-        out: list = [None] * self.world
-        if self.device.startswith("cuda"):
-            torch = _core.torch_module()
-            with torch.cuda.device(torch.device(self.device)):
-                self.dist.all_gather_object(out, obj, group=self.group)
-        else:
-            self.dist.all_gather_object(out, obj, group=self.group)
-        return out
+    def objects(self, obj: Any, what: str) -> list:
+        """Every rank's picklable ``obj``, by rank: the pickles' lengths, then the pickles (padded to the longest),
+        in two all-gathers of tensors on the group's device, each waited for under the deadline (which
+        ``all_gather_object`` has not), and no GPU kernel: a kernel's first launch in a process costs milliseconds,
+        and this runs once per load."""
+        torch = _core.torch_module()
+        data = pickle.dumps(obj)
+        sizes = [r[0] for r in self.gather_ints([len(data)], what)]
+        width = max(sizes)
+        mine = torch.zeros(width, dtype=torch.uint8)
+        mine[: len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+        mine = mine.to(self.device)
+        out = [torch.empty(width, dtype=torch.uint8, device=self.device) for _ in range(self.world)]
+        self.wait([self.dist.all_gather(out, mine, group=self.group, async_op=True)], what)
+        # Copies back (no kernel), ordered after the collective on this stream (wait).
+        host = [t.cpu() for t in out]
+        return [pickle.loads(ctypes.string_at(t.data_ptr(), n)) for t, n in zip(host, sizes)]
 
     def host_group(self, hosts: list[int]) -> "_Group":
         """The ranks of this rank's host, as a group (this group when all ranks share one host)."""
@@ -815,7 +824,7 @@ class _Load:
             flags = [r[0] for r in g.gather_ints([status], "the end of the load")]
             if any(f == _FAILED for f in flags):
                 self._raise_failures(flags)
-            ranks = [r for r in g.objects(asdict(self.stats))]
+            ranks = g.objects(asdict(self.stats), "the gathering of the ranks' reports")
         _remember(self.stats, ranks)
         return out
 
@@ -825,7 +834,8 @@ class _Load:
 
     def _raise_failures(self, flags: list[int]) -> None:
         """Every rank's error message, then the same DistributedError on every rank."""
-        messages = self.group.objects(f"{type(self.failure).__name__}: {self.failure}" if self.failure else None)
+        mine = f"{type(self.failure).__name__}: {self.failure}" if self.failure else None
+        messages = self.group.objects(mine, "the gathering of the ranks' errors")
         failures = {i: m for i, m in enumerate(messages) if flags[i] == _FAILED and m}
         listed = "; ".join(f"rank {i}: {m}" for i, m in failures.items())
         raise DistributedError(f"distributed load failed on {len(failures)} of {self.group.world} ranks: {listed}", failures) from self.failure
