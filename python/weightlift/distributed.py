@@ -51,8 +51,8 @@ from __future__ import annotations
 import bisect
 import ctypes
 import hashlib
+import json
 import os
-import pickle
 import socket
 import threading
 import time
@@ -310,12 +310,12 @@ class _Group:
         return bool(flag.item())
 
     def objects(self, obj: Any, what: str) -> list:
-        """Every rank's picklable ``obj``, by rank: the pickles' lengths, then the pickles (padded to the longest),
-        in two all-gathers of tensors on the group's device, each waited for under the deadline (which
-        ``all_gather_object`` has not), and no GPU kernel: a kernel's first launch in a process costs milliseconds,
-        and this runs once per load."""
+        """Every rank's ``obj`` (JSON: the ranks' reports and error messages), by rank: the texts' lengths, then the
+        texts (padded to the longest), in two all-gathers of tensors on the group's device, each waited for under
+        the deadline (which ``all_gather_object`` has not), and no GPU kernel: a kernel's first launch in a process
+        costs milliseconds, and this runs once per load."""
         torch = _core.torch_module()
-        data = pickle.dumps(obj)
+        data = json.dumps(obj).encode()  # data only: the package never unpickles (SECURITY.md)
         sizes = [r[0] for r in self.gather_ints([len(data)], what)]
         width = max(sizes)
         mine = torch.zeros(width, dtype=torch.uint8)
@@ -325,7 +325,7 @@ class _Group:
         self.wait([self.dist.all_gather(out, mine, group=self.group, async_op=True)], what)
         # Copies back (no kernel), ordered after the collective on this stream (wait).
         host = [t.cpu() for t in out]
-        return [pickle.loads(ctypes.string_at(t.data_ptr(), n)) for t, n in zip(host, sizes)]
+        return [json.loads(ctypes.string_at(t.data_ptr(), n)) for t, n in zip(host, sizes)]
 
     def host_group(self, hosts: list[int]) -> "_Group":
         """The ranks of this rank's host, as a group (this group when all ranks share one host)."""
