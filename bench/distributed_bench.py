@@ -30,7 +30,6 @@ Writes OUTDIR/distributed.json (rank 0) and prints a summary.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import math
 import os
@@ -592,14 +591,9 @@ def main() -> None:
     members = [m for m in args.pair_members.split(",") if m]
     if not members or members[0] != "one_gpu" or len(members) < 2 or any(m not in (*VARIANTS, "lanes_split") for m in members[1:]):
         ap.error(f"--pair-members: one_gpu, then one or more of {', '.join((*VARIANTS, 'lanes_split'))}")
-    local = int(os.environ.get("LOCAL_RANK", "0"))
-    if args.device == "cuda":
-        torch.cuda.set_device(local)
-        DEV = f"cuda:{local}"
-        dist.init_process_group("nccl", device_id=torch.device(DEV), timeout=datetime.timedelta(minutes=10))
-    else:
-        DEV = "cpu"
-        dist.init_process_group("gloo", timeout=datetime.timedelta(minutes=10))
+    from wlbench.procgroup import init
+
+    DEV = init(args.device, 10)
     rank, world = dist.get_rank(), dist.get_world_size()
     start = time.perf_counter()
     result: dict = {

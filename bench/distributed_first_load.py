@@ -16,7 +16,6 @@ the later ones, go to OUT.json. The loads are checked against ``safetensors`` on
 from __future__ import annotations
 
 import argparse
-import datetime
 import functools
 import json
 import os
@@ -36,14 +35,9 @@ def child(path: str, mode: str, device: str) -> None:
     import weightlift
     import weightlift.distributed as wd
 
-    if device == "cuda":
-        local = int(os.environ["LOCAL_RANK"])
-        torch.cuda.set_device(local)
-        dev = f"cuda:{local}"
-        dist.init_process_group("nccl", device_id=torch.device(dev), timeout=datetime.timedelta(minutes=5))
-    else:
-        dev = "cpu"
-        dist.init_process_group("gloo", timeout=datetime.timedelta(minutes=5))
+    from wlbench.procgroup import init
+
+    dev = init(device, 5)
     rank = dist.get_rank()
 
     def sync() -> None:
