@@ -78,3 +78,40 @@ def test_the_callers_device_is_left_as_found(ckpt: Path, case: str, chosen: int)
         """)
     p = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=300)
     assert p.returncode == 0 and "ok" in p.stdout, f"{case}, device {chosen}: {p.stderr[-1500:]}"
+
+
+def test_prepare_on_a_fresh_thread_makes_no_context_on_another_gpu(ckpt: Path) -> None:
+    """``weightlift.prepare("cuda:1")`` on a thread of its own (as docs/distributed.md shows for a rank at start-up),
+    in a process that works on device 1 only: a fresh thread's current device is 0, and setting it back there after
+    making the loads' side stream would create device 0's primary context, memory on a GPU the rank never uses."""
+    program = textwrap.dedent(f"""
+        import ctypes, threading, torch, weightlift
+        from safetensors.torch import load_file as reference
+        cuda = ctypes.CDLL("libcuda.so.1")
+        assert cuda.cuInit(0) == 0
+        def active(ordinal):
+            dev, flags, state = ctypes.c_int(), ctypes.c_uint(), ctypes.c_int()
+            assert cuda.cuDeviceGet(ctypes.byref(dev), ordinal) == 0
+            assert cuda.cuDevicePrimaryCtxGetState(dev, ctypes.byref(flags), ctypes.byref(state)) == 0
+            return bool(state.value)
+        torch.cuda.set_device(1)
+        torch.zeros(1, device="cuda:1")
+        assert not active(0), "device 0 had a context before the call"
+        errors = []
+        def run():
+            try:
+                weightlift.prepare("cuda:1")
+            except Exception as e:
+                errors.append(e)
+        t = threading.Thread(target=run)
+        t.start(); t.join()
+        assert not errors, errors
+        loaded = weightlift.load_file({str(ckpt)!r}, device="cuda:1")
+        for k, v in reference({str(ckpt)!r}).items():
+            assert torch.equal(loaded[k].cpu(), v), k
+        assert not active(0), "prepare('cuda:1') on a fresh thread made a context on device 0"
+        assert torch.cuda.current_device() == 1
+        print("ok")
+        """)
+    p = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0 and "ok" in p.stdout, p.stderr[-1500:]

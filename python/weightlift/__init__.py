@@ -114,7 +114,8 @@ def prepare(device: Any, *, kernels: bool = False, engine: "_native.NativeEngine
     engine = engine or _core.shared_engine()
     done = engine.prepare(dev, bool(kernels))
     done["torch_secs"] = None
-    if dev.startswith("cuda") and engine.device_memory == "torch" and _core.torch_installed():
+    if (dev.startswith("cuda") and engine.device_memory == "torch" and _core.torch_installed()
+            and _core.torch_module().cuda.is_available()):
         t0 = time.perf_counter()
         alloc, _ = _core.device_allocator(engine, dev)
         alloc(1)  # freed at once: back to PyTorch's cache, on the side stream's account

@@ -147,8 +147,11 @@ def device_allocator(engine, device: str) -> "tuple[Any, int]":
             side = _side_streams[dev.index] = t.cuda.ExternalStream(_native.process_stream(dev.index), device=dev)
 
     def alloc(nbytes: int) -> "torch.Tensor":
-        # Called on one of the engine's threads, whose current stream is neither.
-        with t.cuda.stream(side):
+        # Called on one of the engine's threads, whose current stream is neither, or by prepare() on the caller's.
+        # The device first: on a thread whose current device is another (a fresh thread's is 0), the stream alone
+        # would set that device back on leaving, and setting a device makes its context (hundreds of MB on a GPU
+        # the rank never uses); leaving `device` sets the old one back only where it has a context already.
+        with t.cuda.device(dev), t.cuda.stream(side):
             block = t.empty(nbytes, dtype=t.uint8, device=dev)
         block.record_stream(consumer)
         return block
