@@ -582,7 +582,7 @@ def main() -> None:
     ap.add_argument("--no-cold", action="store_true", help="skip the cold runs (they drop the page cache)")
     ap.add_argument("--cold-pairs", type=int, default=0, metavar="N",
                     help="N more rounds of cold loads in rotating order: one GPU alone, the distributed default, and "
-                    "the default with one GPU's lanes split over the ranks; ratios taken within each round")
+                    "the default with one GPU's lanes split over the ranks; ratios taken within each round (not with --no-cold)")
     ap.add_argument("--pair-members", default=PAIR_MEMBERS, help=f"the loads of each cold round, one_gpu first (default "
                     f"{PAIR_MEMBERS}; any of {', '.join(VARIANTS)} may be named)")
     ap.add_argument("--pairs-only", action="store_true", help="only the cold rounds (with --cold-pairs): no warm "

@@ -9,8 +9,9 @@ Each run starts, per mode, a fresh ``torchrun`` of ``--procs`` processes (NCCL o
 ("none") or calls ``weightlift.prepare(device)`` ("prepare", timed apart), then loads FILE three times with the
 file in the page cache: the wall time of each load (slowest rank), when its first read started, and the time in
 each stage of the load (the loader's own methods, timed from outside: header and plan, the status exchange, the
-steps, the reports' gathering). Rank 0's figures of every load, then per mode the medians of the first load and of
-the later ones, go to OUT.json. The loads are checked against ``safetensors`` on rank 0 (every tensor).
+steps, the reports' gathering; nested, so a method's time includes the methods it calls, and ``gather_ints`` counts
+every call). Rank 0's figures of every load, then per mode the medians of the first load and of the later ones, go
+to OUT.json. The last load of each run is checked against ``safetensors`` on rank 0 (every tensor).
 """
 
 from __future__ import annotations
