@@ -309,14 +309,16 @@ class _Group:
         self.wait([work], what)
         return bool(flag.item())
 
-    def objects(self, obj: Any, what: str) -> list:
-        """Every rank's ``obj`` (JSON: the ranks' reports and error messages), by rank: the texts' lengths, then the
-        texts (padded to the longest), in two all-gathers of tensors on the group's device, each waited for under
-        the deadline (which ``all_gather_object`` has not), and no GPU kernel: a kernel's first launch in a process
-        costs milliseconds, and this runs once per load."""
+    def objects(self, obj: Any, what: str, ints: Sequence[int] = ()) -> tuple[list[list[int]], list]:
+        """Every rank's ``obj`` (JSON: the ranks' reports and error messages), by rank, with every rank's ``ints``
+        (same count on all ranks) gathered in the same collective as the texts' lengths: ``(ints by rank, objs by
+        rank)``. Two all-gathers of tensors on the group's device (the lengths with ``ints``, then the texts padded
+        to the longest), each waited for under the deadline (which ``all_gather_object`` has not), and no GPU kernel:
+        a kernel's first launch in a process costs milliseconds, and this runs once per load."""
         torch = _core.torch_module()
         data = json.dumps(obj).encode()  # data only: the package never unpickles (SECURITY.md)
-        sizes = [r[0] for r in self.gather_ints([len(data)], what)]
+        rows = self.gather_ints([*ints, len(data)], what)
+        sizes = [r[-1] for r in rows]
         width = max(sizes)
         mine = torch.zeros(width, dtype=torch.uint8)
         mine[: len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
@@ -325,7 +327,7 @@ class _Group:
         self.wait([self.dist.all_gather(out, mine, group=self.group, async_op=True)], what)
         # Copies back (no kernel), ordered after the collective on this stream (wait).
         host = [t.cpu() for t in out]
-        return [json.loads(ctypes.string_at(t.data_ptr(), n)) for t, n in zip(host, sizes)]
+        return [r[:-1] for r in rows], [json.loads(ctypes.string_at(t.data_ptr(), n)) for t, n in zip(host, sizes)]
 
     def host_group(self, hosts: list[int]) -> "_Group":
         """The ranks of this rank's host, as a group (this group when all ranks share one host)."""
@@ -821,10 +823,11 @@ class _Load:
         else:
             self.stats.wait_seconds += g.wait_seconds
             status = _FAILED if self.failure else (_STOPPED if self.stopped else _OK)
-            flags = [r[0] for r in g.gather_ints([status], "the end of the load")]
+            # Each rank's status travels with its report's length: one collective fewer per load.
+            rows, ranks = g.objects(asdict(self.stats), "the end of the load", [status])
+            flags = [r[0] for r in rows]
             if any(f == _FAILED for f in flags):
                 self._raise_failures(flags)
-            ranks = g.objects(asdict(self.stats), "the gathering of the ranks' reports")
         _remember(self.stats, ranks)
         return out
 
@@ -835,7 +838,7 @@ class _Load:
     def _raise_failures(self, flags: list[int]) -> None:
         """Every rank's error message, then the same DistributedError on every rank."""
         mine = f"{type(self.failure).__name__}: {self.failure}" if self.failure else None
-        messages = self.group.objects(mine, "the gathering of the ranks' errors")
+        _, messages = self.group.objects(mine, "the gathering of the ranks' errors")
         failures = {i: m for i, m in enumerate(messages) if flags[i] == _FAILED and m}
         listed = "; ".join(f"rank {i}: {m}" for i, m in failures.items())
         raise DistributedError(f"distributed load failed on {len(failures)} of {self.group.world} ranks: {listed}", failures) from self.failure
