@@ -386,6 +386,19 @@ def tp_runs(path: Path, runs: int, dev: str, checkpoint_bytes: int) -> dict:
     }
 
 
+def cold_seconds(fn, participate: bool = True) -> float:
+    """``fn`` timed as ``timed`` does, the page cache dropped right before (by rank 0) and the memory of its result
+    given back after, before the next load."""
+    if dist.get_rank() == 0:
+        drop_caches()
+    dist.barrier()
+    out, s = timed(fn, participate=participate)
+    del out
+    if on_gpu():
+        torch.cuda.empty_cache()
+    return s
+
+
 def cold_runs(big: Path, runs: int, dev: str, checkpoint_bytes: int, peers: dict) -> dict:
     """Interleaved, caches dropped right before each: the disk ceiling, the distributed load (each variant), one GPU
     alone, and the peers' distributed loads (``peers``: name -> load function)."""
@@ -395,16 +408,9 @@ def cold_runs(big: Path, runs: int, dev: str, checkpoint_bytes: int, peers: dict
     disk = []
 
     def cold(name: str, fn, participate: bool = True) -> None:
-        if rank == 0:
-            drop_caches()
-        dist.barrier()
-        out, s = timed(fn, participate=participate)
-        rates.setdefault(name, []).append(checkpoint_bytes / s / 1e9)
+        rates.setdefault(name, []).append(checkpoint_bytes / cold_seconds(fn, participate) / 1e9)
         if name in VARIANTS:
             breakdowns.setdefault(name, []).append(breakdown(wd.last_report()))
-        del out  # the tensors' memory back before the next load
-        if on_gpu():
-            torch.cuda.empty_cache()
 
     for _ in range(runs):
         if rank == 0:
@@ -459,30 +465,25 @@ def cold_pairs(big: Path, rounds: int, dev: str, checkpoint_bytes: int, members:
     lanes = int(weightlift._core.shared_engine().settings()["threads"]["value"])
     split_engine = weightlift._core.new_engine(threads=max(1, lanes // world)) if "lanes_split" in members else None
 
-    def load(name: str):
+    def load(name: str) -> tuple[float, "dict | None"]:
+        """Seconds of the cold load ``name``, and what its report says."""
         if name == "one_gpu":
-            out, s = timed(lambda: weightlift.load_file(str(big), device=dev), participate=rank == 0)
+            s = cold_seconds(lambda: weightlift.load_file(str(big), device=dev), participate=rank == 0)
             rep = weightlift.last_report() if rank == 0 else None
             keep = ("seconds", "times", "read_ops", "lanes", "direct_bytes", "buffered_bytes", "resident_bytes")
-            return out, s, {k: rep.get(k) for k in keep} if rep else None
+            return s, {k: rep.get(k) for k in keep} if rep else None
         if name == "lanes_split":
-            out, s = timed(lambda: variant_load(big, dev, "read_ahead", engine=split_engine))
+            s = cold_seconds(lambda: variant_load(big, dev, "read_ahead", engine=split_engine))
         else:
-            out, s = timed(lambda: variant_load(big, dev, name))
-        return out, s, breakdown(wd.last_report())
+            s = cold_seconds(lambda: variant_load(big, dev, name))
+        return s, breakdown(wd.last_report())
 
     rows = []
     for i in range(rounds):
         order = members[i % len(members):] + members[: i % len(members)]
         got, reports = {}, {}
         for name in order:
-            if rank == 0:
-                drop_caches()
-            dist.barrier()
-            out, s, reports[name] = load(name)
-            del out
-            if on_gpu():
-                torch.cuda.empty_cache()
+            s, reports[name] = load(name)
             got[name] = checkpoint_bytes / s / 1e9
         rows.append({"order": order, **{f"{k}_gbps": v for k, v in got.items()},
                      **{f"{k}_ratio": got[k] / got["one_gpu"] for k in members[1:]}, "reports": reports})
