@@ -24,6 +24,7 @@ Errors derive from :class:`WeightliftError`.
 from __future__ import annotations
 
 import os
+import time
 from typing import Any, Union
 
 from . import _core, _errors, _native
@@ -107,8 +108,6 @@ def prepare(device: Any, *, kernels: bool = False, engine: "_native.NativeEngine
     ``streams``, ``pool_secs``, ``torch_secs``, ``seconds``. The memory stays until :func:`release_memory` (or a
     load that needs other staging). Ctrl-C interrupts the wait for lanes busy with loads. Raises
     :class:`CudaError` when a GPU is asked for and CUDA is unavailable."""
-    import time
-
     dev = _core.normalize_device(device)
     _core.check_cuda(dev)
     engine = engine or _core.shared_engine()

@@ -150,8 +150,9 @@ impl<'a> GpuChecker<'a> {
             if self.first_error.is_some() {
                 continue; // drain: the load fails anyway
             }
-            self.stats.overlapped_bytes += self.layout.bytes_of(&round);
-            tracing::debug!(dests = round.len(), bytes = self.layout.bytes_of(&round), "hashing round");
+            let bytes = self.layout.bytes_of(&round);
+            self.stats.overlapped_bytes += bytes;
+            tracing::debug!(dests = round.len(), bytes, "hashing round");
             if let Err(e) = self.launch(&round, address) {
                 self.first_error = Some(e);
             }
