@@ -172,6 +172,7 @@ pub(crate) fn read_input(input: Input) -> Result<TensorIndex, FormatError> {
     let path = input.path.clone();
     let len = input.len;
     let etag = input.etag();
+    let object = input.object();
     let reader = Sequential { input, pos: 0 };
     let mut cur = Cursor { input_len: len, reader: BufReader::with_capacity(1 << 16, reader), pos: 0 };
     let parsed = parse(&mut cur).map_err(|k| FormatError::new(&path, k))?;
@@ -185,6 +186,7 @@ pub(crate) fn read_input(input: Input) -> Result<TensorIndex, FormatError> {
         gguf_version: Some(parsed.version),
         etag,
         header,
+        object,
     };
     Ok(TensorIndex { files: vec![file], tensors: parsed.tensors })
 }

@@ -50,6 +50,9 @@ pub struct SourceFile {
     /// For an object: its bytes `0..data_start`, as the request that fetched them for parsing brought them (`None`
     /// for a local file, and for a header longer than that first request).
     pub header: Option<HeaderBytes>,
+    /// For an object: the object as parsing opened it, pinned to `etag`. A load reads it as it is, without a
+    /// request to open it again (a GET of a replaced object fails: every GET asks for the pinned ETag).
+    pub object: Option<std::sync::Arc<weightlift_remote::Object>>,
 }
 
 /// An object's bytes before its tensor data, kept from parsing: a load that writes the object's local copy

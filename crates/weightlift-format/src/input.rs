@@ -7,7 +7,7 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use weightlift_remote::{Head, Object};
+use weightlift_remote::{Head, Location, Object};
 
 use crate::error::{ErrorKind, FormatError};
 use crate::index::HeaderBytes;
@@ -26,13 +26,20 @@ enum Src {
 }
 
 impl Input {
-    /// Opens a local path, or the object a URL names (`s3://`, `gs://`, `az://`, `http(s)://`).
+    /// Opens a local path, or the object a URL names (`s3://`, `gs://`, `az://`, `http(s)://`): where a path
+    /// enters the format readers.
     pub fn open(path: &Path) -> Result<Input, FormatError> {
-        if let Some(url) = path.to_str().filter(|p| weightlift_remote::is_url(p)) {
-            let remote = |e| FormatError::new(path, ErrorKind::Remote(e));
-            let object = Arc::new(Object::open(url).map_err(remote)?);
-            let len = object.len();
-            let head = Head::new(object).map_err(remote)?;
+        let location = Location::new(path).map_err(|e| FormatError::new(path, ErrorKind::Remote(e)))?;
+        Input::open_at(&location)
+    }
+
+    /// Opens a location: a local file, or an object (one GET of its first bytes, which pins its length and ETag
+    /// and holds its header).
+    pub fn open_at(location: &Location) -> Result<Input, FormatError> {
+        let path = location.as_path();
+        if let Location::Object(url) = location {
+            let head = Head::open(url).map_err(|e| FormatError::new(path, ErrorKind::Remote(e)))?;
+            let len = head.object().len();
             return Ok(Input { path: path.to_path_buf(), src: Src::Object(head), len });
         }
         let file = regular::open(path, Access::READ).map_err(|e| match e {
@@ -45,8 +52,13 @@ impl Input {
 
     /// The ETag an object was pinned to when opened (`None` for a local file).
     pub fn etag(&self) -> Option<String> {
+        self.object().and_then(|o| o.etag().map(str::to_string))
+    }
+
+    /// The object this input is, as opened (`None` for a local file): a load reads it without opening it again.
+    pub fn object(&self) -> Option<Arc<Object>> {
         match &self.src {
-            Src::Object(head) => head.object().etag().map(str::to_string),
+            Src::Object(head) => Some(head.object().clone()),
             Src::File(_) => None,
         }
     }

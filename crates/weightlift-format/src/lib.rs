@@ -32,6 +32,8 @@ mod writer;
 
 use std::path::{Path, PathBuf};
 
+pub use weightlift_remote::Location;
+
 pub use dtype::{DType, GgmlType, SizeError};
 pub use error::{ErrorKind, FormatError};
 pub use index::{Format, HeaderBytes, Metadata, SourceFile, TensorEntry, TensorIndex};
@@ -50,13 +52,24 @@ pub enum Detected {
 
 /// Decides a file's format: by extension (`.safetensors`, `.gguf`, `.json`), else by its first bytes.
 pub fn detect(path: &Path) -> Result<Detected, FormatError> {
-    match path.extension().and_then(|e| e.to_str()) {
-        Some("safetensors") => return Ok(Detected::Safetensors),
-        Some("gguf") => return Ok(Detected::Gguf),
-        Some("json") => return Ok(Detected::ShardIndex),
-        _ => {}
+    let location = Location::new(path).map_err(|e| FormatError::new(path, ErrorKind::Remote(e)))?;
+    match by_extension(&location) {
+        Some(d) => Ok(d),
+        None => detect_input(&input::Input::open_at(&location)?),
     }
-    let input = input::Input::open(path)?;
+}
+
+fn by_extension(location: &Location) -> Option<Detected> {
+    match location.extension() {
+        Some("safetensors") => Some(Detected::Safetensors),
+        Some("gguf") => Some(Detected::Gguf),
+        Some("json") => Some(Detected::ShardIndex),
+        _ => None,
+    }
+}
+
+/// The format of an opened input, by its first bytes.
+fn detect_input(input: &input::Input) -> Result<Detected, FormatError> {
     let head = input.prefix(16)?;
     if head.starts_with(&gguf::MAGIC) {
         return Ok(Detected::Gguf);
@@ -71,22 +84,33 @@ pub fn detect(path: &Path) -> Result<Detected, FormatError> {
 }
 
 /// Reads one checkpoint made of `paths`: safetensors files, shard indexes, GGUF files, or (with `raw`) raw files.
-/// Several paths form one index; a tensor name may appear only once across them.
+/// Several paths form one index; a tensor name may appear only once across them. Each path is told a local file
+/// or an object's URL here, once.
 pub fn open(paths: &[PathBuf], raw: Option<RawSpec>) -> Result<TensorIndex, FormatError> {
     let mut parts = Vec::with_capacity(paths.len());
     for path in paths {
-        parts.push(open_one(path, raw)?);
+        let location = Location::new(path).map_err(|e| FormatError::new(path, ErrorKind::Remote(e)))?;
+        parts.push(open_at(&location, raw)?);
     }
     TensorIndex::merge(parts)
 }
 
-fn open_one(path: &Path, raw: Option<RawSpec>) -> Result<TensorIndex, FormatError> {
+/// Reads the checkpoint file (or shard index) at `location`. An object is opened once: by one GET of its first
+/// bytes, which parsing reads its header from.
+pub fn open_at(location: &Location, raw: Option<RawSpec>) -> Result<TensorIndex, FormatError> {
     if let Some(spec) = raw {
-        return raw::read(path, spec);
+        return raw::read_input(&input::Input::open_at(location)?, spec);
     }
-    match detect(path)? {
-        Detected::Safetensors => safetensors::read(path),
-        Detected::ShardIndex => sharded::read(path),
-        Detected::Gguf => gguf::read(path),
+    match by_extension(location) {
+        Some(Detected::Safetensors) => safetensors::read_at(location),
+        Some(Detected::ShardIndex) => sharded::read_at(location),
+        Some(Detected::Gguf) => gguf::read_input(input::Input::open_at(location)?),
+        None => {
+            let input = input::Input::open_at(location)?;
+            match detect_input(&input)? {
+                Detected::Gguf => gguf::read_input(input),
+                _ => safetensors::read_input(&input),
+            }
+        }
     }
 }

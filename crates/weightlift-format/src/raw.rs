@@ -19,7 +19,10 @@ pub struct RawSpec {
 
 /// Describes a raw file as one tensor named after the file.
 pub fn read(path: impl AsRef<Path>, spec: RawSpec) -> Result<TensorIndex, FormatError> {
-    let input = Input::open(path.as_ref())?;
+    read_input(&Input::open(path.as_ref())?, spec)
+}
+
+pub(crate) fn read_input(input: &Input, spec: RawSpec) -> Result<TensorIndex, FormatError> {
     let dtype = spec.dtype;
     let invalid = |count, reason| input.err(ErrorKind::RawInvalid { count, dtype: dtype.name(), reason });
     if matches!(dtype, DType::Ggml(_)) {
@@ -53,6 +56,7 @@ pub fn read(path: impl AsRef<Path>, spec: RawSpec) -> Result<TensorIndex, Format
         gguf_version: None,
         etag: input.etag(),
         header: None,
+        object: input.object(),
     };
     let tensor = TensorEntry { name, dtype, shape: vec![count], file: 0, offset: 0, nbytes: need };
     Ok(TensorIndex { files: vec![file], tensors: vec![tensor] })

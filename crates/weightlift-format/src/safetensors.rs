@@ -12,6 +12,7 @@ use std::path::Path;
 
 use serde::de::{Deserializer, MapAccess, Visitor};
 use serde_json::Value;
+use weightlift_remote::Location;
 
 use crate::dtype::DType;
 use crate::dtype::expected_size;
@@ -31,6 +32,11 @@ pub const PAD_PREFIX: &str = "__weightlift_pad_";
 pub fn read(path: impl AsRef<Path>) -> Result<TensorIndex, FormatError> {
     let input = Input::open(path.as_ref())?;
     read_input(&input)
+}
+
+/// [`read`] of a location (a local file, or an object opened with one GET of its first bytes).
+pub fn read_at(location: &Location) -> Result<TensorIndex, FormatError> {
+    read_input(&Input::open_at(location)?)
 }
 
 pub(crate) fn read_input(input: &Input) -> Result<TensorIndex, FormatError> {
@@ -69,6 +75,7 @@ pub(crate) fn read_input(input: &Input) -> Result<TensorIndex, FormatError> {
         gguf_version: None,
         etag: input.etag(),
         header: input.header_bytes(data_start),
+        object: input.object(),
     };
     Ok(TensorIndex { files: vec![file], tensors })
 }

@@ -229,6 +229,8 @@ pub struct PackIndex {
     pub len: u64,
     /// For a pack read from an object (a URL): the ETag it had when its tables were read.
     pub etag: Option<String>,
+    /// For a pack read from an object: the object as it was opened (a load reads it without opening it again).
+    pub object: Option<std::sync::Arc<weightlift_remote::Object>>,
 }
 
 impl PackIndex {
@@ -409,6 +411,7 @@ fn read_input(input: &Input) -> Result<PackIndex, FormatError> {
     let data_start = tables_end.next_multiple_of(STREAM_ALIGN);
     let mut index = validate(json, chunk_bytes, stream_bytes, data_start, input.len).map_err(err)?;
     index.etag = input.etag();
+    index.object = input.object();
     Ok(index)
 }
 
@@ -469,6 +472,7 @@ fn validate(
         data_start,
         len,
         etag: None,
+        object: None,
     })
 }
 

@@ -12,7 +12,7 @@ use rustix::fs::{AtFlags, StatxFlags};
 use weightlift_format::HeaderBytes;
 use weightlift_format::regular::{self, OpenError};
 pub use weightlift_format::regular::{Access, NodeKind};
-use weightlift_remote::Object;
+use weightlift_remote::{Object, ObjectUrl};
 
 use crate::error::IoError;
 use crate::object_cache::{self, CacheFill};
@@ -130,43 +130,47 @@ impl OpenFile {
         Ok(f)
     }
 
-    /// Opens the object `url` names (a HEAD request pins its length and ETag); `etag`, where given, is the one
-    /// its header was parsed from, and an object that no longer has it is refused.
-    pub fn open_object(url: &str, etag: Option<&str>) -> Result<OpenFile, IoError> {
+    /// Opens the object `url` names (a GET of its first byte pins its length and ETag); `etag`, where given, is
+    /// the one its header was parsed from, and an object that no longer has it is refused.
+    pub fn open_object(url: &ObjectUrl, etag: Option<&str>) -> Result<OpenFile, IoError> {
         let object = Object::open(url).map_err(IoError::Remote)?;
         if let (Some(was), Some(now)) = (etag, object.etag())
             && was != now
         {
             let (was, now) = (was.to_string(), now.to_string());
-            return Err(IoError::Remote(weightlift_remote::RemoteError::Changed { url: url.into(), was, now }));
+            let url = url.to_string();
+            return Err(IoError::Remote(weightlift_remote::RemoteError::Changed { url, was, now }));
         }
-        Ok(OpenFile {
-            path: PathBuf::from(url),
+        Ok(OpenFile::of_object(Arc::new(object)))
+    }
+
+    /// The input an object opened already is (no request: its GETs ask for the ETag it was opened at).
+    pub fn of_object(object: Arc<Object>) -> OpenFile {
+        OpenFile {
+            path: PathBuf::from(object.url()),
             len: object.len(),
-            source: Source::Object(Arc::new(object)),
+            source: Source::Object(object),
             direct: None,
             direct_refused: Some("an object: read by ranged GETs".into()),
             block: FALLBACK_BLOCK,
             mem_align: FALLBACK_BLOCK,
             copy: None,
-        })
+        }
     }
 
-    /// As [`OpenFile::open_object`], with local copies under `cache_dir` (see [`crate::object_cache`]): the
+    /// As [`OpenFile::of_object`], with local copies under `cache_dir` (see [`crate::object_cache`]): the
     /// object's valid copy is opened instead (as a local file, probing O_DIRECT unless `want_direct` is false);
     /// failing that, where `fill` is true, the load writes a new copy as the object's bytes arrive, its first bytes
-    /// from `header` where given (the object's bytes from offset 0 as parsing fetched them, at `etag`).
+    /// from `header` where given (the object's bytes from offset 0 as parsing fetched them, at its ETag).
     pub fn open_object_cached(
-        url: &str,
-        etag: Option<&str>,
+        object: Arc<Object>,
         header: Option<&HeaderBytes>,
         cache_dir: &Path,
         fill: bool,
         want_direct: bool,
     ) -> Result<OpenFile, IoError> {
-        let mut f = OpenFile::open_object(url, etag)?;
-        let Source::Object(object) = &f.source else { return Ok(f) };
-        let object = object.clone();
+        let url = object.url().to_string();
+        let mut f = OpenFile::of_object(object.clone());
         if let Some((copy, ino)) = object_cache::lookup(cache_dir, &object) {
             match OpenFile::open(&copy, want_direct) {
                 Ok(mut local) if local.local().is_some_and(|l| object_cache::is_the_copy(l, ino, object.len())) => {

@@ -7,10 +7,14 @@
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::Instant;
+
+use weightlift_remote::{GetStream, Throttle};
 
 use crate::error::IoError;
 use crate::fault::FaultPlan;
 use crate::file::OpenFile;
+use crate::pacer::{GetsReport, Pacer};
 use crate::plan::{Piece, Plan, ReadOp};
 use crate::populate::ColdMaps;
 use crate::reading::LaneStats;
@@ -72,6 +76,56 @@ pub struct LaneTotals {
     pub fixed_refusal: Option<String>,
     /// Why the kernel refused to populate cold ranges in 2 MiB folios, the first time it did.
     pub populate_refusal: Option<String>,
+    /// The GETs in flight of a load of objects, and why.
+    pub gets: Option<GetsReport>,
+}
+
+/// Parts of one GET a lane may hold at once: one filling while the next waits, so that the GET never waits for a
+/// lane to give it somewhere to put its bytes.
+pub(crate) const LOOKAHEAD: usize = 2;
+
+/// A GET of the job in flight: ops `first..end` are its parts, handed to lanes up to `next`.
+struct OpenGet {
+    first: usize,
+    end: usize,
+    next: usize,
+    /// Parts handed out whose bytes have not all landed.
+    queued: usize,
+    /// Parts whose bytes have not all landed, handed out or not.
+    unfinished: usize,
+    stream: Arc<GetStream>,
+}
+
+/// For an object's op: the GET that serves it, and its part there.
+pub(crate) type Part = Option<(Arc<GetStream>, usize)>;
+
+/// What opening a GET came to.
+enum Opened {
+    /// Its first part, handed out.
+    Took(usize, Part),
+    /// The gate skipped the op the GET would have started at: look again.
+    Skipped,
+    /// Nothing to read now.
+    Wait,
+}
+
+/// An op handed to a lane: its index, whether the lane joins the job with it (then it must call `begin_lane`), and
+/// for an object's op the GET that serves it and its part there; `drained`: it was the job's last op to hand out
+/// (the lanes waiting idle in the job may leave it now).
+pub(crate) struct Taken {
+    pub op: usize,
+    pub joins: bool,
+    pub part: Part,
+    pub drained: bool,
+}
+
+/// What a part's landing changed for the other lanes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Landed {
+    /// Nothing another lane could do now.
+    Nothing,
+    /// A part (or a new GET) may be taken.
+    Work,
 }
 
 struct State {
@@ -85,6 +139,10 @@ struct State {
     totals: LaneTotals,
     completed: bool,
     skipped_ops: u64,
+    /// GETs in flight (a load of objects).
+    gets: Vec<OpenGet>,
+    /// How many GETs to keep in flight (a load of objects).
+    pacer: Option<Pacer>,
 }
 
 /// One load being served by the lanes.
@@ -107,6 +165,10 @@ pub struct Job {
     pub(crate) max_lanes: usize,
     /// Mappings that populate cold ranges in 2 MiB folios (`cache_pages = huge` and the plan has cold reads).
     pub(crate) cold_maps: Option<ColdMaps>,
+    /// What the servers of the job's objects said about throttling (one per origin).
+    throttles: Vec<Arc<Throttle>>,
+    /// The `remote_concurrency` setting, for the report.
+    concurrency_setting: String,
     abort: AtomicBool,
     state: Mutex<State>,
     done: Condvar,
@@ -142,12 +204,24 @@ pub(crate) struct JobParts {
     pub lanes: usize,
     /// Populate cold ranges through huge-page mappings before reading them.
     pub populate: bool,
+    /// How many GETs to keep in flight, where the plan reads objects, and the setting it comes from.
+    pub pacer: Option<(Pacer, String)>,
 }
 
 impl Job {
     pub(crate) fn new(p: JobParts) -> Job {
         let empty = p.plan.ops.is_empty();
         let cold_maps = (p.populate && p.plan.ops.iter().any(|o| o.cold)).then(|| ColdMaps::new(p.files.len()));
+        let mut throttles: Vec<Arc<Throttle>> = Vec::new();
+        for o in p.files.iter().filter_map(|f| f.object()) {
+            if !throttles.iter().any(|t| Arc::ptr_eq(t, o.throttle())) {
+                throttles.push(o.throttle().clone());
+            }
+        }
+        let (pacer, concurrency_setting) = match p.pacer {
+            Some((pacer, setting)) if !p.plan.groups.is_empty() => (Some(pacer), setting),
+            _ => (None, String::new()),
+        };
         Job {
             plan: p.plan,
             files: p.files,
@@ -163,6 +237,8 @@ impl Job {
             slot_bytes: p.slot_bytes,
             max_lanes: p.max_lanes.max(1),
             cold_maps,
+            throttles,
+            concurrency_setting,
             abort: AtomicBool::new(false),
             state: Mutex::new(State {
                 cursor: 0,
@@ -173,6 +249,8 @@ impl Job {
                 totals: LaneTotals::default(),
                 completed: false,
                 skipped_ops: 0,
+                gets: Vec::new(),
+                pacer,
             }),
             done: Condvar::new(),
         }
@@ -219,16 +297,23 @@ impl Job {
 
     /// Records `e` (the first error wins) and stops handing out ops.
     pub(crate) fn fail(&self, e: IoError) {
-        self.abort.store(true, Ordering::Relaxed);
         let mut s = self.lock();
-        s.exhausted = true;
-        s.error.get_or_insert(e);
-        self.try_complete(&mut s);
+        self.fail_locked(&mut s, e);
     }
 
-    /// The next op for `lane`, and whether the lane joins the job with it (then it must call `begin_lane`).
-    /// `None` when nothing is to be read now.
-    pub(crate) fn take_op(&self, lane: usize) -> Option<(usize, bool)> {
+    fn fail_locked(&self, s: &mut State, e: IoError) {
+        self.abort.store(true, Ordering::Relaxed);
+        s.exhausted = true;
+        s.error.get_or_insert(e);
+        // The GETs in flight end (their streams stop: the job aborted); their parts with lanes fail there.
+        s.gets.clear();
+        self.try_complete(s);
+    }
+
+    /// The next op for `lane` (`None` when nothing is to be read now): a part of a GET in flight that has the
+    /// fewest parts waiting with lanes, else the next op in plan order, opening its GET where it reads an object
+    /// and the pacer lets one more GET fly.
+    pub(crate) fn take_op(self: &Arc<Self>, lane: usize) -> Option<Taken> {
         if lane >= self.max_lanes {
             return None;
         }
@@ -243,27 +328,9 @@ impl Job {
             self.fail(IoError::Cancelled);
             return None;
         }
-        let op = loop {
-            let i = s.cursor;
-            let Some(op) = self.plan.ops.get(i) else {
-                s.exhausted = true;
-                self.try_complete(&mut s);
-                return None;
-            };
-            // SAFETY: the gate is alive while the job runs (see `sink`).
-            let verdict =
-                self.gate.as_ref().map_or(Admit::Go, |g| unsafe { g.get() }.admit(op, self.plan.pieces_of(op)));
-            match verdict {
-                Admit::Go => {
-                    s.cursor += 1;
-                    break i;
-                }
-                Admit::Skip => {
-                    s.cursor += 1;
-                    s.skipped_ops += 1;
-                }
-                Admit::Wait => return None,
-            }
+        let (op, part) = match Self::next_part(&mut s) {
+            Some(taken) => taken,
+            None => self.next_in_order(&mut s)?,
         };
         let joins = !s.joined.get(lane).copied().unwrap_or(true);
         if joins {
@@ -271,13 +338,147 @@ impl Job {
             s.lanes_in += 1;
             s.totals.lanes += 1;
         }
-        Some((op, joins))
+        let drained = part.is_some() && self.handed_out(&s);
+        Some(Taken { op, joins, part, drained })
+    }
+
+    /// Whether every op has been handed out (or skipped).
+    fn handed_out(&self, s: &State) -> bool {
+        s.cursor >= self.plan.ops.len() && s.gets.iter().all(|g| g.next == g.end)
+    }
+
+    /// The next part of the GET in flight with the fewest parts waiting with lanes (fewer than [`LOOKAHEAD`]).
+    fn next_part(s: &mut State) -> Option<(usize, Part)> {
+        let g = s.gets.iter_mut().filter(|g| g.next < g.end && g.queued < LOOKAHEAD).min_by_key(|g| g.queued)?;
+        let op = g.next;
+        g.next += 1;
+        g.queued += 1;
+        Some((op, Some((g.stream.clone(), op - g.first))))
+    }
+
+    /// The next op in plan order that the gate lets through: a local read, or the first part of a new GET.
+    fn next_in_order(self: &Arc<Self>, s: &mut State) -> Option<(usize, Part)> {
+        loop {
+            let i = s.cursor;
+            if i >= self.plan.ops.len() {
+                if self.handed_out(s) {
+                    s.exhausted = true;
+                    self.try_complete(s);
+                }
+                return None;
+            }
+            let groups = &self.plan.groups;
+            let g = groups.partition_point(|g| g.end <= i);
+            if let Some(group) = groups.get(g).filter(|g| g.start <= i) {
+                let group = i..group.end;
+                if s.pacer.as_ref().is_some_and(|p| s.gets.len() >= p.target()) {
+                    return None;
+                }
+                match self.open_get(s, group) {
+                    Opened::Took(op, part) => return Some((op, part)),
+                    Opened::Skipped => continue,
+                    Opened::Wait => return None,
+                }
+            }
+            match self.admit(i) {
+                Admit::Go => {
+                    s.cursor += 1;
+                    return Some((i, None));
+                }
+                Admit::Skip => {
+                    s.cursor += 1;
+                    s.skipped_ops += 1;
+                }
+                Admit::Wait => return None,
+            }
+        }
+    }
+
+    fn admit(&self, i: usize) -> Admit {
+        let op = &self.plan.ops[i];
+        // SAFETY: the gate is alive while the job runs (see `sink`).
+        self.gate.as_ref().map_or(Admit::Go, |g| unsafe { g.get() }.admit(op, self.plan.pieces_of(op)))
+    }
+
+    /// Opens a GET for the ops of `group` the gate lets through, from its first on, and hands out its first part
+    /// (`Wait` where the gate holds the first op back, or the GET cannot start: the job failed).
+    fn open_get(self: &Arc<Self>, s: &mut State, group: std::ops::Range<usize>) -> Opened {
+        let first = group.start;
+        let mut end = first;
+        for i in group {
+            match self.admit(i) {
+                Admit::Go => end = i + 1,
+                Admit::Skip if end == first => {
+                    s.cursor += 1;
+                    s.skipped_ops += 1;
+                    return Opened::Skipped;
+                }
+                Admit::Skip | Admit::Wait => break,
+            }
+        }
+        if end == first {
+            return Opened::Wait;
+        }
+        let ops = &self.plan.ops[first..end];
+        let object = self.files.get(ops[0].file as usize).and_then(|f| f.object());
+        let Some(object) = object else {
+            self.fail_locked(s, IoError::Destinations("a GET planned for a file that is not an object".into()));
+            return Opened::Wait;
+        };
+        let weak = Arc::downgrade(self);
+        // The job's own flag only: the caller's cancel flag may be gone once the job completes, and a stream can
+        // outlive that; each part's reader asks the caller's flag while the part is in flight.
+        let stop: weightlift_remote::Stop = Arc::new(move || weak.upgrade().is_none_or(|j| j.aborted()));
+        let parts = ops.iter().map(|o| o.offset..o.offset + o.valid).collect();
+        let stream = match GetStream::new(object, parts, stop) {
+            Ok(stream) => Arc::new(stream),
+            Err(e) => {
+                self.fail_locked(s, IoError::Remote(e));
+                return Opened::Wait;
+            }
+        };
+        s.cursor = end;
+        s.gets.push(OpenGet {
+            first,
+            end,
+            next: first + 1,
+            queued: 1,
+            unfinished: end - first,
+            stream: stream.clone(),
+        });
+        let in_flight = s.gets.len();
+        if let Some(p) = s.pacer.as_mut() {
+            p.opened(Instant::now(), in_flight);
+        }
+        Opened::Took(first, Some((stream, 0)))
+    }
+
+    /// Op `op`, a part of a GET, has all its bytes (or failed): the GET's count goes down, and the GET leaves the
+    /// job once its last part has; the pacer counts the bytes. Says whether another lane may find work now.
+    pub(crate) fn part_landed(&self, op: usize) -> Landed {
+        let mut s = self.lock();
+        let Some(i) = s.gets.iter().position(|g| g.first <= op && op < g.end) else { return Landed::Nothing };
+        let g = &mut s.gets[i];
+        g.queued = g.queued.saturating_sub(1);
+        g.unfinished = g.unfinished.saturating_sub(1);
+        let finished = g.unfinished == 0;
+        if finished {
+            s.gets.swap_remove(i);
+        }
+        let throttled = self.throttles.iter().map(|t| t.answers()).sum();
+        let bytes = self.plan.ops.get(op).map_or(0, |o| o.valid);
+        if let Some(p) = s.pacer.as_mut() {
+            p.landed(Instant::now(), bytes, usize::from(finished), throttled);
+        }
+        let part_ready = s.gets.iter().any(|g| g.next < g.end && g.queued < LOOKAHEAD);
+        let get_ready = s.cursor < self.plan.ops.len() && s.pacer.as_ref().is_none_or(|p| s.gets.len() < p.target());
+        if part_ready || get_ready { Landed::Work } else { Landed::Nothing }
     }
 
     /// Whether no op is left for lanes to take (so a lane with nothing of this job in flight may leave it).
     pub(crate) fn drained_of_ops(&self) -> bool {
         let s = self.lock();
-        s.exhausted || s.cursor >= self.plan.ops.len()
+        s.exhausted || self.handed_out(&s)
     }
 
     /// A lane that joined leaves, adding what it counted; the job completes when the last one leaves after the
@@ -302,7 +503,7 @@ impl Job {
     }
 
     fn try_complete(&self, s: &mut State) -> bool {
-        if s.cursor >= self.plan.ops.len() {
+        if self.handed_out(s) {
             s.exhausted = true;
         }
         if !s.completed && s.exhausted && s.lanes_in == 0 {
@@ -333,6 +534,7 @@ impl Job {
             None => {
                 let mut totals = s.totals.clone();
                 totals.populate_refusal = self.cold_maps.as_ref().and_then(ColdMaps::refusal);
+                totals.gets = s.pacer.as_ref().map(|p| p.summary(&self.concurrency_setting));
                 (Ok(totals), skipped)
             }
         }

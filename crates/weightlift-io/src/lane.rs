@@ -22,9 +22,11 @@ use crate::sink::Pending;
 use crate::staging::{Pinner, Staging};
 use crate::submit::{Submission, Submitter};
 
+use crate::job::Part;
+
 enum Slot {
     Free,
-    Reading { job: Arc<Job>, op: usize, reading: Reading, in_place: Option<InPlaceIo> },
+    Reading { job: Arc<Job>, op: usize, reading: Reading, in_place: Option<InPlaceIo>, part: Part },
     Delivering { job: Arc<Job>, op: usize, pending: Box<dyn Pending> },
 }
 
@@ -300,25 +302,37 @@ impl Lane {
     /// The next thing this lane should do: foreground jobs first, then background, each in submission order.
     fn next_work(&self) -> Work {
         let lane = self;
-        let q = self.pool.lock();
-        for job in &q.jobs {
-            if lane.id >= job.max_lanes || job.drained_of_ops() {
-                continue;
-            }
-            if !lane.staging_fits(job) {
-                if lane.is_idle() {
-                    return Work::Restage(job.clone());
+        let (job, taken) = {
+            let q = self.pool.lock();
+            let mut found = None;
+            for job in &q.jobs {
+                if lane.id >= job.max_lanes || job.drained_of_ops() {
+                    continue;
                 }
-                continue;
+                if !lane.staging_fits(job) {
+                    if lane.is_idle() {
+                        return Work::Restage(job.clone());
+                    }
+                    continue;
+                }
+                if !lane.has_room_for(job) {
+                    continue;
+                }
+                if let Some(taken) = job.take_op(lane.id) {
+                    found = Some((job.clone(), taken));
+                    break;
+                }
             }
-            if !lane.has_room_for(job) {
-                continue;
+            match found {
+                Some(f) => f,
+                None => return Work::None,
             }
-            if let Some((op, joins)) = job.take_op(lane.id) {
-                return Work::Op { job: job.clone(), op, joins };
-            }
+        };
+        if taken.drained {
+            // Lanes of the job waiting idle for its parts may leave it now.
+            self.pool.notify();
         }
-        Work::None
+        Work::Op { job, op: taken.op, joins: taken.joins, part: taken.part }
     }
 
     fn free_slot(&self) -> Option<usize> {
@@ -353,12 +367,12 @@ impl Lane {
                         )));
                     }
                 }
-                Work::Op { job, op, joins } => {
+                Work::Op { job, op, joins, part } => {
                     took = true;
                     if joins {
                         self.join(&job);
                     }
-                    self.start(job, op);
+                    self.start(job, op, part);
                 }
             }
         }
@@ -517,8 +531,8 @@ impl Lane {
         }
     }
 
-    /// Starts reading op `op` of `job` into a free slot.
-    fn start(&mut self, job: Arc<Job>, op_idx: usize) {
+    /// Starts reading op `op` of `job` into a free slot (an object's op: as part `part` of its GET).
+    fn start(&mut self, job: Arc<Job>, op_idx: usize, part: Part) {
         let Some(slot) = self.free_slot() else {
             job.fail(IoError::Destinations("a lane took an op without a free slot".into()));
             return;
@@ -526,10 +540,8 @@ impl Lane {
         let op = &job.plan.ops[op_idx];
         let direct = op.direct && job.files[op.file as usize].direct.is_some();
         let reading = Reading::start(direct);
-        // An object's bytes land in a slot: the network runtime copies each body chunk there.
-        let in_place = in_place_targets(&job.plan, op, job.sink())
-            .filter(|_| job.files[op.file as usize].object().is_none())
-            .map(|targets| InPlaceIo { targets, iov: Vec::new() });
+        let in_place =
+            in_place_targets(&job.plan, op, job.sink()).map(|targets| InPlaceIo { targets, iov: Vec::new() });
         let req = reading.request(op);
         // Cold pages the cache keeps: brought in as 2 MiB folios first (see `populate`), then read from the cache.
         let populated = match &job.cold_maps {
@@ -547,7 +559,7 @@ impl Lane {
             j.totals.stats.populated_bytes += n;
             j.totals.stats.populate += took;
         }
-        self.slots[slot] = Slot::Reading { job, op: op_idx, reading, in_place };
+        self.slots[slot] = Slot::Reading { job, op: op_idx, reading, in_place, part };
         self.issue(slot, req);
     }
 
@@ -556,7 +568,7 @@ impl Lane {
         let fixed = self.fixed;
         let Some(staging) = self.staging.as_mut() else { return };
         let (base, slot_len) = staging.slot_ptr(slot);
-        let Slot::Reading { job, op, in_place, .. } = &mut self.slots[slot] else { return };
+        let Slot::Reading { job, op, in_place, part, .. } = &mut self.slots[slot] else { return };
         let job = job.clone();
         let o = &job.plan.ops[*op];
         let file = &job.files[o.file as usize];
@@ -565,14 +577,21 @@ impl Lane {
         }
         let at = req.offset - o.offset;
         let submission = match (in_place, &file.source) {
-            (_, Source::Object(object)) => {
-                let len = req.len.min((slot_len as u64).saturating_sub(at)) as u32;
-                // SAFETY: as below.
-                let buf = unsafe { base.add(at as usize) };
+            (in_place, Source::Object(_)) => {
+                let Some((stream, index)) = part.clone() else {
+                    job.fail(IoError::Destinations("an object's read without its GET".into()));
+                    return self.release_slot(slot);
+                };
+                // Straight into the destinations where they are host memory, else into the slot; the whole op
+                // (a part is read once: its GET resumes by itself after a failure).
+                let segments = match in_place {
+                    Some(ip) => ip.targets.clone(),
+                    None => vec![(base, (o.valid as usize).min(slot_len))],
+                };
                 let stopping = job.clone();
                 let stop = Arc::new(move || stopping.stopping());
                 let copy = file.filling().cloned();
-                Submission::Object { object: object.clone(), buf, len, offset: req.offset, stop, copy }
+                Submission::Object { stream, part: index, segments, offset: o.offset, stop, copy }
             }
             (Some(ip), Source::Local(buffered)) => {
                 ip.iov = iovecs(&ip.targets, at, req.len);
@@ -620,12 +639,17 @@ impl Lane {
 
     fn on_completion(&mut self, slot: usize, result: io::Result<usize>) {
         self.inflight -= 1;
-        let Some(Slot::Reading { job, op: op_idx, mut reading, in_place }) =
+        let Some(Slot::Reading { job, op: op_idx, mut reading, in_place, part }) =
             self.slots.get_mut(slot).map(|s| std::mem::replace(s, Slot::Free))
         else {
             return;
         };
         self.joined_of(&job).inflight -= 1;
+        // A part that landed may let another lane take work (the next part of its GET, a new GET) that this lane
+        // has no slot for: the lanes waiting idle are woken.
+        if part.is_some() && job.part_landed(op_idx) == crate::job::Landed::Work && self.free_slot().is_none() {
+            self.pool.notify();
+        }
         let op = &job.plan.ops[op_idx];
         let file = &job.files[op.file as usize];
         if job.aborted() {
@@ -644,8 +668,13 @@ impl Lane {
                 job.fail(e);
                 self.joined_of(&job).busy -= 1;
             }
+            Ok(Next::Read(_)) if part.is_some() => {
+                // A part is given to its GET once; what it returns is all of it or an error.
+                job.fail(IoError::Destinations(format!("an object's read of {} bytes came back short", op.valid)));
+                self.joined_of(&job).busy -= 1;
+            }
             Ok(Next::Read(req)) => {
-                self.slots[slot] = Slot::Reading { job, op: op_idx, reading, in_place };
+                self.slots[slot] = Slot::Reading { job, op: op_idx, reading, in_place, part };
                 self.issue(slot, req);
             }
             Ok(Next::Complete) if in_place.is_some() => {

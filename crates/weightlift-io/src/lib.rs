@@ -11,6 +11,7 @@
 //!   interpreted (retry, short read, end of file); `submit`: what a lane hands its kernel interface, implemented by
 //!   `uring` (io_uring with a fixed buffer) and `pread` (blocking reads where io_uring is unavailable) — the two
 //!   backends are leaves;
+//! - [`pacer`]: how many GETs a load of objects keeps in flight (found at run time, within the staging bound);
 //! - [`staging`]: the lanes' pinned slots; [`sink`]: where completed reads go (host memory here; the CUDA crate
 //!   adds device memory); [`file`](mod@file): inputs opened buffered and O_DIRECT; [`residency`]: which pages are in the page
 //!   cache; `populate`: cold ranges kept in the page cache brought in through a huge-page mapping first
@@ -35,6 +36,7 @@ mod lane;
 mod load;
 pub mod object_cache;
 mod objects;
+pub mod pacer;
 pub mod params;
 pub mod plan;
 mod populate;
@@ -54,6 +56,7 @@ pub use error::IoError;
 pub use file::{LocalCopy, OpenFile, open_all};
 pub use job::{Admit, Gate};
 pub use load::{IoReport, LoadOptions, LoadRequest, Running, StreamOptions};
+pub use pacer::{GetsReport, Pacer, Phase, Round};
 pub use params::{CachePages, CachePolicy, DirectMode, IoParams, ReadEngine, StagingPages, parse_bytes};
 pub use plan::{Extent, Piece, ReadOp};
 pub use reading::LaneStats;

@@ -9,7 +9,8 @@ use crate::engine::{IoEngine, ReadEngineUsed};
 use crate::error::IoError;
 use crate::fault::FaultPlan;
 use crate::file::OpenFile;
-use crate::job::{Gate, Held, Job, JobParts, LaneTotals, Priority};
+use crate::job::{Gate, Held, Job, JobParts, LOOKAHEAD, LaneTotals, Priority};
+use crate::pacer::{GetsReport, Pacer};
 use crate::params::{CachePages, CachePolicy, DirectMode};
 use crate::plan::{self, Extent, Plan, PlanError, PlanFile, PlanOptions, ReadKind};
 use crate::reading::LaneStats;
@@ -25,6 +26,10 @@ const DIRECT_CHUNK_FACTOR: u64 = 4;
 const ASYNC_SLOTS_PER_READ: usize = 2;
 /// Reads whose pages are at least this resident are read as cached under `DirectMode::Auto`.
 const RESIDENT_ENOUGH: f64 = 0.5;
+/// The largest read of an object: a part of a GET, the staging a GET in flight holds at a time (it holds
+/// [`LOOKAHEAD`] of them), so that the staging bound allows many GETs (128 with the default 256 MiB), each
+/// covering `remote_range_bytes`. Host memory only sees larger copies.
+const OBJECT_PIECE: u64 = 1 << 20;
 
 /// What to load: byte ranges of opened files and the sizes of the destinations they fill.
 #[derive(Debug)]
@@ -128,6 +133,8 @@ pub struct IoReport {
     pub io_secs: f64,
     /// The lanes' counters, summed.
     pub stats: LaneStats,
+    /// For a load of objects: how many GETs were in flight, and why.
+    pub gets: Option<GetsReport>,
 }
 
 impl IoReport {
@@ -161,6 +168,7 @@ impl IoReport {
             plan_secs: 0.0,
             io_secs: 0.0,
             stats: LaneStats::default(),
+            gets: None,
         }
     }
 
@@ -174,6 +182,7 @@ impl IoReport {
         self.populate_refusal.clone_from(&totals.populate_refusal);
         self.lanes = totals.lanes;
         self.skipped_ops = skipped;
+        self.gets.clone_from(&totals.gets);
     }
 }
 
@@ -183,6 +192,8 @@ struct Prepared {
     plan: Plan,
     slots_per_lane: usize,
     max_lanes: usize,
+    /// How many GETs to keep in flight (a load of objects), and the setting.
+    pacer: Option<(Pacer, String)>,
 }
 
 impl IoEngine {
@@ -199,7 +210,15 @@ impl IoEngine {
         (qd, slots, lanes)
     }
 
-    fn prepare(&self, req: &LoadRequest<'_>, asynchronous: bool, gated: bool) -> Result<Prepared, IoError> {
+    /// Plans a load and sizes its staging. `in_place`: the sink, where every read that can land in place (host
+    /// destinations) will (a load that is not gated: a gate decides per destination as the load runs).
+    fn prepare(
+        &self,
+        req: &LoadRequest<'_>,
+        asynchronous: bool,
+        gated: bool,
+        in_place: Option<&dyn Sink>,
+    ) -> Result<Prepared, IoError> {
         let t0 = Instant::now();
         let params = self.params();
         let mut report = IoReport::new(self);
@@ -234,10 +253,12 @@ impl IoEngine {
         let sampled = residency.iter().flatten().any(Residency::is_sampled);
         report.direct_reason = direct_reason(mode, cache, &cache_why, req.files, report.resident_bytes, sampled);
 
+        let objects: Vec<bool> = req.files.iter().map(|f| f.object().is_some()).collect();
         let chunk = params.chunk_bytes;
         let max_block = req.files.iter().filter(|f| f.supports_direct()).map(|f| f.block).max().unwrap_or(0);
         let direct_chunk = chunk * DIRECT_CHUNK_FACTOR;
         let mut kind = |file: u32, offset: u64, len: u64| match mode {
+            _ if objects.get(file as usize).copied().unwrap_or(false) => ReadKind::Object,
             DirectMode::Never => ReadKind::Cached,
             DirectMode::Always => ReadKind::Direct,
             DirectMode::Auto => {
@@ -259,23 +280,68 @@ impl IoEngine {
             let room = (per_lane.saturating_sub(2 * max_block) / 4096 * 4096).max(4096);
             (chunk.min(room), room)
         };
-        let opts =
-            PlanOptions { chunk, direct_chunk, coalesce_gap: (64 << 10).min(chunk), separate_destinations: gated };
+        let piece =
+            OBJECT_PIECE.min(params.remote_range_bytes).min(per_lane / LOOKAHEAD as u64 / 4096 * 4096).max(4096);
+        let opts = PlanOptions {
+            chunk,
+            direct_chunk,
+            coalesce_gap: (64 << 10).min(chunk),
+            separate_destinations: gated,
+            object_piece: piece,
+            object_get: params.remote_range_bytes.max(piece),
+        };
         let plan = make_plan(req, &opts, &mut kind)?;
         report.requested_bytes = plan.requested_bytes;
-        let slot_bytes = plan.slot_bytes.max(4096);
-        let (qd, slots_per_lane, max_lanes) = self.staging_shape(slot_bytes, asynchronous);
+        let mut slot_bytes = plan.slot_bytes.max(4096);
+        let (qd, slots_per_lane, max_lanes) = if plan.groups.is_empty() {
+            self.staging_shape(slot_bytes, asynchronous)
+        } else {
+            // Parts of GETs cost no CPU while in flight: every slot may hold one, on every lane.
+            let slots = (per_lane / slot_bytes).max(1) as usize;
+            // Where every read lands in place (objects into host memory), the slots only count the parts in
+            // flight and hold no bytes: made as small as staging allows (the staging of a one-shot load into host
+            // memory was otherwise a quarter of its time, zeroing pages nobody reads).
+            let objects_only = plan.groups.iter().map(|g| g.len()).sum::<usize>() == plan.ops.len();
+            let all_in_place = in_place.is_some_and(|sink| {
+                plan.ops.iter().all(|op| crate::reading::in_place_targets(&plan, op, sink).is_some())
+            });
+            if objects_only && all_in_place {
+                slot_bytes = 4096;
+            }
+            (slots, slots, self.lanes())
+        };
+        let pacer =
+            (!plan.groups.is_empty()).then(|| self.pacer(plan.slot_bytes.max(4096), slots_per_lane * max_lanes));
         let lane_bytes = slot_bytes * slots_per_lane as u64;
         report.queue_depth = qd;
         report.slots_per_lane = slots_per_lane;
         report.slot_bytes = slot_bytes;
         report.peak_staging_bytes = lane_bytes * max_lanes.min(plan.ops.len().max(1)) as u64;
         report.plan_secs = t0.elapsed().as_secs_f64();
-        Ok(Prepared { report, plan, slots_per_lane, max_lanes })
+        Ok(Prepared { report, plan, slots_per_lane, max_lanes, pacer })
+    }
+
+    /// The pacer of a load of objects whose lanes have `slots` slots of `slot_bytes` in all, and the setting.
+    fn pacer(&self, slot_bytes: u64, slots: usize) -> (Pacer, String) {
+        let params = self.params();
+        let bound = (slots / LOOKAHEAD).max(1);
+        let why = format!(
+            "staging_bytes={} holds {slots} parts of {} KiB, {LOOKAHEAD} per GET",
+            params.staging_bytes,
+            slot_bytes >> 10
+        );
+        match params.remote_concurrency {
+            Some(n) => (Pacer::fixed(n as usize, bound, why), n.to_string()),
+            None => {
+                let cap = crate::params::defaults::MAX_REMOTE_CONCURRENCY as usize;
+                let why = if cap < bound { format!("the most found at run time, {cap}") } else { why };
+                (Pacer::adaptive(bound.min(cap), why), "auto".into())
+            }
+        }
     }
 
     fn job(&self, req: &LoadRequest<'_>, p: Prepared, parts: JobHeld) -> (Arc<Job>, IoReport) {
-        let Prepared { report, plan, slots_per_lane, max_lanes } = p;
+        let Prepared { report, plan, slots_per_lane, max_lanes, pacer } = p;
         let slot_bytes = report.slot_bytes;
         let job = Job::new(JobParts {
             plan,
@@ -293,6 +359,7 @@ impl IoEngine {
             max_lanes,
             lanes: self.lanes(),
             populate: self.params().cache_pages == CachePages::Huge,
+            pacer,
         });
         (Arc::new(job), report)
     }
@@ -312,7 +379,7 @@ impl IoEngine {
         sink: &dyn Sink,
         during: impl FnOnce(),
     ) -> Result<IoReport, IoError> {
-        let prepared = self.prepare(req, sink.asynchronous(), false)?;
+        let prepared = self.prepare(req, sink.asynchronous(), false, Some(sink))?;
         tracing::debug!(secs = prepared.report.plan_secs, ops = prepared.plan.ops.len(), "planned");
         let erase = |s: &dyn Sink| -> *const (dyn Sink + 'static) {
             // SAFETY: only the lifetime is erased; `load` waits until the job has completed (no lane uses the sink
@@ -344,7 +411,7 @@ impl IoEngine {
     /// returned handle waits for it or cancels it.
     pub fn start(&self, req: &LoadRequest<'_>, opts: StreamOptions, sink: Arc<dyn Sink>) -> Result<Running, IoError> {
         // A gate decides per destination, so no read may feed two of them.
-        let mut prepared = self.prepare(req, sink.asynchronous(), opts.gate.is_some())?;
+        let mut prepared = self.prepare(req, sink.asynchronous(), opts.gate.is_some(), None)?;
         if let Some(cap) = opts.max_lanes {
             let lanes = prepared.max_lanes.min(cap.max(1));
             let lane_bytes = prepared.report.slot_bytes * prepared.slots_per_lane as u64;

@@ -1,6 +1,7 @@
-//! A lane's reads from objects, beside its reads from files: each is a ranged GET on the network runtime
-//! (`weightlift_remote`), writing into the same staging slot a file read would, and completing through the lane's
-//! one completion queue, so that the lane loop, `Reading::on_result` and the deliveries are the same for both.
+//! A lane's reads from objects, beside its reads from files: each is a part of a ranged GET running on the network
+//! runtime (`weightlift_remote::GetStream`), writing into the same staging slot a file read would (or straight into
+//! host destinations), and completing through the lane's one completion queue, so that the lane loop,
+//! `Reading::on_result` and the deliveries are the same for both.
 
 use std::io;
 use std::sync::mpsc::{Receiver, Sender, channel};
@@ -12,16 +13,16 @@ type Completion = (u64, io::Result<usize>);
 
 /// Where an object read's bytes landed, read by the thread that writes them into the object's local copy before
 /// it hands the completion back.
-struct Landed(*mut u8);
+struct Landed(Vec<(*mut u8, usize)>);
 
-// SAFETY: the pointer is only read by the one thread that writes the copy, before the completion is sent, while the
-// lane keeps the slot as the read's (see `push`).
+// SAFETY: the pointers are only read by the one thread that writes the copy, before the completion is sent, while
+// the lane keeps the slot (and its destinations) as the read's (see `push`).
 unsafe impl Send for Landed {}
 
 impl Landed {
-    // A method, not the field: a closure using `landed.0` would capture the bare (not `Send`) pointer.
-    fn get(&self) -> *mut u8 {
-        self.0
+    // A method, not the field: a closure using `landed.0` would capture the bare (not `Send`) pointers.
+    fn segments(&self) -> &[(*mut u8, usize)] {
+        &self.0
     }
 }
 
@@ -54,20 +55,24 @@ impl WithObjects {
 impl Submitter for WithObjects {
     unsafe fn push(&mut self, user_data: u64, s: Submission) -> Result<(), IoError> {
         match s {
-            Submission::Object { object, buf, len, offset, stop, copy } => {
+            Submission::Object { stream, part, segments, offset, stop, copy } => {
                 let tx = self.done_tx.clone();
-                let landed = Landed(buf);
+                let landed = Landed(segments.clone());
                 let done = move |r: Result<usize, weightlift_remote::RemoteError>| {
-                    let landed_bytes = r.as_ref().ok().copied();
+                    let ok = r.is_ok();
                     let completion = (user_data, r.map_err(weightlift_remote::RemoteError::into_io));
-                    match (landed_bytes, copy) {
+                    match (ok, copy) {
                         // The write may wait on the disk: off the thread that serves sockets, the completion sent
                         // only once the bytes are in the copy.
-                        (Some(n), Some(copy)) => weightlift_remote::run_blocking(move || {
-                            // SAFETY: the read wrote `n` bytes at `landed`, which stay valid and untouched until the
-                            // completion sent below is returned (the slot is still this read's).
-                            let bytes = unsafe { std::slice::from_raw_parts(landed.get(), n) };
-                            copy.write(offset, bytes);
+                        (true, Some(copy)) => weightlift_remote::run_blocking(move || {
+                            let mut at = offset;
+                            for &(ptr, n) in landed.segments() {
+                                // SAFETY: the part's bytes are in its segments, which stay valid and untouched
+                                // until the completion sent below is returned (the slot is still this read's).
+                                let bytes = unsafe { std::slice::from_raw_parts(ptr, n) };
+                                copy.write(at, bytes);
+                                at += n as u64;
+                            }
                             let _ = tx.send(completion);
                         }),
                         _ => {
@@ -75,9 +80,9 @@ impl Submitter for WithObjects {
                         }
                     }
                 };
-                // SAFETY: the caller keeps `buf..buf + len` valid and untouched until this read's completion is
+                // SAFETY: the caller keeps the segments valid and untouched until this read's completion is
                 // returned by `complete`, which happens only after `done` has run.
-                unsafe { object.start_read(offset, buf, len as usize, Some(stop), done) };
+                unsafe { stream.fill(part, segments, Some(stop), done) };
                 self.objects_inflight += 1;
                 Ok(())
             }

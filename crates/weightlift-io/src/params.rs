@@ -20,6 +20,13 @@ pub mod defaults {
     /// (bench/results/2026-11-23-h100 at b3a4ec8/bench.json and bench-threads16.json).
     pub const MAX_THREADS: u32 = 16;
 
+    /// Bytes of an object one GET asks for (AWS's guidance for S3 is 8-16 MB ranges; a cloud bucket's GET gets
+    /// ~90 MB/s after 20-80 ms, so longer ranges spend less of their time waiting for the first byte).
+    pub const REMOTE_RANGE_BYTES: u64 = 16 << 20;
+    /// The most GETs a load keeps in flight when the count is found at run time (the staging bound may allow
+    /// fewer).
+    pub const MAX_REMOTE_CONCURRENCY: u32 = 256;
+
     /// I/O threads: the CPU count, at most [`MAX_THREADS`].
     pub fn threads() -> u32 {
         std::thread::available_parallelism().map_or(4, |n| n.get() as u32).clamp(1, MAX_THREADS)
@@ -148,6 +155,11 @@ pub struct IoParams {
     pub staging_pages: StagingPages,
     /// The folio size asked for cold ranges read through the page cache.
     pub cache_pages: CachePages,
+    /// GETs a load of objects keeps in flight: `None` finds the count at run time (see [`crate::pacer`]), up to
+    /// [`defaults::MAX_REMOTE_CONCURRENCY`] and the staging bound.
+    pub remote_concurrency: Option<u32>,
+    /// Bytes of an object one GET asks for (default 16 MiB).
+    pub remote_range_bytes: u64,
 }
 
 impl Default for IoParams {
@@ -162,6 +174,8 @@ impl Default for IoParams {
             engine: ReadEngine::Auto,
             staging_pages: StagingPages::Huge,
             cache_pages: CachePages::Huge,
+            remote_concurrency: None,
+            remote_range_bytes: defaults::REMOTE_RANGE_BYTES,
         }
     }
 }
@@ -185,6 +199,15 @@ impl IoParams {
         }
         if self.staging_bytes < chunk {
             return bad("staging_bytes", self.staging_bytes.to_string(), "must hold at least one chunk");
+        }
+        if let Some(n) = self.remote_concurrency
+            && !(1..=4096).contains(&n)
+        {
+            return bad("remote_concurrency", n.to_string(), "must be auto or between 1 and 4096");
+        }
+        let range = self.remote_range_bytes;
+        if !(64 << 10..=1 << 30).contains(&range) {
+            return bad("remote_range_bytes", range.to_string(), "must be between 64 KiB and 1 GiB");
         }
         Ok(())
     }

@@ -74,6 +74,9 @@ pub enum ReadKind {
     Direct,
     /// Buffered, in large requests (cold pages read through the page cache, which keeps them).
     ColdBuffered,
+    /// An object's bytes: reads of [`PlanOptions::object_piece`], several consecutive ones served by one ranged GET
+    /// (a [`Plan::groups`] entry).
+    Object,
 }
 
 /// How [`plan`] cuts and joins reads.
@@ -88,6 +91,10 @@ pub struct PlanOptions {
     pub coalesce_gap: u64,
     /// Never put two destinations in one read (a streaming load decides per destination what to read).
     pub separate_destinations: bool,
+    /// Largest read of an object ([`ReadKind::Object`]): the staging a GET in flight holds at a time.
+    pub object_piece: u64,
+    /// Largest span of an object one GET covers (its reads, and gaps between them of at most `object_piece`).
+    pub object_get: u64,
 }
 
 /// The reads of one load.
@@ -101,6 +108,9 @@ pub struct Plan {
     pub slot_bytes: u64,
     /// Sum of the extents' lengths (the bytes the caller asked for).
     pub requested_bytes: u64,
+    /// Runs of consecutive ops of one object served by one GET each (ranges of indexes into `ops`, ascending);
+    /// every op of an object is in exactly one, no op of a local file in any.
+    pub groups: Vec<Range<usize>>,
 }
 
 impl Plan {
@@ -158,7 +168,11 @@ pub fn plan(
                 ReadKind::Direct if !f.direct => ReadKind::ColdBuffered,
                 k => k,
             };
-            let c = if k == ReadKind::Cached { chunk } else { direct_chunk };
+            let c = match k {
+                ReadKind::Cached => chunk,
+                ReadKind::Object => opts.object_piece.max(1),
+                _ => direct_chunk,
+            };
             let next = end.min((pos / c + 1) * c);
             subs.push((
                 Extent { offset: pos, len: next - pos, dest_offset: e.dest_offset + (pos - e.offset), ..*e },
@@ -170,11 +184,17 @@ pub fn plan(
     subs.sort_by_key(|(s, _)| (s.file, s.offset, s.dest, s.dest_offset));
 
     let mut out = Plan { requested_bytes: extents.iter().map(|e| e.len).sum(), ..Plan::default() };
+    // Whether each op reads an object.
+    let mut objects = Vec::new();
     let mut i = 0;
     while i < subs.len() {
         let (first, k) = subs[i];
         let direct = k == ReadKind::Direct;
-        let limit = if k == ReadKind::Cached { chunk } else { direct_chunk };
+        let limit = match k {
+            ReadKind::Cached => chunk,
+            ReadKind::Object => opts.object_piece.max(1),
+            _ => direct_chunk,
+        };
         let (file, start) = (first.file, first.offset);
         let mut end = first.offset + first.len;
         let mut j = i + 1;
@@ -206,11 +226,43 @@ pub fn plan(
         }
         out.slot_bytes = out.slot_bytes.max(len);
         let cold = k == ReadKind::ColdBuffered;
+        objects.push(k == ReadKind::Object);
         out.ops.push(ReadOp { file, offset, len, valid, direct, cold, pieces: first_piece..out.pieces.len() });
         i = j;
     }
     out.slot_bytes = out.slot_bytes.next_multiple_of(4096);
+    out.groups = group_objects(&out.ops, &objects, opts);
     Ok(out)
+}
+
+/// The GETs of a plan's object reads: runs of consecutive ops of one object, each op starting at most
+/// `object_piece` bytes after the last one ended (the bytes between are fetched and dropped: on a bucket one more
+/// round trip costs more than that), spanning at most `object_get` bytes.
+fn group_objects(ops: &[ReadOp], objects: &[bool], opts: &PlanOptions) -> Vec<Range<usize>> {
+    let mut groups = Vec::new();
+    let mut i = 0;
+    while i < ops.len() {
+        if !objects.get(i).copied().unwrap_or(false) {
+            i += 1;
+            continue;
+        }
+        let (file, start) = (ops[i].file, ops[i].offset);
+        let mut end = ops[i].offset + ops[i].len;
+        let mut j = i + 1;
+        while j < ops.len()
+            && objects.get(j).copied().unwrap_or(false)
+            && ops[j].file == file
+            && ops[j].offset >= end
+            && ops[j].offset - end <= opts.object_piece
+            && ops[j].offset + ops[j].len - start <= opts.object_get.max(opts.object_piece)
+        {
+            end = ops[j].offset + ops[j].len;
+            j += 1;
+        }
+        groups.push(i..j);
+        i = j;
+    }
+    groups
 }
 
 fn check_destinations(files: &[PlanFile], extents: &[Extent], dest_lens: &[u64]) -> Result<(), PlanError> {
@@ -249,7 +301,14 @@ mod tests {
     use proptest::prelude::*;
 
     fn opts(chunk: u64) -> PlanOptions {
-        PlanOptions { chunk, direct_chunk: chunk, coalesce_gap: 64, separate_destinations: false }
+        PlanOptions {
+            chunk,
+            direct_chunk: chunk,
+            coalesce_gap: 64,
+            separate_destinations: false,
+            object_piece: chunk,
+            object_get: chunk * 4,
+        }
     }
 
     #[test]
@@ -324,10 +383,19 @@ mod tests {
             let files = [PlanFile { len: pos + 7, block, direct: true }, PlanFile { len: pos + 7, block, direct: false }];
             let chunk = chunk_kib * 4096;
             let mut n = 0u32;
-            let o = PlanOptions { chunk, direct_chunk: chunk * direct_factor, coalesce_gap: 64, separate_destinations: direct_every == 2 };
-            let p = plan(&files, &extents, &lens, &o, &mut |_, _, _| {
+            let o = PlanOptions {
+                chunk,
+                direct_chunk: chunk * direct_factor,
+                coalesce_gap: 64,
+                separate_destinations: direct_every == 2,
+                object_piece: chunk / 2,
+                object_get: chunk * 3,
+            };
+            let p = plan(&files, &extents, &lens, &o, &mut |file, _, _| {
                 n += 1;
                 match (direct_every, n % 3) {
+                    // The second file stands for an object where the reads are mixed.
+                    (1, _) if file == 1 => ReadKind::Object,
                     (0, _) => ReadKind::Cached,
                     (_, 0) => ReadKind::ColdBuffered,
                     _ if n.is_multiple_of(direct_every) => ReadKind::Direct,
@@ -364,6 +432,30 @@ mod tests {
             }
             for c in covered {
                 prop_assert!(c.iter().all(|&x| x == 1));
+            }
+            // Object reads (the second file's, where `direct_every` is 1) are each in one GET, in order; a GET
+            // spans one object, at most `object_get` bytes, with gaps of at most `object_piece`.
+            let mut in_group = vec![false; p.ops.len()];
+            let mut next = 0;
+            for g in &p.groups {
+                prop_assert!(g.start >= next && g.start < g.end);
+                next = g.end;
+                let ops = &p.ops[g.clone()];
+                prop_assert!(ops.iter().all(|o| o.file == ops[0].file));
+                prop_assert!(ops.last().unwrap().offset + ops.last().unwrap().len - ops[0].offset <= o.object_get);
+                for w in ops.windows(2) {
+                    prop_assert!(w[1].offset >= w[0].offset + w[0].len);
+                    prop_assert!(w[1].offset - (w[0].offset + w[0].len) <= o.object_piece);
+                }
+                for i in g.clone() {
+                    in_group[i] = true;
+                }
+            }
+            for (op, grouped) in p.ops.iter().zip(in_group) {
+                prop_assert_eq!(grouped, direct_every == 1 && op.file == 1);
+                if grouped {
+                    prop_assert!(op.len <= o.object_piece);
+                }
             }
         }
     }

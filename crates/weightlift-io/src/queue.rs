@@ -15,11 +15,13 @@ pub(crate) enum Work {
     None,
     /// Reallocate staging (the lane is idle) to serve this job.
     Restage(Arc<Job>),
-    /// Read op `op` of `job`; `joins`: the lane's first op of the job.
+    /// Read op `op` of `job`; `joins`: the lane's first op of the job; `part`: for an object's op, the GET that
+    /// serves it and its part there.
     Op {
         job: Arc<Job>,
         op: usize,
         joins: bool,
+        part: crate::job::Part,
     },
 }
 

@@ -11,11 +11,13 @@ pub(crate) enum Submission {
     Slot { fd: i32, buf: *mut u8, len: u32, offset: u64, fixed: bool },
     /// Straight into host destinations.
     Vectored { fd: i32, iov: *const libc::iovec, count: u32, offset: u64 },
-    /// Into a staging slot, from an object (a ranged GET, see `objects`).
+    /// A part of an object's GET (see `objects`), into a staging slot or straight into host destinations.
     Object {
-        object: std::sync::Arc<weightlift_remote::Object>,
-        buf: *mut u8,
-        len: u32,
+        stream: std::sync::Arc<weightlift_remote::GetStream>,
+        part: usize,
+        /// Where the part's bytes go, in order.
+        segments: Vec<(*mut u8, usize)>,
+        /// The part's offset in the object.
         offset: u64,
         /// Whether the read's job is stopping (cancelled or failed): the read then ends early.
         stop: std::sync::Arc<dyn Fn() -> bool + Send + Sync>,

@@ -91,6 +91,7 @@ fn pack_index(pack: &weightlift::Pack) -> (TensorIndex, String) {
                 gguf_version: None,
                 etag: None,
                 header: None,
+                object: None,
             }],
             tensors,
         },

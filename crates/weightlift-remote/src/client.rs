@@ -2,24 +2,18 @@
 //! host (each keeps its connection pool, so the ranged GETs of a load reuse connections).
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
+use object_store::client::{
+    HttpClient, HttpConnector, HttpError, HttpRequest, HttpResponse, HttpService, ReqwestConnector,
+};
 use object_store::path::Path as StorePath;
 use object_store::{ClientOptions, ObjectStore, ObjectStoreScheme, RetryConfig};
-use url::Url;
 
 use crate::error::RemoteError;
-
-/// URL schemes read as objects. `file://` is not among them: local paths go to the file engine.
-const SCHEMES: [&str; 9] = ["s3", "s3a", "gs", "az", "abfs", "abfss", "azure", "http", "https"];
-
-/// Whether `location` names an object to fetch rather than a local path.
-pub fn is_url(location: &str) -> bool {
-    location
-        .split_once("://")
-        .is_some_and(|(scheme, rest)| !rest.is_empty() && SCHEMES.iter().any(|s| s.eq_ignore_ascii_case(scheme)))
-}
+use crate::location::ObjectUrl;
 
 /// Retries of a request after a transient failure, unless configured.
 pub const DEFAULT_RETRIES: u32 = 8;
@@ -91,118 +85,294 @@ pub fn run_blocking(f: impl FnOnce() + Send + 'static) {
     }
 }
 
-type Clients = HashMap<(String, Config), Arc<dyn ObjectStore>>;
+/// One object's client: the store it is read through, its path there, and what that store's origin said about
+/// throttling.
+#[derive(Clone, Debug)]
+pub(crate) struct Client {
+    pub store: Arc<dyn ObjectStore>,
+    pub path: StorePath,
+    pub throttle: Arc<Throttle>,
+}
 
-/// The client for `url`'s bucket or host, and the object's path inside it.
-pub(crate) fn store_for(url: &str) -> Result<(Arc<dyn ObjectStore>, StorePath), RemoteError> {
+/// What one origin's server (a bucket's endpoint, an HTTP host) said about its load: 503 and 429 answers, and how
+/// long it asked clients to wait (`Retry-After`). Every request to the origin waits out a `Retry-After` before it
+/// is sent again, and the engine sizes its GETs in flight by the answers.
+#[derive(Debug, Default)]
+pub struct Throttle {
+    answers: AtomicU64,
+    /// Milliseconds since `EPOCH` until which the origin asked to be left alone.
+    hold_until_ms: AtomicU64,
+}
+
+/// The time `Throttle::hold_until_ms` counts from.
+static EPOCH: OnceLock<Instant> = OnceLock::new();
+
+fn now_ms() -> u64 {
+    EPOCH.get_or_init(Instant::now).elapsed().as_millis() as u64
+}
+
+impl Throttle {
+    /// 503 and 429 answers from the origin so far, in this process.
+    pub fn answers(&self) -> u64 {
+        self.answers.load(Relaxed)
+    }
+
+    fn note(&self, retry_after: Option<Duration>) {
+        self.answers.fetch_add(1, Relaxed);
+        if let Some(wait) = retry_after {
+            // Capped: a server asking for minutes would outlast any request's own timeout.
+            let until = now_ms() + wait.min(Duration::from_secs(30)).as_millis() as u64;
+            self.hold_until_ms.fetch_max(until, Relaxed);
+        }
+    }
+
+    /// How long the origin still asked clients to wait (zero when it did not).
+    pub fn hold(&self) -> Duration {
+        Duration::from_millis(self.hold_until_ms.load(Relaxed).saturating_sub(now_ms()))
+    }
+}
+
+/// `Retry-After` in seconds (the HTTP-date form is rare from object stores and is read as no hint).
+fn retry_after(headers: &http::HeaderMap) -> Option<Duration> {
+    let secs: f64 = headers.get(http::header::RETRY_AFTER)?.to_str().ok()?.trim().parse().ok()?;
+    (secs.is_finite() && secs >= 0.0).then(|| Duration::from_secs_f64(secs))
+}
+
+/// The HTTP client of one origin: `object_store`'s own reqwest client, made once and shared by every store of the
+/// origin (one connection pool), with each answer's throttling noted on the way back. `object_store` reads no
+/// `Retry-After` and keeps its status-carrying errors private, so this is the one place that sees both.
+#[derive(Debug)]
+struct Connector {
+    http: OnceLock<Result<HttpClient, String>>,
+    throttle: Arc<Throttle>,
+}
+
+#[derive(Debug)]
+struct Watching {
+    inner: HttpClient,
+    throttle: Arc<Throttle>,
+}
+
+#[async_trait::async_trait]
+impl HttpService for Watching {
+    async fn call(&self, req: HttpRequest) -> Result<HttpResponse, HttpError> {
+        let response = self.inner.execute(req).await?;
+        let status = response.status();
+        if status == http::StatusCode::SERVICE_UNAVAILABLE || status == http::StatusCode::TOO_MANY_REQUESTS {
+            self.throttle.note(retry_after(response.headers()));
+        }
+        Ok(response)
+    }
+}
+
+/// A connector handed to a store builder (which takes it by value): the origin's, shared.
+#[derive(Debug)]
+struct SharedConnector(Arc<Connector>);
+
+impl HttpConnector for SharedConnector {
+    fn connect(&self, options: &ClientOptions) -> object_store::Result<HttpClient> {
+        let inner = self
+            .0
+            .http
+            .get_or_init(|| ReqwestConnector::default().connect(options).map_err(|e| e.to_string()))
+            .clone()
+            .map_err(|e| object_store::Error::Generic { store: "HTTP", source: e.into() })?;
+        Ok(HttpClient::new(Watching { inner, throttle: self.0.throttle.clone() }))
+    }
+}
+
+type Clients = HashMap<(String, Config), (Arc<dyn ObjectStore>, Arc<Connector>)>;
+
+/// The client for `url`'s bucket or host, and the object's path inside it. Stores of `s3://`, `gs://` and `az://`
+/// are one per bucket; an `http(s)://` object gets a store of its own whose base is its whole URL (path and query
+/// as written: a presigned URL's signature covers both) sharing its host's connection pool.
+pub(crate) fn store_for(url: &ObjectUrl) -> Result<Client, RemoteError> {
     static CLIENTS: OnceLock<Mutex<Clients>> = OnceLock::new();
     let bad = |reason: String| RemoteError::BadUrl { url: url.to_string(), reason };
-    let parsed = Url::parse(url).map_err(|e| bad(e.to_string()))?;
-    let (scheme, path) = ObjectStoreScheme::parse(&parsed).map_err(|e| bad(e.to_string()))?;
+    let parsed = url.url();
+    let (scheme, path) = ObjectStoreScheme::parse(parsed).map_err(|e| bad(e.to_string()))?;
     let path = StorePath::parse(path).map_err(|e| bad(e.to_string()))?;
     if path.as_ref().is_empty() {
         return Err(bad("the URL names a bucket or host but no object in it".into()));
     }
+    let http = scheme == ObjectStoreScheme::Http;
+    let origin = format!("{scheme:?} {}", &parsed[..url::Position::BeforePath]);
     let config = config();
-    let key = (format!("{scheme:?} {}", &parsed[..url::Position::BeforePath]), config.clone());
     let mut clients = CLIENTS.get_or_init(Default::default).lock().unwrap_or_else(|p| p.into_inner());
-    if let Some(store) = clients.get(&key) {
-        return Ok((store.clone(), path));
-    }
-    let store = build(scheme, &parsed, &config).map_err(|e| bad(e.to_string()))?;
-    clients.insert(key, store.clone());
-    Ok((store, path))
+    // One connection pool per origin, whatever the stores over it.
+    let connector = clients
+        .iter()
+        .find(|((o, c), _)| *o == origin && *c == config)
+        .map(|(_, (_, conn))| conn.clone())
+        .unwrap_or_else(|| Arc::new(Connector { http: OnceLock::new(), throttle: Arc::default() }));
+    let key = (if http { url.as_str().to_string() } else { origin }, config.clone());
+    let (store, path) = match clients.get(&key) {
+        Some((store, _)) => (store.clone(), if http { StorePath::default() } else { path }),
+        None => {
+            let store = build(scheme, url, &config, connector.clone())?;
+            // A process reading thousands of http objects keeps a bounded number of stores (their pool is shared).
+            if http && clients.len() >= 4096 {
+                clients.retain(|(k, _), _| !k.starts_with("http"));
+            }
+            clients.insert(key, (store.clone(), connector.clone()));
+            (store, if http { StorePath::default() } else { path })
+        }
+    };
+    Ok(Client { store, path, throttle: connector.throttle.clone() })
 }
 
-fn build(scheme: ObjectStoreScheme, url: &Url, config: &Config) -> object_store::Result<Arc<dyn ObjectStore>> {
-    // Retries are this crate's (see `Object`): it resumes a body cut short where it stopped and counts them for
-    // the report, which the client's own retries do not tell.
+fn build(
+    scheme: ObjectStoreScheme,
+    url: &ObjectUrl,
+    config: &Config,
+    connector: Arc<Connector>,
+) -> Result<Arc<dyn ObjectStore>, RemoteError> {
+    let connector = SharedConnector(connector);
+    let bad = |e: object_store::Error| RemoteError::BadUrl { url: url.to_string(), reason: e.to_string() };
+    // Retries are this crate's (see `Object`): it resumes a body cut short where it stopped, waits out the
+    // server's Retry-After, and counts them for the report, which the client's own retries do not.
     let retry = RetryConfig { max_retries: 0, ..Default::default() };
     let options = ClientOptions::new()
         .with_timeout(config.timeout)
         .with_connect_timeout(config.connect_timeout)
         // Plain http is the caller's choice, made by writing http:// or an http endpoint.
         .with_allow_http(true);
-    let url_text = url.as_str();
+    let url_text = url.url().as_str();
     Ok(match scheme {
         ObjectStoreScheme::AmazonS3 => Arc::new(
-            crate::client::aws_profile(object_store::aws::AmazonS3Builder::from_env())
+            aws_profile(object_store::aws::AmazonS3Builder::from_env())
+                .map_err(|message| RemoteError::Credentials { url: url.to_string(), message })?
                 .with_url(url_text)
                 .with_retry(retry)
                 .with_client_options(options)
-                .build()?,
+                .with_http_connector(connector)
+                .build()
+                .map_err(bad)?,
         ),
         ObjectStoreScheme::GoogleCloudStorage => Arc::new(
             object_store::gcp::GoogleCloudStorageBuilder::from_env()
                 .with_url(url_text)
                 .with_retry(retry)
                 .with_client_options(options)
-                .build()?,
+                .with_http_connector(connector)
+                .build()
+                .map_err(bad)?,
         ),
         ObjectStoreScheme::MicrosoftAzure => Arc::new(
             object_store::azure::MicrosoftAzureBuilder::from_env()
                 .with_url(url_text)
                 .with_retry(retry)
                 .with_client_options(options)
-                .build()?,
+                .with_http_connector(connector)
+                .build()
+                .map_err(bad)?,
         ),
         ObjectStoreScheme::Http => Arc::new(
             object_store::http::HttpBuilder::new()
-                .with_url(&url[..url::Position::BeforePath])
+                .with_url(url_text)
                 .with_retry(retry)
                 .with_client_options(options)
-                .build()?,
+                .with_http_connector(connector)
+                .build()
+                .map_err(bad)?,
         ),
         other => {
-            return Err(object_store::Error::NotSupported {
-                source: format!("{other:?} URLs are read as local paths, not objects").into(),
+            return Err(RemoteError::BadUrl {
+                url: url.to_string(),
+                reason: format!("{other:?} URLs are read as local paths, not objects"),
             });
         }
     })
 }
 
-/// Credentials and region from the AWS profile files, where the environment sets none: `object_store` reads only
-/// the environment (and instance metadata), while users of the AWS CLI keep keys in `~/.aws/credentials`. The
-/// files are INI with `[profile]` sections (`[profile NAME]` in `config`); only the keys below are read.
-pub(crate) fn aws_profile(mut builder: object_store::aws::AmazonS3Builder) -> object_store::aws::AmazonS3Builder {
-    use object_store::aws::AmazonS3ConfigKey as K;
+/// How an AWS profile can get credentials that `object_store`'s chain cannot follow. A profile that asks for one is
+/// refused with what to do instead: ignored, the chain would sign with other credentials, or none.
+const PROFILE_WAYS: [(&str, &str); 6] = [
+    ("role_arn", "assumes a role (role_arn)"),
+    ("source_profile", "assumes a role (source_profile)"),
+    ("credential_process", "runs a credential process (credential_process)"),
+    ("sso_session", "signs in through IAM Identity Center (sso_session)"),
+    ("sso_start_url", "signs in through IAM Identity Center (sso_start_url)"),
+    ("web_identity_token_file", "uses a web identity token from its profile (web_identity_token_file)"),
+];
+
+/// Credentials and region from the AWS profile files, where the environment sets none: `object_store` reads the
+/// environment, web identity (`AWS_WEB_IDENTITY_TOKEN_FILE` with `AWS_ROLE_ARN`: IRSA), container and instance
+/// credentials, but not `~/.aws`, where users of the AWS CLI keep keys.
+pub(crate) fn aws_profile(
+    mut builder: object_store::aws::AmazonS3Builder,
+) -> Result<object_store::aws::AmazonS3Builder, String> {
     let env = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
-    let profile = env("AWS_PROFILE").unwrap_or_else(|| "default".into());
+    for (key, value) in profile_config(&env)? {
+        builder = builder.with_config(key, value);
+    }
+    Ok(builder)
+}
+
+/// What the AWS profile files give where the environment (`env`) does not: static keys, region and endpoint of
+/// the profile (`AWS_PROFILE`, else `default`; `[NAME]` in `credentials`, `[profile NAME]` in `config`). A
+/// profile that gets its credentials another way (roles, SSO, a process) is refused with what to do instead, and
+/// so is an `AWS_PROFILE` that names no profile.
+fn profile_config(
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<Vec<(object_store::aws::AmazonS3ConfigKey, String)>, String> {
+    use object_store::aws::AmazonS3ConfigKey as K;
+    let named = env("AWS_PROFILE");
+    let profile = named.clone().unwrap_or_else(|| "default".into());
     let home = env("HOME").unwrap_or_default();
     let credentials = env("AWS_SHARED_CREDENTIALS_FILE").unwrap_or_else(|| format!("{home}/.aws/credentials"));
     let config = env("AWS_CONFIG_FILE").unwrap_or_else(|| format!("{home}/.aws/config"));
     let from_credentials = ini_section(&credentials, &profile);
     let config_section = if profile == "default" { profile.clone() } else { format!("profile {profile}") };
     let from_config = ini_section(&config, &config_section);
-    let keys_in_env = env("AWS_ACCESS_KEY_ID").is_some();
+    if named.is_some() && from_credentials.is_none() && from_config.is_none() {
+        return Err(format!("AWS_PROFILE={profile}: no such profile in {credentials} or {config}"));
+    }
+    let (from_credentials, from_config) = (from_credentials.unwrap_or_default(), from_config.unwrap_or_default());
     let get = |k: &str| from_credentials.get(k).or_else(|| from_config.get(k)).cloned();
-    if !keys_in_env && let (Some(id), Some(secret)) = (get("aws_access_key_id"), get("aws_secret_access_key")) {
-        builder = builder.with_config(K::AccessKeyId, id).with_config(K::SecretAccessKey, secret);
-        if let Some(token) = get("aws_session_token") {
-            builder = builder.with_config(K::Token, token);
+    let mut out = Vec::new();
+    // Credentials from the environment come first, as in the AWS SDKs: the profile's are not looked at then.
+    let from_env = env("AWS_ACCESS_KEY_ID").is_some()
+        || (env("AWS_WEB_IDENTITY_TOKEN_FILE").is_some() && env("AWS_ROLE_ARN").is_some())
+        || env("AWS_CONTAINER_CREDENTIALS_RELATIVE_URI").is_some()
+        || env("AWS_CONTAINER_CREDENTIALS_FULL_URI").is_some();
+    if !from_env {
+        if let Some((_, how)) = PROFILE_WAYS.iter().find(|(key, _)| get(key).is_some()) {
+            return Err(format!(
+                "AWS profile '{profile}' {how}, which weightlift's S3 client (object_store) cannot follow; export \
+                 its credentials first (eval \"$(aws configure export-credentials --profile {profile} --format env)\"), \
+                 or use keys, web identity (AWS_WEB_IDENTITY_TOKEN_FILE with AWS_ROLE_ARN), container or instance \
+                 credentials"
+            ));
+        }
+        if let (Some(id), Some(secret)) = (get("aws_access_key_id"), get("aws_secret_access_key")) {
+            out.push((K::AccessKeyId, id));
+            out.push((K::SecretAccessKey, secret));
+            if let Some(token) = get("aws_session_token") {
+                out.push((K::Token, token));
+            }
         }
     }
     if env("AWS_REGION").or_else(|| env("AWS_DEFAULT_REGION")).is_none()
         && let Some(region) = get("region")
     {
-        builder = builder.with_config(K::Region, region);
+        out.push((K::Region, region));
     }
     if env("AWS_ENDPOINT_URL").or_else(|| env("AWS_ENDPOINT")).or_else(|| env("AWS_ENDPOINT_URL_S3")).is_none()
         && let Some(endpoint) = get("endpoint_url")
     {
-        builder = builder.with_config(K::Endpoint, endpoint);
+        out.push((K::Endpoint, endpoint));
     }
-    builder
+    Ok(out)
 }
 
-/// The `key = value` lines of section `[name]` of an INI file (empty when the file or section is missing).
-fn ini_section(path: &str, name: &str) -> HashMap<String, String> {
-    let Ok(text) = std::fs::read_to_string(path) else { return HashMap::new() };
-    parse_ini_section(&text, name)
+/// The `key = value` lines of section `[name]` of an INI file (`None` when the file or the section is missing).
+fn ini_section(path: &str, name: &str) -> Option<HashMap<String, String>> {
+    parse_ini_section(&std::fs::read_to_string(path).ok()?, name)
 }
 
-fn parse_ini_section(text: &str, name: &str) -> HashMap<String, String> {
-    let mut out = HashMap::new();
+fn parse_ini_section(text: &str, name: &str) -> Option<HashMap<String, String>> {
+    let mut out = None;
     let mut inside = false;
     for line in text.lines().map(str::trim) {
         if line.starts_with('#') || line.starts_with(';') || line.is_empty() {
@@ -210,10 +380,13 @@ fn parse_ini_section(text: &str, name: &str) -> HashMap<String, String> {
         }
         if let Some(section) = line.strip_prefix('[').and_then(|l| l.strip_suffix(']')) {
             inside = section.trim() == name;
+            if inside {
+                out.get_or_insert_with(HashMap::new);
+            }
             continue;
         }
         if inside && let Some((k, v)) = line.split_once('=') {
-            out.insert(k.trim().to_ascii_lowercase(), v.trim().to_string());
+            out.get_or_insert_with(HashMap::new).insert(k.trim().to_ascii_lowercase(), v.trim().to_string());
         }
     }
     out
@@ -224,24 +397,15 @@ mod tests {
     use super::*;
 
     #[test]
-    fn urls_and_paths_are_told_apart() {
-        for url in ["s3://b/k", "S3://b/k.safetensors", "gs://b/x", "az://c/x", "http://127.0.0.1:9/a", "https://h/a"] {
-            assert!(is_url(url), "{url}");
-        }
-        for path in ["/tmp/a", "a.safetensors", "file:///tmp/a", "s3:/b/k", "s3://", "ftp://h/a", "C://x"] {
-            assert!(!is_url(path), "{path}");
-        }
-    }
-
-    #[test]
     fn profile_sections_are_read_alone() {
         let text = "[default]\naws_access_key_id = A\n# c\n[profile other]\nregion=eu-west-1\n[other]\nx = 1\n";
-        let d = parse_ini_section(text, "default");
+        let d = parse_ini_section(text, "default").unwrap();
         assert_eq!(d.get("aws_access_key_id").map(String::as_str), Some("A"));
         assert_eq!(d.len(), 1);
-        let p = parse_ini_section(text, "profile other");
+        let p = parse_ini_section(text, "profile other").unwrap();
         assert_eq!(p.get("region").map(String::as_str), Some("eu-west-1"));
-        assert!(parse_ini_section(text, "missing").is_empty());
+        assert!(parse_ini_section(text, "missing").is_none());
+        assert!(parse_ini_section("[empty]\n", "empty").is_some_and(|s| s.is_empty()));
     }
 
     /// Work handed to `run_blocking` from the runtime's threads (as a read's completion hands a local copy's write)
@@ -275,9 +439,63 @@ mod tests {
         drop(release);
     }
 
+    /// Profiles in files of a temporary folder, read with a made-up environment (the process's is left alone).
+    fn profiles(credentials: &str, config: &str, vars: &[(&str, &str)]) -> Result<Vec<String>, String> {
+        static N: AtomicU64 = AtomicU64::new(0);
+        let dir = std::env::temp_dir().join(format!("wl-aws-{}-{}", std::process::id(), N.fetch_add(1, Relaxed)));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("credentials"), credentials).unwrap();
+        std::fs::write(dir.join("config"), config).unwrap();
+        let files = [
+            ("AWS_SHARED_CREDENTIALS_FILE", dir.join("credentials").display().to_string()),
+            ("AWS_CONFIG_FILE", dir.join("config").display().to_string()),
+        ];
+        let env = |k: &str| {
+            files
+                .iter()
+                .find(|(n, _)| *n == k)
+                .map(|(_, v)| v.clone())
+                .or_else(|| vars.iter().find(|(n, _)| *n == k).map(|(_, v)| v.to_string()))
+        };
+        let got = profile_config(&env);
+        let _ = std::fs::remove_dir_all(&dir);
+        got.map(|kv| kv.into_iter().map(|(k, v)| format!("{k:?}={v}")).collect())
+    }
+
+    #[test]
+    fn profiles_give_keys_region_and_endpoint() {
+        let creds = "[default]\naws_access_key_id = AK\naws_secret_access_key = SK\n";
+        let config = "[default]\nregion = eu-west-3\nendpoint_url = http://minio:9000\n";
+        let got = profiles(creds, config, &[]).unwrap();
+        assert_eq!(got.len(), 4, "{got:?}");
+        assert!(got.iter().any(|s| s.ends_with("=AK")) && got.iter().any(|s| s.ends_with("=eu-west-3")), "{got:?}");
+        // Keys in the environment win: the profile's are not taken.
+        let got = profiles(creds, config, &[("AWS_ACCESS_KEY_ID", "ENV"), ("AWS_REGION", "us-east-2")]).unwrap();
+        assert_eq!(got.len(), 1, "only the endpoint: {got:?}");
+    }
+
+    #[test]
+    fn profiles_weightlift_cannot_follow_are_refused_with_what_to_do() {
+        for (config, how) in [
+            ("[profile dev]\nrole_arn = arn:aws:iam::1:role/r\nsource_profile = default\n", "assumes a role"),
+            ("[profile dev]\nsso_session = corp\nsso_account_id = 1\n", "IAM Identity Center"),
+            ("[profile dev]\ncredential_process = /bin/creds\n", "credential process"),
+            ("[profile dev]\nweb_identity_token_file = /t\nrole_arn = r\n", "assumes a role"),
+        ] {
+            let err = profiles("", config, &[("AWS_PROFILE", "dev")]).unwrap_err();
+            assert!(err.contains("AWS profile 'dev'") && err.contains(how), "{err}");
+            assert!(err.contains("export-credentials --profile dev"), "{err}");
+        }
+        let err = profiles("", "", &[("AWS_PROFILE", "nope")]).unwrap_err();
+        assert!(err.starts_with("AWS_PROFILE=nope: no such profile"), "{err}");
+        // Web identity from the environment (IRSA) is object_store's own: the profile is not consulted.
+        let irsa = [("AWS_PROFILE", "dev"), ("AWS_WEB_IDENTITY_TOKEN_FILE", "/t"), ("AWS_ROLE_ARN", "arn")];
+        assert!(profiles("", "[profile dev]\nrole_arn = r\n", &irsa).is_ok());
+    }
+
     #[test]
     fn a_bucket_without_an_object_is_refused() {
-        let err = store_for("s3://bucket/").expect_err("no object named");
+        let err = store_for(&ObjectUrl::parse("s3://bucket/").unwrap()).expect_err("no object named");
         assert!(err.to_string().contains("no object"), "{err}");
     }
 }

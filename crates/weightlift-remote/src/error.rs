@@ -28,6 +28,14 @@ pub enum RemoteError {
         /// The store's reason.
         message: String,
     },
+    /// The credentials configured cannot be used (an AWS profile that assumes a role, say): what to do instead.
+    #[error("{url}: {message}")]
+    Credentials {
+        /// The object's URL.
+        url: String,
+        /// What is wrong, and what to do instead.
+        message: String,
+    },
     /// The object was replaced after it was opened: its bytes would mix two versions.
     #[error("{url}: the object changed while it was being read (ETag {was} at open, {now} now); load it again")]
     Changed {
@@ -80,7 +88,7 @@ impl RemoteError {
     pub fn io_kind(&self) -> std::io::ErrorKind {
         match self {
             RemoteError::NotFound { .. } => std::io::ErrorKind::NotFound,
-            RemoteError::Denied { .. } => std::io::ErrorKind::PermissionDenied,
+            RemoteError::Denied { .. } | RemoteError::Credentials { .. } => std::io::ErrorKind::PermissionDenied,
             RemoteError::BadUrl { .. } => std::io::ErrorKind::InvalidInput,
             _ => std::io::ErrorKind::Other,
         }

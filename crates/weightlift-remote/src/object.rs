@@ -1,113 +1,215 @@
-//! One object: opened with a HEAD that pins its length and ETag, read by ranged GETs that resume and retry.
+//! One object: opened by a ranged GET of its first bytes, which pins its length and ETag; what every request of it
+//! shares (the client, the counters, how a failure is classified, when a failed request is sent again).
 
-use std::ops::Range;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
-use object_store::path::Path as StorePath;
-use object_store::{GetOptions, GetRange, ObjectStore};
+use object_store::{GetOptions, GetRange, GetResult};
 
-use crate::client::{config, runtime, store_for};
+use crate::client::{Client, Throttle, config, runtime, store_for};
 use crate::error::RemoteError;
+use crate::location::ObjectUrl;
 
 /// What an object's requests did so far.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Stats {
-    /// HTTP requests sent (HEAD and GETs, retries included).
+    /// HTTP requests sent (GETs and HEADs, retries included).
     pub requests: u64,
+    /// HEAD requests among them.
+    pub heads: u64,
     /// Body bytes received into their destinations.
     pub bytes: u64,
     /// Requests sent again after a transient failure.
     pub retries: u64,
+    /// Answers that asked the client to slow down (503, 429).
+    pub throttled: u64,
     /// Time spent in requests, summed over the requests in flight (so it may exceed the wall time).
     pub waiting: Duration,
+    /// Time from sending a request to its answer's headers, summed over the answers counted in `answers`.
+    pub first_byte: Duration,
+    /// Answers whose time to first byte is in `first_byte`.
+    pub answers: u64,
+}
+
+impl Stats {
+    /// What happened between `earlier` and `self` (two readings of the same object).
+    pub fn since(&self, earlier: &Stats) -> Stats {
+        Stats {
+            requests: self.requests.saturating_sub(earlier.requests),
+            heads: self.heads.saturating_sub(earlier.heads),
+            bytes: self.bytes.saturating_sub(earlier.bytes),
+            retries: self.retries.saturating_sub(earlier.retries),
+            throttled: self.throttled.saturating_sub(earlier.throttled),
+            waiting: self.waiting.saturating_sub(earlier.waiting),
+            first_byte: self.first_byte.saturating_sub(earlier.first_byte),
+            answers: self.answers.saturating_sub(earlier.answers),
+        }
+    }
 }
 
 #[derive(Debug, Default)]
-struct Counters {
-    requests: AtomicU64,
-    bytes: AtomicU64,
-    retries: AtomicU64,
-    waiting_ns: AtomicU64,
+pub(crate) struct Counters {
+    pub requests: AtomicU64,
+    pub heads: AtomicU64,
+    pub bytes: AtomicU64,
+    pub retries: AtomicU64,
+    pub throttled: AtomicU64,
+    pub waiting_ns: AtomicU64,
+    pub first_byte_ns: AtomicU64,
+    pub answers: AtomicU64,
 }
 
 /// An object of a store, pinned to the version it had when opened.
 #[derive(Debug)]
 pub struct Object {
-    url: String,
-    store: Arc<dyn ObjectStore>,
-    path: StorePath,
+    pub(crate) url: ObjectUrl,
+    pub(crate) client: Client,
     len: u64,
     etag: Option<String>,
-    counters: Counters,
+    pub(crate) counters: Counters,
 }
-
-/// Destination memory of a read in flight on the runtime.
-#[derive(Clone, Copy)]
-struct Dest {
-    ptr: *mut u8,
-    len: usize,
-}
-
-// SAFETY: a `Dest` is only made by `Object::start_read` and `Object::read_at`, whose callers guarantee the memory
-// stays valid and is written by nothing else until the read completes; the runtime thread is its only writer.
-unsafe impl Send for Dest {}
 
 /// Why one attempt failed: worth another try, or not.
-enum Failure {
+pub(crate) enum Failure {
     Transient(String),
     Fatal(RemoteError),
 }
 
-impl Object {
-    /// Opens `url` with a HEAD request: its length and ETag are pinned from now on.
-    pub fn open(url: &str) -> Result<Object, RemoteError> {
-        let (store, path) = store_for(url)?;
-        let probe =
-            Arc::new(Object { url: url.to_string(), store, path, len: 0, etag: None, counters: Counters::default() });
-        let asking = probe.clone();
-        let meta = block_on(async move { asking.head().await })??;
-        let mut object = Arc::try_unwrap(probe).unwrap_or_else(|shared| Object {
-            url: shared.url.clone(),
-            store: shared.store.clone(),
-            path: shared.path.clone(),
-            len: 0,
-            etag: None,
-            counters: Counters::default(),
-        });
-        object.len = meta.size;
-        object.etag = meta.e_tag;
-        Ok(object)
+/// When a failed request is sent again: after a backoff doubling from 50 ms up to 2 s, with full jitter (many
+/// GETs failing together, as a throttled bucket makes them, do not come back together), and never before the
+/// origin's `Retry-After` has passed; given up after `remote_retries`.
+pub(crate) struct Retry {
+    retries: u32,
+}
+
+impl Retry {
+    pub fn new() -> Retry {
+        Retry { retries: 0 }
     }
 
-    async fn head(&self) -> Result<object_store::ObjectMeta, RemoteError> {
-        let started = Instant::now();
-        let mut retries = 0;
-        loop {
-            self.counters.requests.fetch_add(1, Relaxed);
-            let attempt = self.store.get_opts(&self.path, GetOptions::new().with_head(true)).await;
-            self.counters.waiting_ns.fetch_add(started.elapsed().as_nanos() as u64, Relaxed);
-            let message = match attempt {
-                Ok(r) => return Ok(r.meta),
-                Err(e) => match self.classify(e) {
-                    Failure::Fatal(e) => return Err(e),
-                    Failure::Transient(m) => m,
-                },
-            };
-            if retries >= config().retries {
-                return Err(RemoteError::Request { url: self.url.clone(), range: 0..0, retries, message });
-            }
-            retries += 1;
-            self.counters.retries.fetch_add(1, Relaxed);
-            tokio::time::sleep(backoff(retries)).await;
+    /// How long to wait before sending again, or the error to give up with (`range`: what was asked for).
+    pub fn after(
+        &mut self,
+        object: &Object,
+        range: std::ops::Range<u64>,
+        message: String,
+    ) -> Result<Duration, RemoteError> {
+        if self.retries >= config().retries {
+            let retries = self.retries;
+            return Err(RemoteError::Request { url: object.url.to_string(), range, retries, message });
         }
+        self.retries += 1;
+        object.counters.retries.fetch_add(1, Relaxed);
+        tracing::debug!(url = %object.url, retries = self.retries, %message, "retrying a request");
+        let cap = Duration::from_millis(50u64 << (self.retries - 1).min(5)).min(Duration::from_secs(2));
+        Ok(cap.mul_f64(jitter()).max(object.client.throttle.hold()))
+    }
+}
+
+/// A number in [0, 1), different at each call (for backoff jitter; no cryptographic need).
+fn jitter() -> f64 {
+    use std::hash::{BuildHasher, Hasher};
+    static CALLS: AtomicU64 = AtomicU64::new(0);
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(CALLS.fetch_add(1, Relaxed));
+    (h.finish() >> 11) as f64 / (1u64 << 53) as f64
+}
+
+impl Object {
+    /// Opens `url` with one ranged GET of its first `first` bytes (at least 1), which pins its length and ETag;
+    /// returns the object and those bytes (all of a shorter object). Not a HEAD: a presigned URL is signed for GET
+    /// only, and the bytes are the header a parser wants next. An empty object, which has no byte to ask for, is
+    /// opened with a HEAD.
+    pub fn open_with(url: &ObjectUrl, first: u64) -> Result<(Object, Vec<u8>), RemoteError> {
+        let client = store_for(url)?;
+        let object = Object { url: url.clone(), client, len: 0, etag: None, counters: Counters::default() };
+        // The future owns the object while it asks (its counters count the request) and hands it back.
+        let (mut object, got) = block_on(async move {
+            let got = object.open_get(first.max(1)).await;
+            (object, got)
+        })?;
+        let (len, etag, bytes) = got?;
+        object.len = len;
+        object.etag = etag;
+        Ok((object, bytes))
+    }
+
+    /// Opens `url`: [`Object::open_with`] asking for one byte.
+    pub fn open(url: &ObjectUrl) -> Result<Object, RemoteError> {
+        Object::open_with(url, 1).map(|(o, _)| o)
+    }
+
+    /// The first GET: length, ETag and the first `first` bytes (retried as any request).
+    async fn open_get(&self, first: u64) -> Result<(u64, Option<String>, Vec<u8>), RemoteError> {
+        let started = Instant::now();
+        let mut retry = Retry::new();
+        let result = loop {
+            let message = match self.first_bytes(first).await {
+                Ok(r) => break Ok(r),
+                Err(Failure::Fatal(e)) => break Err(e),
+                Err(Failure::Transient(m)) => m,
+            };
+            match retry.after(self, 0..first, message) {
+                Ok(wait) => tokio::time::sleep(wait).await,
+                Err(e) => break Err(e),
+            }
+        };
+        self.counters.waiting_ns.fetch_add(started.elapsed().as_nanos() as u64, Relaxed);
+        result
+    }
+
+    async fn first_bytes(&self, first: u64) -> Result<(u64, Option<String>, Vec<u8>), Failure> {
+        let options = GetOptions { range: Some(GetRange::Bounded(0..first)), ..Default::default() };
+        let got = match self.get(options).await {
+            Ok(got) => got,
+            // No byte 0 to give: an empty object (S3 and nginx answer 416).
+            Err(Failure::Fatal(RemoteError::Other { message, .. })) if is_unsatisfiable(&message) => {
+                return self.head().await.map(|(len, etag)| (len, etag, Vec::new()));
+            }
+            Err(e) => return Err(e),
+        };
+        let (len, etag) = (got.meta.size, got.meta.e_tag.clone());
+        if got.range.start != 0 {
+            return Err(Failure::Fatal(RemoteError::NoRange { url: self.url.to_string() }));
+        }
+        let want = (got.range.end - got.range.start) as usize;
+        let mut bytes = Vec::with_capacity(want);
+        let mut body = got.into_stream();
+        while let Some(chunk) = body.next().await {
+            let chunk = chunk.map_err(|e| self.classify(e))?;
+            if bytes.len() + chunk.len() > want {
+                return Err(Failure::Fatal(self.oversent(want as u64)));
+            }
+            bytes.extend_from_slice(&chunk);
+        }
+        self.counters.bytes.fetch_add(bytes.len() as u64, Relaxed);
+        if bytes.len() != want {
+            return Err(Failure::Transient(format!("the body ended after {} of {want} bytes", bytes.len())));
+        }
+        Ok((len, etag, bytes))
+    }
+
+    async fn head(&self) -> Result<(u64, Option<String>), Failure> {
+        self.counters.heads.fetch_add(1, Relaxed);
+        let got = self.get(GetOptions::new().with_head(true)).await?;
+        Ok((got.meta.size, got.meta.e_tag))
+    }
+
+    /// Sends one request (counted, its time to the answer's headers too).
+    pub(crate) async fn get(&self, options: GetOptions) -> Result<GetResult, Failure> {
+        self.counters.requests.fetch_add(1, Relaxed);
+        let sent = Instant::now();
+        let got = self.client.store.get_opts(&self.client.path, options).await;
+        self.counters.first_byte_ns.fetch_add(sent.elapsed().as_nanos() as u64, Relaxed);
+        self.counters.answers.fetch_add(1, Relaxed);
+        got.map_err(|e| self.classify(e))
     }
 
     /// The URL the object was opened with.
     pub fn url(&self) -> &str {
-        &self.url
+        self.url.as_str()
     }
 
     /// The object's length when it was opened.
@@ -125,157 +227,74 @@ impl Object {
         self.etag.as_deref()
     }
 
+    /// What the origin of this object (its bucket's endpoint, or its host) said about throttling, for every
+    /// object read from it.
+    pub fn throttle(&self) -> &Arc<Throttle> {
+        &self.client.throttle
+    }
+
     /// This object's requests so far (all its reads, through every handle to it).
     pub fn stats(&self) -> Stats {
         let c = &self.counters;
         Stats {
             requests: c.requests.load(Relaxed),
+            heads: c.heads.load(Relaxed),
             bytes: c.bytes.load(Relaxed),
             retries: c.retries.load(Relaxed),
+            throttled: c.throttled.load(Relaxed),
             waiting: Duration::from_nanos(c.waiting_ns.load(Relaxed)),
+            first_byte: Duration::from_nanos(c.first_byte_ns.load(Relaxed)),
+            answers: c.answers.load(Relaxed),
         }
     }
 
-    /// Fills `buf` with the bytes at `offset`, blocking the caller.
-    pub fn read_at(self: &Arc<Self>, offset: u64, buf: &mut [u8]) -> Result<(), RemoteError> {
-        self.check_range(offset, buf.len() as u64)?;
-        let dest = Dest { ptr: buf.as_mut_ptr(), len: buf.len() };
-        let this = self.clone();
-        // The caller's buffer outlives the read: this call waits for it.
-        block_on(async move { this.fetch(offset, dest).await })?
-    }
-
-    /// Starts reading `len` bytes at `offset` into `dest` on the runtime; `done` gets the bytes read (all of them)
-    /// or the error, on a runtime thread. `stop`, asked every 20 ms, ends the read early (a cancelled load: an
-    /// interrupted user must not wait for a slow server): its request is dropped, nothing more is written into
-    /// `dest`, and `done` gets [`RemoteError::Stopped`].
-    ///
-    /// # Safety
-    /// `dest..dest + len` must be valid for writes, and neither read nor written by anything else, until `done`
-    /// has been called.
-    pub unsafe fn start_read(
-        self: &Arc<Self>,
-        offset: u64,
-        dest: *mut u8,
-        len: usize,
-        stop: Option<Arc<dyn Fn() -> bool + Send + Sync>>,
-        done: impl FnOnce(Result<usize, RemoteError>) + Send + 'static,
-    ) {
-        if let Err(e) = self.check_range(offset, len as u64) {
-            return done(Err(e));
-        }
-        let rt = match runtime() {
-            Ok(rt) => rt,
-            Err(e) => return done(Err(e)),
-        };
-        let this = self.clone();
-        let dest = Dest { ptr: dest, len };
-        rt.spawn(async move {
-            let Some(stop) = stop else { return done(this.fetch(offset, dest).await.map(|()| len)) };
-            let mut fetch = Box::pin(this.fetch(offset, dest));
-            let mut poll = tokio::time::interval(Duration::from_millis(20));
-            let result = loop {
-                tokio::select! {
-                    r = &mut fetch => break r.map(|()| len),
-                    _ = poll.tick() => if stop() {
-                        break Err(RemoteError::Stopped { url: this.url.clone() });
-                    }
-                }
-            };
-            // The request is dropped before `done` (a future writes into `dest` only while polled, and is no longer).
-            drop(fetch);
-            done(result)
-        });
-    }
-
-    fn check_range(&self, offset: u64, len: u64) -> Result<(), RemoteError> {
+    pub(crate) fn check_range(&self, offset: u64, len: u64) -> Result<(), RemoteError> {
         match offset.checked_add(len) {
             Some(end) if end <= self.len => Ok(()),
             _ => Err(RemoteError::Other {
-                url: self.url.clone(),
+                url: self.url.to_string(),
                 message: format!("bytes {offset}..+{len} lie past the end of the {}-byte object", self.len),
             }),
         }
     }
 
-    /// Reads `dest.len` bytes at `offset`, resuming a body cut short where it stopped and retrying transient
-    /// failures with backoff.
-    async fn fetch(&self, offset: u64, dest: Dest) -> Result<(), RemoteError> {
-        let started = Instant::now();
-        let want = dest.len as u64;
-        let (mut done, mut retries) = (0u64, 0u32);
-        let result = loop {
-            if done == want {
-                break Ok(());
-            }
-            let range = offset + done..offset + want;
-            let message = match self.get_into(range.clone(), dest, &mut done).await {
-                Ok(()) if done == want => continue,
-                Ok(()) => format!("the body ended after {} of {} bytes", done, want),
-                Err(Failure::Fatal(e)) => break Err(e),
-                Err(Failure::Transient(m)) => m,
-            };
-            if retries >= config().retries {
-                break Err(RemoteError::Request { url: self.url.clone(), range, retries, message });
-            }
-            retries += 1;
-            self.counters.retries.fetch_add(1, Relaxed);
-            tracing::debug!(url = %self.url, retries, %message, "retrying a ranged GET");
-            tokio::time::sleep(backoff(retries)).await;
-        };
-        self.counters.waiting_ns.fetch_add(started.elapsed().as_nanos() as u64, Relaxed);
-        result
-    }
-
-    /// One ranged GET of `range`, its body copied into `dest` from `*done` on (advanced as bytes land).
-    async fn get_into(&self, range: Range<u64>, dest: Dest, done: &mut u64) -> Result<(), Failure> {
-        self.counters.requests.fetch_add(1, Relaxed);
-        let options = GetOptions {
-            range: Some(GetRange::Bounded(range.clone())),
-            if_match: self.etag.clone(),
-            ..Default::default()
-        };
-        let got = self.store.get_opts(&self.path, options).await.map_err(|e| self.classify(e))?;
-        let changed = |now: String| Failure::Fatal(self.changed(now));
+    /// Checks an answer against the pinned version: its ETag, its object's length, and that it starts at `start`.
+    pub(crate) fn check_answer(&self, got: &GetResult, start: u64) -> Result<(), Failure> {
         if let (Some(was), Some(now)) = (&self.etag, &got.meta.e_tag)
             && was != now
         {
-            return Err(changed(now.clone()));
+            return Err(Failure::Fatal(self.changed(now.clone())));
         }
         if got.meta.size != self.len {
-            return Err(changed(format!("a {}-byte object", got.meta.size)));
+            return Err(Failure::Fatal(self.changed(format!("a {}-byte object", got.meta.size))));
         }
-        if got.range.start != range.start {
-            return Err(Failure::Fatal(RemoteError::NoRange { url: self.url.clone() }));
-        }
-        let mut body = got.into_stream();
-        while let Some(chunk) = body.next().await {
-            let chunk = chunk.map_err(|e| self.classify(e))?;
-            let room = dest.len as u64 - *done;
-            if chunk.len() as u64 > room {
-                return Err(Failure::Fatal(RemoteError::Other {
-                    url: self.url.clone(),
-                    message: format!("the server sent more than the {} bytes asked for", range.end - range.start),
-                }));
-            }
-            // SAFETY: `done + chunk.len() <= dest.len` (checked above), and the caller of `start_read`/`read_at`
-            // keeps `dest` valid and unaliased until this read completes.
-            unsafe { std::ptr::copy_nonoverlapping(chunk.as_ptr(), dest.ptr.add(*done as usize), chunk.len()) };
-            *done += chunk.len() as u64;
-            self.counters.bytes.fetch_add(chunk.len() as u64, Relaxed);
+        if got.range.start != start {
+            return Err(Failure::Fatal(RemoteError::NoRange { url: self.url.to_string() }));
         }
         Ok(())
     }
 
-    fn changed(&self, now: String) -> RemoteError {
+    /// A GET of `range` pinned to the version opened (`If-Match` with its ETag).
+    pub(crate) fn ranged(&self, range: std::ops::Range<u64>) -> GetOptions {
+        GetOptions { range: Some(GetRange::Bounded(range)), if_match: self.etag.clone(), ..Default::default() }
+    }
+
+    pub(crate) fn oversent(&self, asked: u64) -> RemoteError {
+        RemoteError::Other {
+            url: self.url.to_string(),
+            message: format!("the server sent more than the {asked} bytes asked for"),
+        }
+    }
+
+    pub(crate) fn changed(&self, now: String) -> RemoteError {
         let was = self.etag.clone().unwrap_or_else(|| format!("a {}-byte object", self.len));
-        RemoteError::Changed { url: self.url.clone(), was, now }
+        RemoteError::Changed { url: self.url.to_string(), was, now }
     }
 
     /// Sorts a store error into one worth retrying or not. `object_store` 0.14 keeps its status-carrying error
     /// type private, so the status of a failed request is read from its message.
-    fn classify(&self, e: object_store::Error) -> Failure {
-        let url = self.url.clone();
+    pub(crate) fn classify(&self, e: object_store::Error) -> Failure {
+        let url = self.url.to_string();
         match e {
             object_store::Error::NotFound { .. } => Failure::Fatal(RemoteError::NotFound { url }),
             object_store::Error::Precondition { .. } => Failure::Fatal(self.changed("a newer version".into())),
@@ -300,7 +319,11 @@ impl Object {
                     return Failure::Fatal(RemoteError::NoRange { url });
                 }
                 match status_in(&message) {
-                    Some(s) if s >= 500 || s == 429 || s == 408 => Failure::Transient(message),
+                    Some(s) if s == 503 || s == 429 => {
+                        self.counters.throttled.fetch_add(1, Relaxed);
+                        Failure::Transient(message)
+                    }
+                    Some(s) if s >= 500 || s == 408 => Failure::Transient(message),
                     Some(_) => Failure::Fatal(RemoteError::Other { url, message }),
                     // Connection refused or reset, timeouts, bodies cut off: the request may succeed again.
                     None => Failure::Transient(message),
@@ -310,14 +333,19 @@ impl Object {
     }
 }
 
+/// Whether a store's message is a 416 (the range asked for starts at or past the end).
+fn is_unsatisfiable(message: &str) -> bool {
+    status_in(message) == Some(416) || message.contains("Range Not Satisfiable") || message.contains("InvalidRange")
+}
+
 /// The HTTP status a store error reports, if any.
-fn status_in(message: &str) -> Option<u16> {
+pub(crate) fn status_in(message: &str) -> Option<u16> {
     let (_, rest) = message.split_once("status code: ").or_else(|| message.split_once("status: "))?;
     rest.get(..3)?.parse().ok()
 }
 
 /// An error and its sources in one line.
-fn one_line(e: &(dyn std::error::Error + 'static)) -> String {
+pub(crate) fn one_line(e: &(dyn std::error::Error + 'static)) -> String {
     let mut text = e.to_string();
     let mut source = e.source();
     while let Some(s) = source {
@@ -331,12 +359,8 @@ fn one_line(e: &(dyn std::error::Error + 'static)) -> String {
     text.replace('\n', " ")
 }
 
-fn backoff(retry: u32) -> Duration {
-    Duration::from_millis(50u64.saturating_mul(1 << retry.min(6).saturating_sub(1))).min(Duration::from_secs(2))
-}
-
 /// Runs `f` on the runtime and waits for it on the calling thread (which may be any thread but a runtime's own).
-fn block_on<F>(f: F) -> Result<F::Output, RemoteError>
+pub(crate) fn block_on<F>(f: F) -> Result<F::Output, RemoteError>
 where
     F: std::future::Future + Send + 'static,
     F::Output: Send + 'static,
@@ -347,127 +371,4 @@ where
         let _ = tx.send(f.await);
     });
     rx.recv().map_err(|_| RemoteError::Other { url: String::new(), message: "the network runtime stopped".into() })
-}
-
-/// The first bytes of an object, fetched with one GET, and a window of read-ahead behind them: header parsers ask
-/// for a few bytes at a time, and each must not be a round trip.
-#[derive(Debug)]
-pub struct Head {
-    object: Arc<Object>,
-    window: Mutex<(u64, Vec<u8>)>,
-}
-
-impl Head {
-    /// The first bytes fetched at once (a safetensors header of a large model is well under this; a GGUF with a
-    /// large vocabulary is about this).
-    pub const FIRST: u64 = 4 << 20;
-
-    /// Opens `object` for header reads: fetches its first [`Head::FIRST`] bytes.
-    pub fn new(object: Arc<Object>) -> Result<Head, RemoteError> {
-        let first = object.len().min(Self::FIRST);
-        let mut bytes = vec![0u8; first as usize];
-        object.read_at(0, &mut bytes)?;
-        Ok(Head { object, window: Mutex::new((0, bytes)) })
-    }
-
-    /// The object the header is read from.
-    pub fn object(&self) -> &Arc<Object> {
-        &self.object
-    }
-
-    /// The object's bytes `0..len` when the window still holds them (as the first GET left it), without a request.
-    pub fn prefix(&self, len: u64) -> Option<Vec<u8>> {
-        let window = self.window.lock().unwrap_or_else(|p| p.into_inner());
-        let (start, bytes) = &*window;
-        if *start != 0 {
-            return None;
-        }
-        bytes.get(..usize::try_from(len).ok()?).map(<[u8]>::to_vec)
-    }
-
-    /// Fills `buf` from `offset`: from the window when it holds the bytes, else with a GET of at least
-    /// [`Head::FIRST`] bytes that becomes the window.
-    pub fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<(), RemoteError> {
-        let mut window = self.window.lock().unwrap_or_else(|p| p.into_inner());
-        let (start, bytes) = &*window;
-        let end = offset.saturating_add(buf.len() as u64);
-        if offset >= *start && end <= start + bytes.len() as u64 {
-            let from = (offset - start) as usize;
-            buf.copy_from_slice(&bytes[from..from + buf.len()]);
-            return Ok(());
-        }
-        let len = (buf.len() as u64).max(Self::FIRST).min(self.object.len().saturating_sub(offset));
-        if len < buf.len() as u64 {
-            return self.object.read_at(offset, buf);
-        }
-        let mut fresh = vec![0u8; len as usize];
-        self.object.read_at(offset, &mut fresh)?;
-        buf.copy_from_slice(&fresh[..buf.len()]);
-        *window = (offset, fresh);
-        Ok(())
-    }
-}
-
-/// Writes the local file `path` as the object `url` (in parts of 16 MiB, several in flight), and returns its
-/// length: `weightlift upload`, and what fills a bucket for tests and benchmarks, through the same clients that read
-/// it.
-pub fn upload(path: &std::path::Path, url: &str) -> Result<u64, RemoteError> {
-    upload_with_progress(path, url, &|_| {})
-}
-
-/// [`upload`], calling `progress` with the bytes read from the file so far after each part is handed over.
-pub fn upload_with_progress(
-    path: &std::path::Path,
-    url: &str,
-    progress: &(dyn Fn(u64) + Sync),
-) -> Result<u64, RemoteError> {
-    use std::io::Read;
-    use tokio::io::AsyncWriteExt;
-    let (store, location) = store_for(url)?;
-    let fail = |message: String| RemoteError::Other { url: url.to_string(), message };
-    let mut file = std::fs::File::open(path).map_err(|e| fail(format!("{}: {e}", path.display())))?;
-    // The runtime's block_on (not this module's block_on, which needs a 'static future) so that `progress` may
-    // borrow; upload runs on a caller's thread, never on a runtime thread.
-    runtime()?.block_on(async move {
-        let mut writer = object_store::buffered::BufWriter::with_capacity(store, location, 16 << 20);
-        let mut total = 0u64;
-        loop {
-            let mut chunk = vec![0u8; 16 << 20];
-            // A blocking read, on the caller's thread (block_on polls this future there): the file is read one part
-            // ahead of the parts in flight.
-            let n = file.read(&mut chunk).map_err(|e| fail(e.to_string()))?;
-            if n == 0 {
-                break;
-            }
-            chunk.truncate(n);
-            total += n as u64;
-            if let Err(e) = writer.put(chunk.into()).await {
-                let _ = writer.abort().await;
-                return Err(write_failed(url, e));
-            }
-            progress(total);
-        }
-        if let Err(e) = writer.shutdown().await {
-            // The last part (or the only PUT, for a small file) is sent here; its store error comes wrapped.
-            return Err(match e.into_inner().map(|inner| inner.downcast::<object_store::Error>()) {
-                Some(Ok(store)) => write_failed(url, *store),
-                Some(Err(other)) => fail(one_line(&*other)),
-                None => fail("the upload stopped".into()),
-            });
-        }
-        Ok(total)
-    })
-}
-
-/// A failed PUT in the words of a failed GET: access denied with its status, else the store's message.
-fn write_failed(url: &str, e: object_store::Error) -> RemoteError {
-    let url = url.to_string();
-    match e {
-        object_store::Error::PermissionDenied { source, .. } | object_store::Error::Unauthenticated { source, .. } => {
-            let message = one_line(&*source);
-            let message = status_in(&message).map_or(message, |s| format!("HTTP {s}"));
-            RemoteError::Denied { url, message }
-        }
-        e => RemoteError::Other { url, message: one_line(&e) },
-    }
 }

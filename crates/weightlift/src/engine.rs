@@ -208,7 +208,8 @@ impl Engine {
     }
 
     pub(crate) fn open(&self, path: &Path) -> Result<Arc<OpenFile>> {
-        self.files.open(path, self.want_direct())
+        let location = weightlift_remote::Location::new(path).map_err(weightlift_io::IoError::Remote)?;
+        self.files.open(&location, self.want_direct())
     }
 
     /// `path` opened for reads by LBA: a regular file or a block device.
@@ -283,6 +284,7 @@ impl Engine {
             None => Vec::new(),
         };
         let files = self.open_files_writing(&index.files, &whole_files(index, which))?;
+        let before = NetworkStats::before(&files);
         let loaded = match device {
             Device::Cpu | Device::PinnedCpu => self.load_host(&files, &entries, device, opts, names),
             Device::Cuda(n) => self.load_device(n, &files, &entries, opts, names),
@@ -294,7 +296,7 @@ impl Engine {
             .map(|(t, data)| Tensor { name: t.name.clone(), dtype: t.dtype, shape: t.shape.clone(), data })
             .collect();
         report.files = index.files.iter().map(|f| f.path.clone()).collect();
-        report.network = NetworkStats::of(&files);
+        report.network = NetworkStats::of(&files, &before, Some(&report.io));
         report.seconds = start.elapsed().as_secs_f64();
         Ok(Loaded { tensors, report })
     }
@@ -622,19 +624,21 @@ fn settle_copies<T>(files: &[Arc<OpenFile>], read: Result<T>) -> Result<T> {
     }
 }
 
-/// `path` as a raw source: its length (an object's from a HEAD request, with its ETag).
+/// `path` as a raw source: its length (an object's from the GET that opens it, with its ETag; the object travels
+/// on as opened).
 fn raw_source(path: &Path) -> Result<weightlift_format::SourceFile> {
-    let (len, etag) = match path.to_str().filter(|p| weightlift_remote::is_url(p)) {
-        Some(url) => {
-            let f = OpenFile::open_object(url, None)?;
-            (f.len, f.object().and_then(|o| o.etag().map(str::to_string)))
+    let (len, object) = match weightlift_remote::Location::new(path).map_err(weightlift_io::IoError::Remote)? {
+        weightlift_remote::Location::Object(url) => {
+            let f = OpenFile::open_object(&url, None)?;
+            (f.len, f.object().cloned())
         }
-        None => {
+        weightlift_remote::Location::Local(_) => {
             let meta = std::fs::metadata(path)
                 .map_err(|cause| Error::Io(weightlift_io::IoError::Open { path: path.to_path_buf(), cause }))?;
             (meta.len(), None)
         }
     };
+    let etag = object.as_ref().and_then(|o| o.etag().map(str::to_string));
     Ok(weightlift_format::SourceFile {
         path: path.to_path_buf(),
         format: weightlift_format::Format::Raw,
@@ -644,6 +648,7 @@ fn raw_source(path: &Path) -> Result<weightlift_format::SourceFile> {
         gguf_version: None,
         etag,
         header: None,
+        object,
     })
 }
 
@@ -946,10 +951,11 @@ impl Engine {
         opts: &LoadOpts<'_>,
     ) -> Result<Report> {
         let open = self.open_files_writing(files, &whole_files_of_ranges(files, ranges))?;
+        let before = NetworkStats::before(&open);
         // SAFETY: the same contract.
         let read = unsafe { self.read_open_scattered_into(&open, ranges, dests, opts) };
         let mut report = settle_copies(&open, read)?;
-        report.network = NetworkStats::of(&open);
+        report.network = NetworkStats::of(&open, &before, Some(&report.io));
         Ok(report)
     }
 
@@ -968,6 +974,7 @@ impl Engine {
             return Err(Error::InvalidArgument("checksums are checked by tensor loads, not by raw reads".into()));
         }
         let start = Instant::now();
+        let before = NetworkStats::before(files);
         let paths: Vec<PathBuf> = files.iter().map(|f| f.path.clone()).collect();
         let extents = extents_of_ranges(files, ranges, dests.len())?;
         let caps: Vec<u64> = dests.iter().map(|d| d.1).collect();
@@ -1013,7 +1020,7 @@ impl Engine {
                 r
             }
         };
-        report.network = NetworkStats::of(files);
+        report.network = NetworkStats::of(files, &before, Some(&report.io));
         report.seconds = start.elapsed().as_secs_f64();
         Ok(report)
     }

@@ -9,6 +9,7 @@ use std::sync::{Arc, Mutex};
 
 use weightlift_format::SourceFile;
 use weightlift_io::{IoError, OpenFile};
+use weightlift_remote::Location;
 
 use crate::error::{Error, Result};
 
@@ -41,13 +42,13 @@ pub(crate) struct FileCache {
 }
 
 impl FileCache {
-    /// `path`, opened (reusing the descriptors of an unchanged file). A URL is opened afresh each time (one HEAD
-    /// request), at the version its server has now.
-    pub fn open(&self, path: &Path, want_direct: bool) -> Result<Arc<OpenFile>> {
-        if let Some(url) = path.to_str().filter(|p| weightlift_remote::is_url(p)) {
-            return Ok(Arc::new(OpenFile::open_object(url, None)?));
+    /// `location`, opened (reusing the descriptors of an unchanged file). An object is opened afresh each time
+    /// (one GET of its first byte), at the version its server has now.
+    pub fn open(&self, location: &Location, want_direct: bool) -> Result<Arc<OpenFile>> {
+        match location {
+            Location::Object(url) => Ok(Arc::new(OpenFile::open_object(url, None)?)),
+            Location::Local(path) => self.open_as(path, want_direct, false),
         }
-        self.open_as(path, want_direct, false)
     }
 
     /// As [`FileCache::open`], accepting a block device too (reads by LBA mean the device itself).
@@ -75,10 +76,11 @@ impl FileCache {
         Ok(f)
     }
 
-    /// Files as an index describes them, refusing any whose length changed since the index was read. An object (a
-    /// URL) is opened afresh for each load: its HEAD request checks the ETag the index was parsed from. With
-    /// `copies` (`remote_cache_dir` and, per file, whether this load writes a new local copy), an object is read
-    /// from its valid local copy, or its copy is written as the load reads it where the flag says so.
+    /// Files as an index describes them, refusing any whose length changed since the index was read. An object is
+    /// read as parsing opened it (no request to open it again: every GET asks for the ETag it was parsed at, so a
+    /// replaced object fails the load). With `copies` (`remote_cache_dir` and, per file, whether this load writes a
+    /// new local copy), an object is read from its valid local copy, or its copy is written as the load reads it
+    /// where the flag says so.
     pub fn open_index(
         &self,
         files: &[SourceFile],
@@ -89,25 +91,32 @@ impl FileCache {
             .iter()
             .enumerate()
             .map(|(i, f)| {
-                let etag = f.etag.as_deref();
-                let file = match (f.path.to_str().filter(|p| weightlift_remote::is_url(p)), copies) {
-                    (Some(url), Some((dir, fill))) => {
+                let object = match &f.object {
+                    Some(o) => Some(o.clone()),
+                    // An index made by hand names an object by its URL only: opened here, at the ETag it names.
+                    None => match Location::new(&f.path).map_err(weightlift_io::IoError::Remote)? {
+                        Location::Object(url) => {
+                            let opened = OpenFile::open_object(&url, f.etag.as_deref())?;
+                            opened.object().cloned()
+                        }
+                        Location::Local(path) => {
+                            let file = self.open_as(&path, want_direct, false)?;
+                            return check_len(f, file);
+                        }
+                    },
+                };
+                let Some(object) = object else {
+                    return Err(Error::InvalidArgument("an object without its client".into()));
+                };
+                let file = match copies {
+                    Some((dir, fill)) => {
                         let fill = fill.get(i).copied().unwrap_or(false);
                         let header = f.header.as_ref();
-                        Arc::new(OpenFile::open_object_cached(url, etag, header, dir, fill, want_direct)?)
+                        Arc::new(OpenFile::open_object_cached(object, header, dir, fill, want_direct)?)
                     }
-                    (Some(url), None) => Arc::new(OpenFile::open_object(url, etag)?),
-                    (None, _) => self.open(&f.path, want_direct)?,
+                    None => Arc::new(OpenFile::of_object(object)),
                 };
-                if file.len != f.len {
-                    return Err(Error::Io(IoError::PastEnd {
-                        path: f.path.clone(),
-                        offset: 0,
-                        len: f.len,
-                        file_len: file.len,
-                    }));
-                }
-                Ok(file)
+                check_len(f, file)
             })
             .collect()
     }
@@ -116,4 +125,12 @@ impl FileCache {
     pub fn clear(&self) {
         self.open.lock().unwrap_or_else(|p| p.into_inner()).clear();
     }
+}
+
+/// `file` as opened for `f`, refused where its length is no longer the one the index was read at.
+fn check_len(f: &SourceFile, file: Arc<OpenFile>) -> Result<Arc<OpenFile>> {
+    if file.len != f.len {
+        return Err(Error::Io(IoError::PastEnd { path: f.path.clone(), offset: 0, len: f.len, file_len: file.len }));
+    }
+    Ok(file)
 }

@@ -41,8 +41,10 @@ use crate::tensor::{DeviceTensor, Loaded, Tensor, TensorData};
 /// must not block here (the reader that follows names it).
 pub fn is_pack_file(path: &Path) -> bool {
     // An object is not fetched to tell: its name says it (`weightlift pack` writes `.wlpack` files).
-    if let Some(url) = path.to_str().filter(|p| weightlift_remote::is_url(p)) {
-        return url.ends_with(".wlpack");
+    match weightlift_remote::Location::new(path) {
+        Ok(location @ weightlift_remote::Location::Object(_)) => return location.extension() == Some("wlpack"),
+        Err(_) => return false,
+        Ok(weightlift_remote::Location::Local(_)) => {}
     }
     let mut head = [0u8; 8];
     let Ok(mut f) = weightlift_format::regular::open(path, weightlift_format::regular::Access::READ) else {
@@ -159,6 +161,7 @@ fn batch_index(path: &Path, index: &PackIndex, batches: &[Batch]) -> TensorIndex
             gguf_version: None,
             etag: index.etag.clone(),
             header: None,
+            object: index.object.clone(),
         }],
         tensors: batches
             .iter()

@@ -149,6 +149,38 @@ impl fmt::Display for Folder {
     }
 }
 
+/// How many GETs a load of objects keeps in flight: `remote_concurrency`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Concurrency {
+    /// Found while the load runs (see `weightlift_io::pacer`).
+    #[default]
+    Auto,
+    /// This many.
+    Fixed(u32),
+}
+
+impl FromStr for Concurrency {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "auto" => Ok(Concurrency::Auto),
+            n => match n.parse::<u32>() {
+                Ok(n) if n >= 1 => Ok(Concurrency::Fixed(n)),
+                _ => Err("expected auto or a number of GETs (at least 1)".into()),
+            },
+        }
+    }
+}
+
+impl fmt::Display for Concurrency {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Concurrency::Auto => f.write_str("auto"),
+            Concurrency::Fixed(n) => write!(f, "{n}"),
+        }
+    }
+}
+
 /// One row of the settings table, as the fronts show it.
 #[derive(Clone, Copy, Debug)]
 pub struct SettingDoc {
@@ -172,7 +204,7 @@ trait Shown {
 macro_rules! shown_display {
     ($($t:ty),*) => { $(impl Shown for $t { fn shown(&self) -> String { self.to_string() } })* };
 }
-shown_display!(u32, u64, DirectMode, CachePolicy, Backend, StagingPages, CachePages, DeviceMemory, Folder);
+shown_display!(u32, u64, DirectMode, CachePolicy, Backend, StagingPages, CachePages, DeviceMemory, Folder, Concurrency);
 
 impl Shown for Option<PathBuf> {
     fn shown(&self) -> String {
@@ -295,6 +327,12 @@ settings! {
         "objects (URLs): retries of a request after a transient failure (5xx, throttling, a reset, a timeout, a body cut short), each after a doubling backoff from 50 ms to 2 s; a cut body resumes where it stopped; process-wide, set by the last engine made";
     remote_timeout_secs: u32 = weightlift_remote::DEFAULT_TIMEOUT_SECS, "60", env "WEIGHTLIFT_REMOTE_TIMEOUT_SECS", parse count::<u32>, values &[],
         "objects (URLs): longest time one request may take, from sending it to the last byte of its body, before it counts as a transient failure; process-wide, set by the last engine made";
+    remote_concurrency: Concurrency = Concurrency::Auto, "auto", env "WEIGHTLIFT_REMOTE_CONCURRENCY",
+        parse named::<Concurrency>, values &["auto"],
+        "objects (URLs): ranged GETs a load keeps in flight: auto (16 at first, doubled each round of GETs while the rate still rises, halved when a server answers 503 or 429, within what staging_bytes holds at two 1 MiB parts per GET: 128 with the default) or a fixed count";
+    remote_range_bytes: u64 = weightlift_io::params::defaults::REMOTE_RANGE_BYTES, "16 MiB",
+        env "WEIGHTLIFT_REMOTE_RANGE_BYTES", parse bytes, values &[],
+        "objects (URLs): bytes one ranged GET asks for (a cloud bucket answers each GET after 20-80 ms and gives it ~90 MB/s: longer ranges spend less of their time waiting; AWS advises 8-16 MB for S3)";
     remote_cache_dir: Folder = Folder(None), "off", env "WEIGHTLIFT_REMOTE_CACHE_DIR", parse named::<Folder>,
         values &[],
         "objects (URLs): a folder of local copies (off: none); a load of a whole object also writes its bytes to DIR/SCHEME/BUCKET/KEY as they arrive, published atomically and durably once the load succeeded, and a later load of the object is a local load while its ETag is unchanged (an object without an ETag is never cached)";
@@ -369,6 +407,11 @@ impl Settings {
             engine: self.backend.value.read_engine(),
             staging_pages: self.staging_pages.value,
             cache_pages: self.cache_pages.value,
+            remote_concurrency: match self.remote_concurrency.value {
+                Concurrency::Auto => None,
+                Concurrency::Fixed(n) => Some(n),
+            },
+            remote_range_bytes: self.remote_range_bytes.value,
         }
     }
 

@@ -206,6 +206,8 @@ pub struct Stream {
     faults: Option<Arc<FaultPlan>>,
     /// At most this many lanes read for the stream (None: the engine's choice).
     max_lanes: Option<usize>,
+    /// The objects' counters when the stream started.
+    network_before: crate::report::NetworkBefore,
 }
 
 impl std::fmt::Debug for Stream {
@@ -301,6 +303,7 @@ impl Engine {
                 return Err(Error::InvalidArgument("streaming loads go to cpu or cuda:N, not cpu:pinned".into()));
             }
         };
+        let network_before = crate::report::NetworkStats::before(&files);
         let mut s = Stream {
             io: self.io().clone(),
             device,
@@ -314,6 +317,7 @@ impl Engine {
             started: Instant::now(),
             faults,
             max_lanes,
+            network_before,
         };
         s.start()?;
         Ok(s)
@@ -579,7 +583,7 @@ impl Stream {
 
     /// What the requests of a stream from objects (URLs) did so far (`None` when it reads local files only).
     pub fn network(&self) -> Option<crate::report::NetworkStats> {
-        crate::report::NetworkStats::of(&self.files)
+        crate::report::NetworkStats::of(&self.files, &self.network_before, None)
     }
 
     /// Stops reading ahead and reports what the stream did.

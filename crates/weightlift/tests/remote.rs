@@ -22,8 +22,8 @@ fn generate(dir: &Path, name: &str, layout: Layout, container: Container) -> Pat
 }
 
 fn engine() -> Engine {
-    // Small chunks and staging: many ranged GETs, several in flight per lane, slots reused.
-    Engine::new(Settings::default().chunk_bytes(256 << 10).staging_bytes(4 << 20)).unwrap()
+    // Small GETs, chunks and staging: many ranged GETs, several in flight per lane, slots reused.
+    Engine::new(Settings::default().chunk_bytes(256 << 10).staging_bytes(4 << 20).remote_range_bytes(1 << 20)).unwrap()
 }
 
 fn load(engine: &Engine, url: &str) -> (TensorIndex, Loaded) {

@@ -8,7 +8,7 @@ use weightlift_io::{IoReport, ReadEngineUsed};
 
 mod stats;
 
-pub use stats::{CheckStats, NetworkStats, NvmeStats, PackStats, StreamStats};
+pub use stats::{CheckStats, NetworkBefore, NetworkStats, NvmeStats, PackStats, StreamStats};
 
 use crate::device::Device;
 use crate::settings::Source;
@@ -239,13 +239,18 @@ impl Report {
         );
         if let Some(n) = &self.network {
             s += &format!(
-                "\n  from {} object(s): {} requests, {:.2} GiB received, {} retries, {:.2} s in requests (summed over those in flight)",
+                "\n  from {} object(s): {} requests ({} HEAD), {:.2} GiB received, {} retries, {} answers to slow down, first byte after {:.0} ms on average",
                 n.objects.len(),
                 n.requests,
+                n.heads,
                 gib(n.bytes),
                 n.retries,
-                n.waiting_secs
+                n.throttled,
+                n.first_byte_secs * 1e3
             );
+            if let Some(g) = &n.gets {
+                s += &format!("\n  GETs: {}", g.why());
+            }
             if !n.cached.is_empty() {
                 s += &format!("; {} read from local copies", n.cached.len());
             }

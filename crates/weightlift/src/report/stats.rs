@@ -3,58 +3,104 @@
 
 use serde_json::{Value, json};
 
-/// What the requests of a load from objects (URLs) did, for its report.
+/// What the requests of a load from objects (URLs) did, for its report: the requests of its objects while it ran
+/// (an object opened by parsing is read as opened, so the load's requests are its GETs).
 #[derive(Clone, Debug, Default)]
 pub struct NetworkStats {
     /// The objects read (from the network, or from their local copies).
     pub objects: Vec<String>,
-    /// HTTP requests (HEAD and ranged GETs, retries included).
+    /// HTTP requests (ranged GETs and HEADs, retries included).
     pub requests: u64,
+    /// HEAD requests among them.
+    pub heads: u64,
     /// Body bytes received.
     pub bytes: u64,
     /// Requests sent again after a transient failure.
     pub retries: u64,
+    /// Answers that asked to slow down (503, 429).
+    pub throttled: u64,
     /// Time spent in requests, summed over those in flight at once.
     pub waiting_secs: f64,
-    /// The objects read from their valid local copies (`remote_cache_dir`): only their HEAD went out.
+    /// The mean time from sending a request to its answer's headers.
+    pub first_byte_secs: f64,
+    /// The objects read from their valid local copies (`remote_cache_dir`): no GET of their bytes went out.
     pub cached: Vec<String>,
     /// The objects whose local copy this load wrote.
     pub copies_written: Vec<String>,
+    /// How many GETs were in flight and why (a load that read from the network).
+    pub gets: Option<weightlift_io::GetsReport>,
 }
 
+/// The counters of the objects among some files, taken before a load ([`NetworkStats::of`] subtracts them).
+#[derive(Clone, Debug, Default)]
+pub struct NetworkBefore(Vec<Option<weightlift_remote::Stats>>);
+
 impl NetworkStats {
-    /// The stats of the objects among `files` (`None` when all are local files).
-    pub fn of(files: &[std::sync::Arc<weightlift_io::OpenFile>]) -> Option<NetworkStats> {
+    /// The counters of the objects among `files` now.
+    pub fn before(files: &[std::sync::Arc<weightlift_io::OpenFile>]) -> NetworkBefore {
+        NetworkBefore(files.iter().map(|f| Self::object_of(f).map(|o| o.stats())).collect())
+    }
+
+    fn object_of(f: &weightlift_io::OpenFile) -> Option<&std::sync::Arc<weightlift_remote::Object>> {
+        match &f.copy {
+            Some(weightlift_io::LocalCopy::Read(o)) => Some(o),
+            _ => f.object(),
+        }
+    }
+
+    /// What the objects among `files` did since `before` (`None` when all are local files), with the GETs in
+    /// flight of the load's I/O report `io`.
+    pub fn of(
+        files: &[std::sync::Arc<weightlift_io::OpenFile>],
+        before: &NetworkBefore,
+        io: Option<&weightlift_io::IoReport>,
+    ) -> Option<NetworkStats> {
         use weightlift_io::LocalCopy;
         let mut n = NetworkStats::default();
-        for f in files {
-            let o = match (f.object(), &f.copy) {
-                (_, Some(LocalCopy::Read(o))) => {
-                    n.cached.push(o.url().to_string());
-                    o
-                }
-                (Some(o), _) => {
-                    if f.filling().is_some_and(|c| c.published()) {
-                        n.copies_written.push(o.url().to_string());
-                    }
-                    o
-                }
-                (None, _) => continue,
+        let mut answers = 0;
+        let mut first_byte = 0.0;
+        for (i, f) in files.iter().enumerate() {
+            let Some(o) = Self::object_of(f) else { continue };
+            if matches!(f.copy, Some(LocalCopy::Read(_))) {
+                n.cached.push(o.url().to_string());
+            } else if f.filling().is_some_and(|c| c.published()) {
+                n.copies_written.push(o.url().to_string());
+            }
+            let s = match before.0.get(i).copied().flatten() {
+                Some(b) => o.stats().since(&b),
+                None => o.stats(),
             };
-            let s = o.stats();
             n.objects.push(o.url().to_string());
             n.requests += s.requests;
+            n.heads += s.heads;
             n.bytes += s.bytes;
             n.retries += s.retries;
+            n.throttled += s.throttled;
             n.waiting_secs += s.waiting.as_secs_f64();
+            answers += s.answers;
+            first_byte += s.first_byte.as_secs_f64();
         }
+        n.first_byte_secs = if answers > 0 { first_byte / answers as f64 } else { 0.0 };
+        n.gets = io.and_then(|io| io.gets.clone());
         (!n.objects.is_empty()).then_some(n)
     }
 
     pub fn to_json(&self) -> Value {
+        let gets = self.gets.as_ref().map_or(Value::Null, |g| {
+            json!({
+                "setting": g.setting, "phase": g.phase.name(), "start": g.start, "last": g.last,
+                "peak_target": g.peak_target, "peak_in_flight": g.peak_in_flight, "max": g.max,
+                "why_max": g.why_max, "throttled": g.throttled, "why": g.why(),
+                "rounds": g.rounds.iter().map(|r| json!({
+                    "at_secs": r.at_secs, "target": r.target, "gbps": r.rate / 1e9, "throttled": r.throttled,
+                })).collect::<Vec<_>>(),
+            })
+        });
         json!({
-            "objects": self.objects, "requests": self.requests, "bytes": self.bytes, "retries": self.retries,
-            "waiting_secs": self.waiting_secs, "cached": self.cached, "copies_written": self.copies_written,
+            "objects": self.objects, "requests": self.requests, "heads": self.heads, "bytes": self.bytes,
+            "retries": self.retries, "throttled": self.throttled, "waiting_secs": self.waiting_secs,
+            "first_byte_secs": self.first_byte_secs, "cached": self.cached, "copies_written": self.copies_written,
+            "gets": gets,
         })
     }
 }

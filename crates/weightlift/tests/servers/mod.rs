@@ -132,35 +132,125 @@ pub fn s3() -> Option<Server> {
     Some(Server { child, port, root, _dir: dir })
 }
 
-/// nginx serving a fresh directory; `ranges: false` turns byte ranges off (`max_ranges 0`).
-pub fn nginx(ranges: bool) -> Option<Server> {
+/// What a bucket served by nginx does to each request (tests/servers/nginx-bucket.conf says how).
+#[derive(Clone, Debug)]
+pub struct Shape {
+    /// Seconds before each answer's first byte.
+    pub ttfb_s: f64,
+    /// nginx's `limit_rate` of each GET's body (`0`: none).
+    pub get_rate: &'static str,
+    /// Share of requests answered 503 SlowDown.
+    pub slowdown: f64,
+    /// The SlowDown answers' Retry-After, in seconds.
+    pub retry_after_s: u32,
+    /// Whether byte ranges are served (`false`: `max_ranges 0`, the whole object for every GET).
+    pub ranges: bool,
+}
+
+impl Default for Shape {
+    fn default() -> Shape {
+        Shape { ttfb_s: 0.0, get_rate: "0", slowdown: 0.0, retry_after_s: 1, ranges: true }
+    }
+}
+
+/// The template the Python tests and the bench render too.
+const BUCKET_CONF: &str = include_str!("../../../../tests/servers/nginx-bucket.conf");
+
+fn echo_module() -> Option<PathBuf> {
+    ["/usr/lib/nginx/modules/ngx_http_echo_module.so", "/usr/lib64/nginx/modules/ngx_http_echo_module.so"]
+        .into_iter()
+        .map(PathBuf::from)
+        .find(|p| p.is_file())
+}
+
+/// nginx serving a fresh directory as a bucket shaped by `shape`, its requests logged (`Server::requests`).
+pub fn bucket(shape: &Shape) -> Option<Server> {
     let Some(bin) = find("nginx", &["/usr/sbin/nginx"]) else {
         return missing("no nginx here (apt-get install nginx-light)").map(|_| unreachable!());
     };
+    let Some(echo) = echo_module() else {
+        return missing("no nginx echo module here (apt-get install libnginx-mod-http-echo)").map(|_| unreachable!());
+    };
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().join("www");
-    std::fs::create_dir_all(&root).unwrap();
+    std::fs::create_dir_all(root.join("bucket")).unwrap();
+    std::fs::create_dir_all(dir.path().join("tmp")).unwrap();
     let port = free_port();
-    let conf = dir.path().join("nginx.conf");
-    let p = dir.path().display();
-    std::fs::write(
-        &conf,
-        format!(
-            "daemon off; master_process off; worker_processes 1; pid {p}/nginx.pid; error_log {p}/error.log;\n\
-             events {{ worker_connections 256; }}\n\
-             http {{ access_log off; client_body_temp_path {p}/tmp; proxy_temp_path {p}/tmp; fastcgi_temp_path {p}/tmp;\n\
-             uwsgi_temp_path {p}/tmp; scgi_temp_path {p}/tmp; sendfile on; {}\n\
-             server {{ listen 127.0.0.1:{port}; root {}; }} }}\n",
-            if ranges { "" } else { "max_ranges 0;" },
-            root.display()
-        ),
-    )
-    .unwrap();
+    let p = dir.path().display().to_string();
+    let mut conf: String = BUCKET_CONF
+        .lines()
+        .filter(|l| shape.slowdown > 0.0 || !l.contains("@SLOWDOWN@"))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    for (k, v) in [
+        ("USER", String::new()),
+        ("ECHO_MODULE", echo.display().to_string()),
+        ("WORKERS", "1".into()),
+        ("PREFIX", p.clone()),
+        ("ACCESS_LOG", format!("{p}/access.log bucket")),
+        ("TTFB_S", format!("{:.3}", shape.ttfb_s)),
+        ("RATE", shape.get_rate.into()),
+        ("SLOWDOWN", format!("{:.2}%", shape.slowdown * 100.0)),
+        ("RETRY_AFTER", shape.retry_after_s.to_string()),
+        ("REQ_RATE", "1000000r/s".into()),
+        ("REQ_BURST", "1000000".into()),
+        ("PORT", port.to_string()),
+        ("ROOT", root.display().to_string()),
+    ] {
+        conf = conf.replace(&format!("@{k}@"), &v);
+    }
+    if !shape.ranges {
+        conf = conf.replace("sendfile on;", "sendfile on; max_ranges 0;");
+    }
+    let path = dir.path().join("nginx.conf");
+    std::fs::write(&path, conf).unwrap();
     let mut cmd = Command::new(&bin);
-    cmd.args(["-p", &p.to_string(), "-c"]).arg(&conf).stdout(Stdio::null()).stderr(Stdio::null());
+    cmd.args(["-p", &p, "-c"]).arg(&path).stdout(Stdio::null()).stderr(Stdio::null());
     let mut child = spawn_owned(cmd).unwrap_or_else(|e| panic!("{}: {e}", bin.display()));
     wait_for(port, &mut child, "nginx");
     Some(Server { child, port, root, _dir: dir })
+}
+
+/// nginx serving a fresh directory, without shaping; `ranges: false` turns byte ranges off (`max_ranges 0`).
+pub fn nginx(ranges: bool) -> Option<Server> {
+    bucket(&Shape { ranges, ..Shape::default() })
+}
+
+/// One request as nginx logged it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Logged {
+    /// GET or HEAD.
+    pub method: String,
+    /// The path and query string as sent.
+    pub target: String,
+    /// The Range header (empty when none).
+    pub range: String,
+    /// The answer's status.
+    pub status: u16,
+}
+
+impl Server {
+    /// The requests nginx served so far (a bucket's server: see [`bucket`]).
+    pub fn requests(&self) -> Vec<Logged> {
+        let log = self._dir.path().join("access.log");
+        let text = std::fs::read_to_string(log).unwrap_or_default();
+        text.lines()
+            .filter_map(|line| {
+                let mut words = line.split(' ');
+                let method = words.next()?.to_string();
+                let target = words.next()?.to_string();
+                let field = |name: &str| {
+                    line.split(' ').find_map(|w| w.strip_prefix(name)).map(|v| v.trim_matches('"').to_string())
+                };
+                Some(Logged {
+                    method,
+                    target,
+                    range: field("range=").unwrap_or_default(),
+                    status: field("status=")?.parse().ok()?,
+                })
+            })
+            .collect()
+    }
 }
 
 /// The S3 server all tests of one test binary share, started once, with its endpoint and keys put in the process's
