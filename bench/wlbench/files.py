@@ -75,11 +75,12 @@ def make_upstream(path: str, size: int, seed: int) -> None:
         f"{os.path.getsize(path) / 2**30:.2f} GiB in {time.perf_counter() - t0:.1f} s")
 
 
-def save_random_llama(folder: str, small: bool, device: str) -> None:
+def save_random_llama(folder: str, small: bool, device: str, shard_size: "str | None" = None) -> None:
     """A Llama of random bf16 weights (seeded: every run writes the same) saved by transformers' ``save_pretrained``
     in shards with their index, published whole (written beside ``folder``, then renamed): ~1.1 GB, 8 layers of
     width 2048 in shards of 400 MB; ~10 MB when ``small`` (2 layers of width 256, shards of 4 MB: a check of a
-    script)."""
+    script). ``shard_size`` overrides the shard size (``"32MB"``: ~34 shards of the large one; a small one is then
+    cut in shards of 256 KB, ~40 of them)."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -91,7 +92,8 @@ def save_random_llama(folder: str, small: bool, device: str) -> None:
         model = LlamaForCausalLM(cfg).to(torch.bfloat16)
     tmp = folder.rstrip("/") + ".tmp"
     shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp, max_shard_size="4MB" if small else "400MB")
+    size = ("256KB" if small else shard_size) if shard_size else ("4MB" if small else "400MB")
+    model.save_pretrained(tmp, max_shard_size=size)
     del model
     os.replace(tmp, folder)
 

@@ -609,8 +609,6 @@ def from_pretrained(
     return result
 
 
-# URL schemes weightlift reads as objects (crates/weightlift-remote's `is_url`); anything else is a local path.
-_URL_SCHEMES = ("s3", "s3a", "gs", "az", "abfs", "abfss", "azure", "http", "https")
 # The small files from_pretrained reads from a model's folder besides config.json and the weights (a local load of
 # a transformers 5 model opens these and no others); each is fetched where the bucket has it.
 _REMOTE_EXTRAS = ("generation_config.json",)
@@ -622,10 +620,7 @@ _remote_files: dict[str, str] = {}
 
 
 def _is_url(path: Any) -> bool:
-    if not isinstance(path, (str, os.PathLike)):
-        return False
-    scheme, sep, rest = os.fspath(path).partition("://")
-    return bool(sep and rest) and scheme.lower() in _URL_SCHEMES
+    return isinstance(path, (str, os.PathLike)) and _native.is_url(os.fspath(path))
 
 
 def _url_join(base: str, *names: str) -> str:

@@ -32,8 +32,8 @@ class Shape:
     """nginx's limit_rate of each GET's body ("90m" is about a cloud bucket's 85-90 MB/s; "0" for none)."""
     slowdown: float = 0.0
     """Share of requests answered 503 SlowDown (0 to 1)."""
-    retry_after_s: int = 1
-    """The Retry-After of a SlowDown answer."""
+    retry_after_s: "int | None" = None
+    """The Retry-After of a SlowDown answer (None: no header, as S3 sends)."""
     req_rate: str = "1000000r/s"
     """Requests a second before the limit answers 503 SlowDown."""
     req_burst: int = 1000000
@@ -78,8 +78,9 @@ def render(shape: Shape, *, root: Path, prefix: Path, port: int, workers: int = 
            listen: str = "127.0.0.1") -> str:
     """The nginx configuration for `shape` over `root` (which holds the bucket folders)."""
     text = TEMPLATE.read_text()
-    if shape.slowdown <= 0:
-        text = "\n".join(line for line in text.splitlines() if "@SLOWDOWN@" not in line) + "\n"
+    drop = ["@SLOWDOWN@"] if shape.slowdown <= 0 else []
+    drop += ["@RETRY_AFTER@"] if shape.retry_after_s is None else []
+    text = "\n".join(line for line in text.splitlines() if not any(d in line for d in drop)) + "\n"
     values = {
         # As root, nginx's workers would otherwise run as nobody, who may not read the files.
         "USER": "user root;" if os.geteuid() == 0 else "",
@@ -90,7 +91,7 @@ def render(shape: Shape, *, root: Path, prefix: Path, port: int, workers: int = 
         "TTFB_S": f"{shape.ttfb_s:.3f}",
         "RATE": shape.get_rate,
         "SLOWDOWN": f"{shape.slowdown * 100:.2f}%",
-        "RETRY_AFTER": str(shape.retry_after_s),
+        "RETRY_AFTER": str(shape.retry_after_s or 0),
         "REQ_RATE": shape.req_rate,
         "REQ_BURST": str(shape.req_burst),
         "PORT": str(port),

@@ -5,18 +5,24 @@
 //!
 //! - **slow start**: from [`START`] GETs, the count doubles after each round (a round ends once as many GETs as
 //!   the count have finished since it began) while the round's rate rose by at least [`RISE`] over the last;
-//! - **hold**: once a round's rate did not rise, the count stays (a plateau: the link, the server or the CPU is the
-//!   bound, and more GETs would only hold more memory);
-//! - **back off**: a round in which the server answered 503 or 429 (S3's SlowDown) halves the count, and from then
-//!   on it grows by one GET per round only (the server said where its limit is);
+//! - **hold**: once a round's rate did not rise, or a few of its answers (at most [`SLOWDOWN_SHARE`]) asked to slow
+//!   down, the count stays (a plateau: the link, the server or the CPU is the bound, and more GETs would only hold
+//!   more memory; the few answers are retried);
+//! - **back off**: a round in which more of the server's answers than that were 503 or 429 (S3's SlowDown) halves
+//!   the count, and from then on it grows by one GET per round only (the server said where its limit is);
 //! - always within `max`: the staging memory a GET in flight holds ([`crate::load`] sizes it) bounds the count.
+//!
+//! It starts at 64 rather than at a handful: a load of a few GB from a bucket that gives each GET ~90 MB/s lasts
+//! a few rounds of ~0.2 s, and each round spent below the link's rate is a sizeable part of it.
 //!
 //! A fixed count (the `remote_concurrency` setting) turns all of this off.
 
 use std::time::{Duration, Instant};
 
 /// GETs in flight at the start of a load.
-pub const START: usize = 16;
+pub const START: usize = 64;
+/// The share of a round's answers that may ask to slow down (503, 429) before the count is halved.
+pub const SLOWDOWN_SHARE: f64 = 0.05;
 /// A round's rate must exceed the last one's by this factor for the count to keep doubling.
 pub const RISE: f64 = 1.10;
 /// Shortest round: a load of a fast local server finishes GETs in microseconds, and a rate needs some time.
@@ -144,7 +150,8 @@ impl Pacer {
             self.rounds.push(Round { at_secs, target: self.target, rate, throttled: new_throttles });
         }
         if self.phase != Phase::Fixed {
-            self.next_target(rate, new_throttles);
+            let share = new_throttles as f64 / (self.round_finished as u64 + new_throttles).max(1) as f64;
+            self.next_target(rate, new_throttles, share);
         }
         self.last_rate = rate;
         self.round_start = Some(now);
@@ -152,10 +159,16 @@ impl Pacer {
         self.round_finished = 0;
     }
 
-    fn next_target(&mut self, rate: f64, throttles: u64) {
-        if throttles > 0 {
+    fn next_target(&mut self, rate: f64, throttles: u64, share: f64) {
+        if share > SLOWDOWN_SHARE {
             self.phase = Phase::BackedOff;
             self.target = (self.target / 2).max(1);
+            return;
+        }
+        if throttles > 0 {
+            if self.phase == Phase::SlowStart {
+                self.phase = Phase::Plateau;
+            }
             return;
         }
         match self.phase {
@@ -213,6 +226,9 @@ impl GetsReport {
     /// One sentence: the count and why.
     pub fn why(&self) -> String {
         let how = match self.phase {
+            Phase::SlowStart if self.rounds.is_empty() => {
+                format!("{} GETs in flight: the load ended before a round of them had finished", self.last)
+            }
             Phase::Fixed => format!("{} GETs in flight (remote_concurrency={})", self.last, self.setting),
             Phase::SlowStart => format!(
                 "{} GETs in flight: doubled from {} while the rate rose, up to the bound",
@@ -225,9 +241,11 @@ impl GetsReport {
                 (RISE - 1.0) * 100.0
             ),
             Phase::BackedOff => format!(
-                "{} GETs in flight: the server answered {} times 503/429 (slow down), so the count was halved, then \
-                 grown by one a round",
-                self.last, self.throttled
+                "{} GETs in flight: the server answered {} times 503/429 (slow down), more than {:.0} % of a round, \
+                 so the count was halved, then grown by one a round",
+                self.last,
+                self.throttled,
+                SLOWDOWN_SHARE * 100.0
             ),
         };
         format!("{how}; at most {} ({})", self.max, self.why_max)
@@ -258,22 +276,35 @@ mod tests {
 
     #[test]
     fn doubles_while_the_rate_rises_and_holds_at_the_plateau() {
-        // 70 MB/s a GET up to a 1.2 GB/s link: 16 GETs give 1.12 GB/s, 32 the link.
-        let counts = run(Pacer::adaptive(128, "staging".into()), 8, |g| (g as f64 * 70e6).min(1.2e9), |_| 0);
-        assert_eq!(counts, [16, 32, 32, 32, 32, 32, 32, 32]);
+        // 70 MB/s a GET up to a 6 GB/s link: 64 GETs give 4.48 GB/s, 128 the link.
+        let counts = run(Pacer::adaptive(512, "staging".into()), 6, |g| (g as f64 * 70e6).min(6e9), |_| 0);
+        assert_eq!(counts, [64, 128, 256, 256, 256, 256]);
     }
 
     #[test]
     fn stops_at_the_bound() {
-        let counts = run(Pacer::adaptive(100, "staging".into()), 6, |g| g as f64 * 70e6, |_| 0);
-        assert_eq!(counts, [16, 32, 64, 100, 100, 100]);
+        let counts = run(Pacer::adaptive(100, "staging".into()), 4, |g| g as f64 * 70e6, |_| 0);
+        assert_eq!(counts, [64, 100, 100, 100]);
+        assert_eq!(run(Pacer::adaptive(8, String::new()), 2, |g| g as f64, |_| 0), [8, 8]);
     }
 
     #[test]
-    fn halves_on_slowdown_then_grows_by_one() {
-        // The server throttles above 40 GETs.
-        let counts = run(Pacer::adaptive(256, "staging".into()), 8, |g| g as f64 * 70e6, |g| u64::from(g > 40));
-        assert_eq!(counts, [16, 32, 64, 32, 33, 34, 35, 36]);
+    fn halves_when_many_answers_slow_down_then_grows_by_one() {
+        // Above 100 GETs, a tenth of the answers are 503 SlowDown.
+        let counts = run(
+            Pacer::adaptive(512, "staging".into()),
+            8,
+            |g| g as f64 * 70e6,
+            |g| (g / 10 * usize::from(g > 100)) as u64,
+        );
+        assert_eq!(counts, [64, 128, 64, 65, 66, 67, 68, 69]);
+    }
+
+    #[test]
+    fn a_few_slowdowns_stop_the_growth_only() {
+        // One 503 among 128 answers: retried, and the count stays.
+        let counts = run(Pacer::adaptive(512, "staging".into()), 5, |g| g as f64 * 70e6, |g| u64::from(g >= 128));
+        assert_eq!(counts, [64, 128, 128, 128, 128]);
     }
 
     #[test]
@@ -285,15 +316,15 @@ mod tests {
 
     #[test]
     fn a_round_lasts_until_as_many_gets_as_the_count_finished() {
-        let mut p = Pacer::adaptive(128, String::new());
+        let mut p = Pacer::adaptive(256, String::new());
         let t0 = Instant::now();
         p.opened(t0, 1);
-        p.landed(t0 + Duration::from_secs(1), 1 << 30, 15, 0);
-        assert_eq!(p.target(), 16, "15 of 16 finished: the round goes on");
+        p.landed(t0 + Duration::from_secs(1), 1 << 30, 63, 0);
+        assert_eq!(p.target(), 64, "63 of 64 finished: the round goes on");
         p.landed(t0 + Duration::from_secs(1), 0, 1, 0);
-        assert_eq!(p.target(), 32);
+        assert_eq!(p.target(), 128);
         let s = p.summary("auto");
-        assert_eq!((s.start, s.last, s.rounds.len()), (16, 32, 1));
-        assert!(s.why().contains("at most 128"), "{}", s.why());
+        assert_eq!((s.start, s.last, s.rounds.len()), (64, 128, 1));
+        assert!(s.why().contains("at most 256"), "{}", s.why());
     }
 }

@@ -601,6 +601,13 @@ fn probe(py: Python<'_>, path: Option<PathBuf>) -> PyResult<Py<PyAny>> {
     json_to_py(py, &v)
 }
 
+/// Whether `path` names an object (a URL of a scheme weightlift reads objects from) rather than a local file: the
+/// engine's rule, which the Python modules ask instead of writing it again.
+#[pyfunction]
+fn is_url(path: &str) -> bool {
+    weightlift::remote::is_url(path)
+}
+
 /// The report of the last load or read in this process (None before the first).
 #[pyfunction]
 fn last_report(py: Python<'_>) -> PyResult<Option<Py<PyAny>>> {
@@ -734,6 +741,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(save_safetensors, m)?)?;
     m.add_function(wrap_pyfunction!(probe, m)?)?;
     m.add_function(wrap_pyfunction!(last_report, m)?)?;
+    m.add_function(wrap_pyfunction!(is_url, m)?)?;
     m.add_function(wrap_pyfunction!(cuda_status, m)?)?;
     m.add_function(wrap_pyfunction!(cufile_route, m)?)?;
     m.add_function(wrap_pyfunction!(cli_main, m)?)?;

@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use object_store::client::{
     HttpClient, HttpConnector, HttpError, HttpRequest, HttpResponse, HttpService, ReqwestConnector,
@@ -94,21 +94,11 @@ pub(crate) struct Client {
     pub throttle: Arc<Throttle>,
 }
 
-/// What one origin's server (a bucket's endpoint, an HTTP host) said about its load: 503 and 429 answers, and how
-/// long it asked clients to wait (`Retry-After`). Every request to the origin waits out a `Retry-After` before it
-/// is sent again, and the engine sizes its GETs in flight by the answers.
+/// What one origin's server (a bucket's endpoint, an HTTP host) said about its load: how many times it answered 503
+/// or 429. The engine sizes its GETs in flight by it.
 #[derive(Debug, Default)]
 pub struct Throttle {
     answers: AtomicU64,
-    /// Milliseconds since `EPOCH` until which the origin asked to be left alone.
-    hold_until_ms: AtomicU64,
-}
-
-/// The time `Throttle::hold_until_ms` counts from.
-static EPOCH: OnceLock<Instant> = OnceLock::new();
-
-fn now_ms() -> u64 {
-    EPOCH.get_or_init(Instant::now).elapsed().as_millis() as u64
 }
 
 impl Throttle {
@@ -116,20 +106,12 @@ impl Throttle {
     pub fn answers(&self) -> u64 {
         self.answers.load(Relaxed)
     }
+}
 
-    fn note(&self, retry_after: Option<Duration>) {
-        self.answers.fetch_add(1, Relaxed);
-        if let Some(wait) = retry_after {
-            // Capped: a server asking for minutes would outlast any request's own timeout.
-            let until = now_ms() + wait.min(Duration::from_secs(30)).as_millis() as u64;
-            self.hold_until_ms.fetch_max(until, Relaxed);
-        }
-    }
-
-    /// How long the origin still asked clients to wait (zero when it did not).
-    pub fn hold(&self) -> Duration {
-        Duration::from_millis(self.hold_until_ms.load(Relaxed).saturating_sub(now_ms()))
-    }
+tokio::task_local! {
+    /// The `Retry-After` of the last answer to slow down seen by the request running in this task (see
+    /// `Object::get`, which sets the scope): the client's errors do not carry the answer's headers.
+    pub(crate) static RETRY_AFTER: std::cell::Cell<Option<Duration>>;
 }
 
 /// `Retry-After` in seconds (the HTTP-date form is rare from object stores and is read as no hint).
@@ -139,8 +121,9 @@ fn retry_after(headers: &http::HeaderMap) -> Option<Duration> {
 }
 
 /// The HTTP client of one origin: `object_store`'s own reqwest client, made once and shared by every store of the
-/// origin (one connection pool), with each answer's throttling noted on the way back. `object_store` reads no
-/// `Retry-After` and keeps its status-carrying errors private, so this is the one place that sees both.
+/// origin (one connection pool), with each answer to slow down noted on the way back (counted for the origin, its
+/// `Retry-After` kept for the request's retry). `object_store` reads no `Retry-After` and keeps its status-carrying
+/// errors private, so this is the one place that sees both.
 #[derive(Debug)]
 struct Connector {
     http: OnceLock<Result<HttpClient, String>>,
@@ -159,7 +142,9 @@ impl HttpService for Watching {
         let response = self.inner.execute(req).await?;
         let status = response.status();
         if status == http::StatusCode::SERVICE_UNAVAILABLE || status == http::StatusCode::TOO_MANY_REQUESTS {
-            self.throttle.note(retry_after(response.headers()));
+            self.throttle.answers.fetch_add(1, Relaxed);
+            let wait = retry_after(response.headers());
+            let _ = RETRY_AFTER.try_with(|c| c.set(wait));
         }
         Ok(response)
     }

@@ -78,8 +78,8 @@ pub(crate) enum Failure {
 }
 
 /// When a failed request is sent again: after a backoff doubling from 50 ms up to 2 s, with full jitter (many
-/// GETs failing together, as a throttled bucket makes them, do not come back together), and never before the
-/// origin's `Retry-After` has passed; given up after `remote_retries`.
+/// GETs failing together, as a throttled bucket makes them, do not come back together), and not before the answer's
+/// `Retry-After` (at most 30 s) has passed; given up after `remote_retries`.
 pub(crate) struct Retry {
     retries: u32,
 }
@@ -89,12 +89,14 @@ impl Retry {
         Retry { retries: 0 }
     }
 
-    /// How long to wait before sending again, or the error to give up with (`range`: what was asked for).
+    /// How long to wait before sending again, or the error to give up with (`range`: what was asked for;
+    /// `asked`: the failed answer's `Retry-After`).
     pub fn after(
         &mut self,
         object: &Object,
         range: std::ops::Range<u64>,
         message: String,
+        asked: Option<Duration>,
     ) -> Result<Duration, RemoteError> {
         if self.retries >= config().retries {
             let retries = self.retries;
@@ -104,7 +106,7 @@ impl Retry {
         object.counters.retries.fetch_add(1, Relaxed);
         tracing::debug!(url = %object.url, retries = self.retries, %message, "retrying a request");
         let cap = Duration::from_millis(50u64 << (self.retries - 1).min(5)).min(Duration::from_secs(2));
-        Ok(cap.mul_f64(jitter()).max(object.client.throttle.hold()))
+        Ok(cap.mul_f64(jitter()).max(asked.unwrap_or_default().min(Duration::from_secs(30))))
     }
 }
 
@@ -146,12 +148,13 @@ impl Object {
         let started = Instant::now();
         let mut retry = Retry::new();
         let result = loop {
-            let message = match self.first_bytes(first).await {
+            let (attempt, asked) = with_retry_after(self.first_bytes(first)).await;
+            let message = match attempt {
                 Ok(r) => break Ok(r),
                 Err(Failure::Fatal(e)) => break Err(e),
                 Err(Failure::Transient(m)) => m,
             };
-            match retry.after(self, 0..first, message) {
+            match retry.after(self, 0..first, message, asked) {
                 Ok(wait) => tokio::time::sleep(wait).await,
                 Err(e) => break Err(e),
             }
@@ -331,6 +334,16 @@ impl Object {
             }
         }
     }
+}
+
+/// Runs `f` (requests of one attempt) noting the `Retry-After` of an answer to slow down among them.
+pub(crate) async fn with_retry_after<F: std::future::Future>(f: F) -> (F::Output, Option<Duration>) {
+    crate::client::RETRY_AFTER
+        .scope(std::cell::Cell::new(None), async {
+            let out = f.await;
+            (out, crate::client::RETRY_AFTER.with(std::cell::Cell::get))
+        })
+        .await
 }
 
 /// Whether a store's message is a 416 (the range asked for starts at or past the end).

@@ -19,7 +19,7 @@ use tokio::sync::Notify;
 
 use crate::client::runtime;
 use crate::error::RemoteError;
-use crate::object::{Failure, Object, Retry};
+use crate::object::{Failure, Object, Retry, with_retry_after};
 
 /// Asked every 20 ms while a GET waits: true stops it.
 pub type Stop = Arc<dyn Fn() -> bool + Send + Sync>;
@@ -221,15 +221,15 @@ impl Shared {
         let mut retry = Retry::new();
         loop {
             let started = Instant::now();
-            let attempt = {
-                let get = self.one_get(&mut pos);
+            let (attempt, asked) = {
+                let get = with_retry_after(self.one_get(&mut pos));
                 tokio::pin!(get);
                 let mut tick = tokio::time::interval(Duration::from_millis(20));
                 loop {
                     tokio::select! {
                         r = &mut get => break r,
                         _ = tick.tick() => if self.stopping() {
-                            break Err(Failure::Fatal(self.stopped()));
+                            break (Err(Failure::Fatal(self.stopped())), None);
                         }
                     }
                 }
@@ -241,7 +241,7 @@ impl Shared {
                 Err(Failure::Fatal(e)) => return Err(e),
                 Err(Failure::Transient(m)) => m,
             };
-            let wait = retry.after(&self.object, pos..end, message)?;
+            let wait = retry.after(&self.object, pos..end, message, asked)?;
             let deadline = tokio::time::Instant::now() + wait;
             while tokio::time::Instant::now() < deadline {
                 tokio::time::sleep_until(deadline.min(tokio::time::Instant::now() + Duration::from_millis(20))).await;

@@ -170,8 +170,8 @@ fn a_presigned_url_keeps_its_query_on_every_request() {
 #[test]
 fn slowdown_answers_are_retried_and_counted() {
     let _serial = one_at_a_time();
-    // A fifth of all requests answered 503 SlowDown, with Retry-After 0.
-    let shape = Shape { ttfb_s: 0.002, slowdown: 0.2, retry_after_s: 0, ..Shape::default() };
+    // A fifth of all requests answered 503 SlowDown, without Retry-After (as S3 answers).
+    let shape = Shape { ttfb_s: 0.002, slowdown: 0.2, ..Shape::default() };
     let Some(bucket) = servers::bucket(&shape) else { return };
     let dir = tempfile::tempdir().unwrap();
     let local = generate(dir.path(), "a.safetensors", 8 << 20, 4);
@@ -195,7 +195,7 @@ fn retry_after_is_waited_out() {
     let _serial = one_at_a_time();
     // Every request is answered 503 with Retry-After: 1; two retries wait at least 2 s where the backoff alone
     // would wait at most 150 ms.
-    let Some(bucket) = servers::bucket(&Shape { slowdown: 0.999, retry_after_s: 1, ..Shape::default() }) else {
+    let Some(bucket) = servers::bucket(&Shape { slowdown: 0.999, retry_after_s: Some(1), ..Shape::default() }) else {
         return;
     };
     let dir = tempfile::tempdir().unwrap();

@@ -141,15 +141,15 @@ pub struct Shape {
     pub get_rate: &'static str,
     /// Share of requests answered 503 SlowDown.
     pub slowdown: f64,
-    /// The SlowDown answers' Retry-After, in seconds.
-    pub retry_after_s: u32,
+    /// The SlowDown answers' Retry-After, in seconds (`None`: no header, as S3 sends).
+    pub retry_after_s: Option<u32>,
     /// Whether byte ranges are served (`false`: `max_ranges 0`, the whole object for every GET).
     pub ranges: bool,
 }
 
 impl Default for Shape {
     fn default() -> Shape {
-        Shape { ttfb_s: 0.0, get_rate: "0", slowdown: 0.0, retry_after_s: 1, ranges: true }
+        Shape { ttfb_s: 0.0, get_rate: "0", slowdown: 0.0, retry_after_s: None, ranges: true }
     }
 }
 
@@ -180,6 +180,7 @@ pub fn bucket(shape: &Shape) -> Option<Server> {
     let mut conf: String = BUCKET_CONF
         .lines()
         .filter(|l| shape.slowdown > 0.0 || !l.contains("@SLOWDOWN@"))
+        .filter(|l| shape.retry_after_s.is_some() || !l.contains("@RETRY_AFTER@"))
         .map(|l| format!("{l}\n"))
         .collect();
     for (k, v) in [
@@ -191,7 +192,7 @@ pub fn bucket(shape: &Shape) -> Option<Server> {
         ("TTFB_S", format!("{:.3}", shape.ttfb_s)),
         ("RATE", shape.get_rate.into()),
         ("SLOWDOWN", format!("{:.2}%", shape.slowdown * 100.0)),
-        ("RETRY_AFTER", shape.retry_after_s.to_string()),
+        ("RETRY_AFTER", shape.retry_after_s.unwrap_or(0).to_string()),
         ("REQ_RATE", "1000000r/s".into()),
         ("REQ_BURST", "1000000".into()),
         ("PORT", port.to_string()),
