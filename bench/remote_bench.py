@@ -260,6 +260,9 @@ class Run:
         except Exception as e:  # noqa: BLE001 - one case failing is reported, the run goes on
             self.result["skipped"][name] = f"{type(e).__name__}: {str(e)[-600:]}"
             say(name, "failed:", self.result["skipped"][name][:300])
+        # Written after every case: a run stopped by a time limit keeps what it measured.
+        (self.out / "remote.json").write_text(json.dumps({**self.result, "incomplete": "written mid-run"}, indent=1,
+                                                         default=str))
 
     def spec(self, op: str, url: str, local: Path, **more) -> dict:
         return {"op": op, "url": url, "device": self.dev, "reference": str(self.ref_file), "local": str(local),

@@ -9,10 +9,12 @@
 use std::alloc::{self, Layout};
 use std::ptr::NonNull;
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
-use memmap2::MmapMut;
+use memmap2::{Advice, MmapMut};
 
 use crate::error::IoError;
+use crate::params::HostPages;
 
 /// Mapped buffers are sized in multiples of this, so that freed ones fit later requests.
 const MAP_GRAIN: usize = 2 << 20;
@@ -24,6 +26,9 @@ const MAP_GRAIN: usize = 2 << 20;
 pub struct HostCache {
     limit: usize,
     maps: Mutex<CachedMaps>,
+    pages: HostPages,
+    /// Free 2 MiB blocks the kernel had when last read, less what was mapped since, and when it was read.
+    free_huge: Mutex<Option<(Instant, u64)>>,
 }
 
 #[derive(Debug, Default)]
@@ -33,9 +38,37 @@ struct CachedMaps {
 }
 
 impl HostCache {
-    /// A cache keeping at most `limit` bytes of freed mappings (0 keeps none).
-    pub fn new(limit: u64) -> Arc<HostCache> {
-        Arc::new(HostCache { limit: usize::try_from(limit).unwrap_or(usize::MAX), maps: Mutex::default() })
+    /// A cache keeping at most `limit` bytes of freed mappings (0 keeps none); its new mappings ask for `pages`.
+    pub fn new(limit: u64, pages: HostPages) -> Arc<HostCache> {
+        Arc::new(HostCache {
+            limit: usize::try_from(limit).unwrap_or(usize::MAX),
+            maps: Mutex::default(),
+            pages,
+            free_huge: Mutex::new(None),
+        })
+    }
+
+    /// Whether a new mapping of `bytes` asks for 2 MiB pages. Under `auto`, only while the kernel's free 2 MiB
+    /// blocks (read at most every 100 ms, less what was mapped since) cover twice what is asked.
+    fn huge_pages_for(&self, bytes: usize) -> bool {
+        match self.pages {
+            HostPages::Huge => true,
+            HostPages::Base => false,
+            HostPages::Auto => {
+                let blocks = bytes.div_ceil(HUGE_PAGE) as u64;
+                let mut free = self.free_huge.lock().unwrap_or_else(|p| p.into_inner());
+                let fresh = free.is_some_and(|(at, _)| at.elapsed() < Duration::from_millis(100));
+                if !fresh {
+                    *free = Some((Instant::now(), free_huge_blocks().unwrap_or(0)));
+                }
+                let Some((_, left)) = free.as_mut() else { return false };
+                let enough = *left >= blocks * 2;
+                if enough {
+                    *left -= blocks;
+                }
+                enough
+            }
+        }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, CachedMaps> {
@@ -77,6 +110,24 @@ impl HostCache {
     }
 }
 
+/// A transparent huge page.
+const HUGE_PAGE: usize = 2 << 20;
+
+/// Free blocks of 2 MiB or more the kernel's buddy allocator holds, in 2 MiB units (`/proc/buddyinfo`: per zone,
+/// the free blocks of each order; order 9 is 2 MiB with 4 KiB pages). Memory the kernel can give as huge pages at
+/// once, without compacting.
+fn free_huge_blocks() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/buddyinfo").ok()?;
+    let mut total = 0u64;
+    for line in text.lines() {
+        let counts = line.split_once("zone")?.1.split_whitespace().skip(1);
+        for (order, n) in counts.enumerate().filter(|(o, _)| *o >= 9) {
+            total += n.parse::<u64>().ok()? << (order - 9);
+        }
+    }
+    Some(total)
+}
+
 /// Alignment of every host buffer: a cache line, enough for any element type and for vector loads.
 pub const HOST_ALIGN: usize = 64;
 /// Buffers at least this large are mapped rather than taken from the allocator.
@@ -105,14 +156,29 @@ impl HostBuffer {
         }
         let oom = |cause: Option<std::io::Error>| IoError::OutOfMemory { what: "host", bytes: len as u64, cause };
         if len >= MAP_THRESHOLD {
-            // No MADV_HUGEPAGE: where the kernel's THP defrag policy is "madvise" (a common default), a fault in
-            // an advised region may stall for direct compaction, which was seen to slow loads tenfold.
+            // One huge page more than asked, for a 2 MiB-aligned start (address space only: the slack is never
+            // touched). 2 MiB pages only where the host pages setting says: where the kernel's THP defrag policy
+            // is "madvise" (a common default) a fault in an advised region may stall for direct compaction, which
+            // was seen to slow loads tenfold, so `auto` asks for them only while the kernel has free 2 MiB blocks.
+            // Faulting fresh 4 KiB pages in was most of a one-shot load into host memory (page faults, zeroing and
+            // the page lists: ~35 % of its cycles on the 2-core VM).
             let cap = len.next_multiple_of(MAP_GRAIN);
-            let mut map = match cache.and_then(|c| c.take(cap)) {
+            let mut map = match cache.and_then(|c| c.take(cap + HUGE_PAGE)) {
                 Some(m) => m,
-                None => MmapMut::map_anon(cap).map_err(|e| oom(Some(e)))?,
+                None => {
+                    let map = MmapMut::map_anon(cap + HUGE_PAGE).map_err(|e| oom(Some(e)))?;
+                    let offset = map.as_ptr().align_offset(HUGE_PAGE);
+                    let huge = cache.is_some_and(|c| c.huge_pages_for(cap));
+                    let advice = if huge { Advice::HugePage } else { Advice::NoHugePage };
+                    // Advice only: where THP is off it is refused, and the pages are base pages.
+                    let _ = map.advise_range(advice, offset, cap);
+                    map
+                }
             };
-            let ptr = NonNull::new(map.as_mut_ptr()).ok_or_else(|| oom(None))?;
+            let offset = map.as_ptr().align_offset(HUGE_PAGE);
+            // SAFETY: the mapping is page-aligned, so the first 2 MiB boundary lies less than HUGE_PAGE into it, and
+            // `offset + cap <= map.len()`.
+            let ptr = NonNull::new(unsafe { map.as_mut_ptr().add(offset) }).ok_or_else(|| oom(None))?;
             return Ok(HostBuffer { ptr, len, map: Some((map, cache.cloned())) });
         }
         let layout = Layout::from_size_align(len, HOST_ALIGN).map_err(|_| oom(None))?;

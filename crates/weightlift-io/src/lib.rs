@@ -57,7 +57,7 @@ pub use file::{LocalCopy, OpenFile, open_all};
 pub use job::{Admit, Gate};
 pub use load::{IoReport, LoadOptions, LoadRequest, Running, StreamOptions};
 pub use pacer::{GetsReport, Pacer, Phase, Round};
-pub use params::{CachePages, CachePolicy, DirectMode, IoParams, ReadEngine, StagingPages, parse_bytes};
+pub use params::{CachePages, CachePolicy, DirectMode, HostPages, IoParams, ReadEngine, StagingPages, parse_bytes};
 pub use plan::{Extent, Piece, ReadOp};
 pub use reading::LaneStats;
 pub use sink::{BorrowedHostSink, HostSink, InPlace, Observed, Observer, Pending, Sink, SinkError};

@@ -77,6 +77,18 @@ pub enum StagingPages {
     Base,
 }
 
+/// The page size host destinations (tensors loaded into host memory) ask the kernel for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HostPages {
+    /// 2 MiB pages where the kernel has enough free 2 MiB blocks to give them at once (`/proc/buddyinfo`), so that
+    /// no fault waits for memory to be compacted; base pages otherwise.
+    Auto,
+    /// 2 MiB transparent huge pages (`MADV_HUGEPAGE`): a fault may compact memory on a fragmented host.
+    Huge,
+    /// The base page size (4 KiB).
+    Base,
+}
+
 /// Which kernel interface submits the reads.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ReadEngine {
@@ -114,6 +126,7 @@ named_enum!(ReadEngine, "auto, uring or pread", Auto => "auto", Uring => "uring"
     Pread => "pread");
 named_enum!(CachePages, "huge or base", Huge => "huge" | "2mib" | "on", Base => "base" | "4kib" | "off");
 named_enum!(StagingPages, "huge or base", Huge => "huge" | "2mib" | "on", Base => "base" | "4kib" | "off");
+named_enum!(HostPages, "auto, huge or base", Auto => "auto", Huge => "huge" | "2mib" | "on", Base => "base" | "4kib" | "off");
 
 /// Parses `4096`, `4k`, `4KiB`, `8MiB`, `1G`.
 pub fn parse_bytes(s: &str) -> Result<u64, String> {

@@ -128,7 +128,7 @@ impl Engine {
         let io = IoEngine::new(settings.io_params(), settings.backend_origin())?;
         weightlift_remote::configure(settings.remote_config());
         Ok(Engine {
-            host_cache: HostCache::new(settings.host_cache_bytes.value),
+            host_cache: HostCache::new(settings.host_cache_bytes.value, settings.host_pages.value),
             settings,
             io,
             files: FileCache::default(),

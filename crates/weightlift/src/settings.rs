@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::str::FromStr;
 
 use weightlift_io::params::defaults;
-use weightlift_io::{CachePages, CachePolicy, DirectMode, IoParams, ReadEngine, StagingPages, parse_bytes};
+use weightlift_io::{CachePages, CachePolicy, DirectMode, HostPages, IoParams, ReadEngine, StagingPages, parse_bytes};
 
 use crate::error::{Error, Result};
 
@@ -204,7 +204,19 @@ trait Shown {
 macro_rules! shown_display {
     ($($t:ty),*) => { $(impl Shown for $t { fn shown(&self) -> String { self.to_string() } })* };
 }
-shown_display!(u32, u64, DirectMode, CachePolicy, Backend, StagingPages, CachePages, DeviceMemory, Folder, Concurrency);
+shown_display!(
+    u32,
+    u64,
+    DirectMode,
+    CachePolicy,
+    Backend,
+    StagingPages,
+    CachePages,
+    HostPages,
+    DeviceMemory,
+    Folder,
+    Concurrency
+);
 
 impl Shown for Option<PathBuf> {
     fn shown(&self) -> String {
@@ -314,6 +326,9 @@ settings! {
     pack_read_lanes: u32 = 0, "0 (three quarters of the lanes)", env "WEIGHTLIFT_PACK_READ_LANES",
         parse count::<u32>, values &[],
         "packed loads decoded on the GPU: lanes that read the stored bytes (0: three quarters of the lanes, leaving CPUs to the decoding; at most the lane count)";
+    host_pages: HostPages = HostPages::Auto, "auto", env "WEIGHTLIFT_HOST_PAGES", parse named::<HostPages>,
+        values &["auto", "huge", "base"],
+        "page size of the host memory tensors are loaded into: auto (2 MiB transparent huge pages while the kernel has free 2 MiB blocks to give at once, read from /proc/buddyinfo, so that no fault waits for memory to be compacted; 4 KiB pages otherwise), huge (always asked for: on a fragmented host a fault may compact memory) or base (4 KiB)";
     host_cache_bytes: u64 = 1 << 30, "1 GiB", env "WEIGHTLIFT_HOST_CACHE_BYTES", parse bytes, values &[],
         "freed host buffers kept for reuse by the engine (fresh pages cost more to fault in than to fill)";
     device_cache_bytes: u64 = 0, "0", env "WEIGHTLIFT_DEVICE_CACHE_BYTES", parse bytes, values &[],
