@@ -15,7 +15,6 @@ mod load;
 mod model;
 mod out;
 mod packing;
-mod plot;
 mod units;
 
 use std::ffi::OsString;
@@ -189,7 +188,10 @@ where
     let result = match cli.command {
         Command::Inspect(args) => inspect::run(&args),
         Command::Generate(args) => generate(&args),
-        Command::Load(args) => load::run(&args),
+        Command::Load(args) => match &args.model {
+            Some(dir) => model::run(dir, &args),
+            None => load::run(&args),
+        },
         Command::Bench(args) => bench::run(&args),
         Command::Probe(args) => probe(&args),
         Command::Pack(args) => packing::pack(&args),

@@ -177,10 +177,8 @@ pub fn demo_checkpoint(dir: &std::path::Path, size: u64, quiet: bool) -> Result<
     Ok(path)
 }
 
+/// `weightlift load` of checkpoint files (a model folder, `--model`, is `model::run`'s).
 pub fn run(args: &Args) -> Result<()> {
-    if let Some(dir) = &args.model {
-        return crate::model::run(dir, args);
-    }
     let paths = if args.paths.is_empty() {
         vec![demo_checkpoint(&cache_dir(), args.demo_size, args.json)?]
     } else {

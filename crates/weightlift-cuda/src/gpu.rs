@@ -179,44 +179,6 @@ impl Gpu {
         Ok(streams[i].clone())
     }
 
-    /// Has streams `0..streams` each carry one small host-to-device copy from pinned memory, and fills the event
-    /// pool up to `events`: what a program's first load onto the device would otherwise do for the first time in
-    /// its first copies (the driver sets a stream up at its first work, and each delivery takes an event).
-    /// `Engine::prepare` calls it after making the lanes' streams.
-    pub fn warm_streams(&self, streams: usize, events: usize) -> Result<(), CudaError> {
-        const WARM_BYTES: usize = 64 << 10;
-        if streams == 0 {
-            return Ok(());
-        }
-        let _restore = ContextRestore::save(); // the caller's thread keeps its device
-        self.bind()?;
-        let first = self.stream(0)?;
-        let buf = crate::DeviceBuffer::alloc(self, WARM_BYTES, &first)?;
-        let host = crate::PinnedBuffer::alloc(self, WARM_BYTES)?;
-        let done =
-            |s: &Arc<CudaStream>| s.synchronize().map_err(CudaError::driver(self.inner.ordinal, "cuStreamSynchronize"));
-        done(&first)?; // the allocation, before the other streams copy into it
-        let mut used = Vec::with_capacity(streams);
-        for i in 0..streams {
-            let s = self.stream(i)?;
-            // SAFETY: `buf` holds WARM_BYTES of device memory allocated above (complete: stream 0 was synchronized),
-            // `host` WARM_BYTES of pinned memory; both live until every stream is synchronized below.
-            unsafe { sys::cuMemcpyHtoDAsync_v2(buf.device_ptr(), host.as_ptr().cast(), WARM_BYTES, s.cu_stream()) }
-                .result()
-                .map_err(CudaError::driver(self.inner.ordinal, "cuMemcpyHtoDAsync"))?;
-            used.push(s);
-        }
-        for s in &used {
-            done(s)?;
-        }
-        // Taking `events` empties the pool and makes the rest; all go back.
-        let taken = (0..events).map(|_| self.take_event()).collect::<Result<Vec<_>, _>>()?;
-        for e in taken {
-            self.give_event(e);
-        }
-        Ok(())
-    }
-
     /// An event (without timing) from the pool, or a new one.
     pub fn take_event(&self) -> Result<CudaEvent, CudaError> {
         if let Some(e) = self.inner.events.lock().unwrap_or_else(|p| p.into_inner()).pop() {

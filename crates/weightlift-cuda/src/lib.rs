@@ -30,6 +30,6 @@ pub use error::{CudaError, CufileError, NvcompError};
 pub use gpu::{ContextRestore, Gpu, GpuInfo, available, current_context, process_stream};
 pub use memory::{
     CudaPinner, DeviceAllocator, DeviceBuffer, LEGACY_STREAM, PinnedBuffer, StreamMark, copy_device_to_host,
-    copy_host_to_device, free_device_memory, order_after_stream, wait_for_stream,
+    copy_host_to_device, free_device_memory, order_after_stream, wait_for_stream, warm_streams,
 };
 pub use sink::{DeviceSink, PendingCopy, Targets};

@@ -3,11 +3,12 @@
 
 use std::ffi::c_void;
 use std::fmt;
+use std::sync::Arc;
 
 use cudarc::driver::{CudaStream, sys};
 
 use crate::error::CudaError;
-use crate::gpu::Gpu;
+use crate::gpu::{ContextRestore, Gpu};
 
 /// A device allocation: from the device's stream-ordered memory pool (`cuMemAllocAsync`, freed with
 /// `cuMemFreeAsync`), or memory another allocator handed out ([`DeviceBuffer::external`]), released by dropping
@@ -432,4 +433,42 @@ impl Drop for StreamMark {
         // SAFETY: created in `record`, destroyed once here (the driver defers it past pending waits).
         let _ = unsafe { sys::cuEventDestroy_v2(self.event) };
     }
+}
+
+/// Has `gpu`'s streams `0..streams` each carry one small host-to-device copy from pinned memory, and fills its event
+/// pool up to `events`: what a program's first load onto the device would otherwise do for the first time in its
+/// first copies (the driver sets a stream up at its first work, and each delivery takes an event).
+/// `Engine::prepare` calls it after making the lanes' streams. Here, beside the buffers it allocates: the device
+/// (`gpu.rs`) sits below its memory.
+pub fn warm_streams(gpu: &Gpu, streams: usize, events: usize) -> Result<(), CudaError> {
+    const WARM_BYTES: usize = 64 << 10;
+    if streams == 0 {
+        return Ok(());
+    }
+    let _restore = ContextRestore::save(); // the caller's thread keeps its device
+    gpu.bind()?;
+    let first = gpu.stream(0)?;
+    let buf = DeviceBuffer::alloc(gpu, WARM_BYTES, &first)?;
+    let host = PinnedBuffer::alloc(gpu, WARM_BYTES)?;
+    let done = |s: &Arc<CudaStream>| s.synchronize().map_err(CudaError::driver(gpu.ordinal(), "cuStreamSynchronize"));
+    done(&first)?; // the allocation, before the other streams copy into it
+    let mut used = Vec::with_capacity(streams);
+    for i in 0..streams {
+        let s = gpu.stream(i)?;
+        // SAFETY: `buf` holds WARM_BYTES of device memory allocated above (complete: stream 0 was synchronized),
+        // `host` WARM_BYTES of pinned memory; both live until every stream is synchronized below.
+        unsafe { sys::cuMemcpyHtoDAsync_v2(buf.device_ptr(), host.as_ptr().cast(), WARM_BYTES, s.cu_stream()) }
+            .result()
+            .map_err(CudaError::driver(gpu.ordinal(), "cuMemcpyHtoDAsync"))?;
+        used.push(s);
+    }
+    for s in &used {
+        done(s)?;
+    }
+    // Taking `events` empties the pool and makes the rest; all go back.
+    let taken = (0..events).map(|_| gpu.take_event()).collect::<Result<Vec<_>, _>>()?;
+    for e in taken {
+        gpu.give_event(e);
+    }
+    Ok(())
 }

@@ -7,10 +7,13 @@ use std::sync::Mutex;
 use pyo3::prelude::*;
 use weightlift::{BlockDevice, Device, LayerStreamer, RawDest, RegionTable};
 
+use crate::bridge::SendPtr;
 use crate::bridge::interruptible;
 use crate::checkpoint::Checkpoint;
+use crate::device::{parse_device, raw_dest};
+use crate::engine::NativeEngine;
 use crate::errors::{invalid_argument, to_py};
-use crate::{NativeEngine, SendPtr, parse_device, raw_dest, remember};
+use crate::report::remember;
 
 /// A block device (or a file standing for one) read by LBA.
 #[pyclass(module = "weightlift._native", frozen)]

@@ -295,3 +295,11 @@ pub fn interruptible_with<T: Send>(
         None => Ok(value),
     }
 }
+
+/// A raw address crossing into a GIL-free section; the Python caller keeps the memory alive meanwhile.
+pub(crate) struct SendPtr<T>(pub T);
+// SAFETY: the wrapped value is an address, used only by the call it is passed to while its owner stays alive.
+unsafe impl<T> Send for SendPtr<T> {}
+
+// SAFETY: see `SendPtr`; a `(*const u8, usize)` view of a Python buffer held alive by the caller.
+unsafe impl Sync for SendPtr<(*const u8, usize)> {}

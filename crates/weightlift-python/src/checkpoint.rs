@@ -13,9 +13,13 @@ use weightlift::format::{DType, Metadata, RawSpec, TensorIndex};
 use weightlift::{Device, LoadOpts, Stream};
 
 use crate::alloc::TorchAllocator;
+use crate::bridge::SendPtr;
 use crate::bridge::{interruptible, interruptible_with};
+use crate::device::{parse_device, raw_dest};
+use crate::dlpack::NativeBuffer;
+use crate::engine::NativeEngine;
 use crate::errors::{invalid_argument, to_py};
-use crate::{NativeBuffer, NativeEngine, SendPtr, json_to_py, parse_device, raw_dest, remember};
+use crate::report::{json_to_py, remember};
 
 /// What a checkpoint says about one tensor.
 #[pyclass(module = "weightlift._native", frozen, get_all)]

@@ -236,3 +236,69 @@ fn new_capsule(
     // SAFETY: `cap` is a new, owned reference.
     Ok(unsafe { Bound::from_owned_ptr(py, cap) }.unbind())
 }
+
+/// A byte buffer loaded into host or device memory, exported through DLPack.
+#[pyclass(module = "weightlift._native", frozen)]
+pub(crate) struct NativeBuffer {
+    holder: Holder,
+}
+
+impl NativeBuffer {
+    pub(crate) fn new(data: TensorData) -> NativeBuffer {
+        NativeBuffer { holder: Holder::from_data(data) }
+    }
+}
+
+#[pymethods]
+impl NativeBuffer {
+    #[getter]
+    fn nbytes(&self) -> usize {
+        let _cuda = crate::bridge::keep_callers_context();
+        self.holder.len()
+    }
+
+    /// The DLPack protocol: a capsule sharing this buffer's memory as a 1-D uint8 tensor. The bytes are complete
+    /// when the load returns, so they are ready on any consumer stream; `stream` only orders the eventual free.
+    #[pyo3(signature = (*, stream=None, max_version=None, dl_device=None, copy=None))]
+    fn __dlpack__(
+        &self,
+        py: Python<'_>,
+        stream: Option<isize>,
+        max_version: Option<(u32, u32)>,
+        dl_device: Option<(i32, i32)>,
+        copy: Option<bool>,
+    ) -> PyResult<Py<PyAny>> {
+        let _cuda = crate::bridge::keep_callers_context();
+        let _ = max_version;
+        if copy == Some(true) {
+            return Err(pyo3::exceptions::PyBufferError::new_err("weightlift buffers are exported without copying"));
+        }
+        if let Some(d) = dl_device
+            && d != self.holder.dl_device()
+        {
+            return Err(pyo3::exceptions::PyBufferError::new_err("cannot export to another device without a copy"));
+        }
+        capsule(py, &self.holder, stream.unwrap_or(0).max(0) as usize)
+    }
+
+    /// A DLPack capsule of this buffer as a C-contiguous tensor of `dtype` (a safetensors name) and `shape`, for
+    /// `torch._C._from_dlpack` (no `__dlpack__` round trip per tensor); None for dtypes exported only as bytes
+    /// (unsigned wider than 8 bits, fp8, sub-byte, complex). `stream`: the consumer's current stream, as
+    /// `__dlpack__` gets it (it orders the eventual free).
+    #[pyo3(signature = (dtype, shape, stream=0))]
+    fn typed_capsule(
+        &self,
+        py: Python<'_>,
+        dtype: &str,
+        shape: Vec<i64>,
+        stream: isize,
+    ) -> PyResult<Option<Py<PyAny>>> {
+        let _cuda = crate::bridge::keep_callers_context();
+        typed_capsule(py, &self.holder, stream.max(0) as usize, dtype, shape)
+    }
+
+    fn __dlpack_device__(&self) -> (i32, i32) {
+        let _cuda = crate::bridge::keep_callers_context();
+        self.holder.dl_device()
+    }
+}

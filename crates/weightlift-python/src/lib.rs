@@ -6,265 +6,29 @@ mod alloc;
 mod blocks;
 mod bridge;
 mod checkpoint;
+mod device;
 mod dlpack;
+mod engine;
 mod errors;
 mod inject;
+mod report;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
-use serde_json::Value;
+use weightlift::Settings;
 use weightlift::format::DType;
-use weightlift::{Device, Engine, LoadOpts, Overrides, RawDest, RawSrc, Settings, TensorData};
 
-use crate::bridge::interruptible;
+use crate::bridge::SendPtr;
 use crate::checkpoint::Checkpoint;
-use crate::dlpack::Holder;
+use crate::device::parse_device;
+use crate::dlpack::NativeBuffer;
+use crate::engine::NativeEngine;
 use crate::errors::to_py;
-
-/// The last load's report, for `weightlift.last_report()`.
-static LAST_REPORT: Mutex<Option<Value>> = Mutex::new(None);
-
-fn remember(report: Value) {
-    *LAST_REPORT.lock().unwrap_or_else(|p| p.into_inner()) = Some(report);
-}
-
-fn parse_device(s: &str) -> PyResult<Device> {
-    s.parse::<Device>().map_err(|e| errors::invalid_argument(&e))
-}
-
-/// A byte buffer loaded into host or device memory, exported through DLPack.
-#[pyclass(module = "weightlift._native", frozen)]
-struct NativeBuffer {
-    holder: Holder,
-}
-
-impl NativeBuffer {
-    fn new(data: TensorData) -> NativeBuffer {
-        NativeBuffer { holder: Holder::from_data(data) }
-    }
-}
-
-#[pymethods]
-impl NativeBuffer {
-    #[getter]
-    fn nbytes(&self) -> usize {
-        let _cuda = crate::bridge::keep_callers_context();
-        self.holder.len()
-    }
-
-    /// The DLPack protocol: a capsule sharing this buffer's memory as a 1-D uint8 tensor. The bytes are complete
-    /// when the load returns, so they are ready on any consumer stream; `stream` only orders the eventual free.
-    #[pyo3(signature = (*, stream=None, max_version=None, dl_device=None, copy=None))]
-    fn __dlpack__(
-        &self,
-        py: Python<'_>,
-        stream: Option<isize>,
-        max_version: Option<(u32, u32)>,
-        dl_device: Option<(i32, i32)>,
-        copy: Option<bool>,
-    ) -> PyResult<Py<PyAny>> {
-        let _cuda = crate::bridge::keep_callers_context();
-        let _ = max_version;
-        if copy == Some(true) {
-            return Err(pyo3::exceptions::PyBufferError::new_err("weightlift buffers are exported without copying"));
-        }
-        if let Some(d) = dl_device
-            && d != self.holder.dl_device()
-        {
-            return Err(pyo3::exceptions::PyBufferError::new_err("cannot export to another device without a copy"));
-        }
-        dlpack::capsule(py, &self.holder, stream.unwrap_or(0).max(0) as usize)
-    }
-
-    /// A DLPack capsule of this buffer as a C-contiguous tensor of `dtype` (a safetensors name) and `shape`, for
-    /// `torch._C._from_dlpack` (no `__dlpack__` round trip per tensor); None for dtypes exported only as bytes
-    /// (unsigned wider than 8 bits, fp8, sub-byte, complex). `stream`: the consumer's current stream, as
-    /// `__dlpack__` gets it (it orders the eventual free).
-    #[pyo3(signature = (dtype, shape, stream=0))]
-    fn typed_capsule(
-        &self,
-        py: Python<'_>,
-        dtype: &str,
-        shape: Vec<i64>,
-        stream: isize,
-    ) -> PyResult<Option<Py<PyAny>>> {
-        let _cuda = crate::bridge::keep_callers_context();
-        dlpack::typed_capsule(py, &self.holder, stream.max(0) as usize, dtype, shape)
-    }
-
-    fn __dlpack_device__(&self) -> (i32, i32) {
-        let _cuda = crate::bridge::keep_callers_context();
-        self.holder.dl_device()
-    }
-}
-
-/// The engine: its settings, persistent I/O lanes and caches. Safe to share between threads: loads run
-/// concurrently on the same lanes.
-#[pyclass(module = "weightlift._native", frozen)]
-struct NativeEngine {
-    engine: Arc<Engine>,
-}
-
-/// `settings` as overrides: each value's text form, parsed by the engine's settings table.
-fn overrides(settings: Option<&Bound<'_, PyDict>>) -> PyResult<Overrides> {
-    let mut o = Overrides::new();
-    for (k, v) in settings.into_iter().flat_map(|d| d.iter()) {
-        let name: String = k.extract()?;
-        if !v.is_none() {
-            o.set(name, v.str()?.to_string());
-        }
-    }
-    Ok(o)
-}
-
-#[pymethods]
-impl NativeEngine {
-    /// Settings given by keyword (any of `SETTINGS`' names; None leaves one alone) override the
-    /// `WEIGHTLIFT_*` variables, which override the defaults.
-    #[new]
-    #[pyo3(signature = (**settings))]
-    fn new(settings: Option<&Bound<'_, PyDict>>) -> PyResult<NativeEngine> {
-        let _cuda = crate::bridge::keep_callers_context();
-        let s = Settings::resolve(&overrides(settings)?).map_err(to_py)?;
-        let engine = Engine::new(s).map_err(to_py)?;
-        Ok(NativeEngine { engine: Arc::new(engine) })
-    }
-
-    /// Where this engine's Python loads onto a GPU take their tensors' memory (the `device_memory` setting:
-    /// "torch" or "pool").
-    #[getter]
-    fn device_memory(&self) -> String {
-        let _cuda = crate::bridge::keep_callers_context();
-        self.engine.settings().device_memory.value.to_string()
-    }
-
-    /// The settings in use and where each came from.
-    fn settings(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
-        let _cuda = crate::bridge::keep_callers_context();
-        let v = Value::Object(
-            self.engine
-                .settings()
-                .describe()
-                .into_iter()
-                .map(|(k, v, s)| (k.to_string(), serde_json::json!({"value": v, "source": s.to_string()})))
-                .collect(),
-        );
-        json_to_py(py, &v)
-    }
-
-    /// Sets the engine up for loads onto `device` now (lanes' staging, and for a GPU its streams and pool), so
-    /// that the first load pays for none of it; returns what was done.
-    /// With `kernels`, also the GPU kernels of packed and checked loads (`kernels_secs` in the result).
-    #[pyo3(signature = (device, kernels = false))]
-    fn prepare(&self, py: Python<'_>, device: &str, kernels: bool) -> PyResult<Py<PyAny>> {
-        let _cuda = crate::bridge::keep_callers_context();
-        let device = parse_device(device)?;
-        let engine = self.engine.clone();
-        let (prepared, kernels_secs) = interruptible(py, move |cancel| {
-            let prepared = engine.prepare_with(device, Some(cancel))?;
-            let secs = if kernels { Some(engine.prepare_kernels(device)?) } else { None };
-            weightlift::Result::Ok((prepared, secs))
-        })?
-        .map_err(to_py)?;
-        let mut json = prepared.to_json();
-        json["kernels_secs"] = serde_json::json!(kernels_secs);
-        json_to_py(py, &json)
-    }
-
-    /// Frees what the engine keeps between loads: staging memory, freed host buffers, GPU decoder scratch, the
-    /// freed device memory the driver's pool keeps (`device_cache_bytes`), cached files. Tensors already loaded stay.
-    fn release_memory(&self, py: Python<'_>) {
-        let _cuda = crate::bridge::keep_callers_context();
-        let engine = self.engine.clone();
-        py.detach(move || engine.release_memory());
-    }
-
-    /// Loads byte ranges `(file index, offset, length)` of `paths` onto `device`, through one plan.
-    fn load_ranges(
-        &self,
-        py: Python<'_>,
-        paths: Vec<PathBuf>,
-        ranges: Vec<(usize, u64, u64)>,
-        device: &str,
-    ) -> PyResult<Vec<NativeBuffer>> {
-        let _cuda = crate::bridge::keep_callers_context();
-        let device = parse_device(device)?;
-        let engine = self.engine.clone();
-        let faults = inject::from_env(&paths)?;
-        let loaded = interruptible(py, move |cancel| {
-            let opts = LoadOpts { faults: faults.as_ref(), cancel: Some(cancel), ..LoadOpts::default() };
-            engine.load_ranges(&paths, &ranges, device, &opts)
-        })?
-        .map_err(to_py)?;
-        remember(loaded.report.to_json());
-        Ok(loaded.tensors.into_iter().map(|t| NativeBuffer::new(t.data)).collect())
-    }
-
-    /// Reads up to `nbytes` of `path` at `offset` into memory at address `ptr` (host, or device `cuda:N`); returns
-    /// the bytes read (fewer at the end of the file).
-    fn read_into(
-        &self,
-        py: Python<'_>,
-        path: PathBuf,
-        offset: u64,
-        nbytes: u64,
-        ptr: usize,
-        device: &str,
-    ) -> PyResult<u64> {
-        let _cuda = crate::bridge::keep_callers_context();
-        let dest = SendPtr(raw_dest(device, ptr)?);
-        let engine = self.engine.clone();
-        let faults = inject::from_env(std::slice::from_ref(&path))?;
-        let (n, report) = interruptible(py, move |cancel| {
-            let dest = dest;
-            let opts = LoadOpts { faults: faults.as_ref(), cancel: Some(cancel), ..LoadOpts::default() };
-            // SAFETY: the Python layer passes the data pointer and byte size of a live, contiguous tensor or
-            // storage that it keeps alive (and does not hand to other work) for the duration of this call.
-            unsafe { engine.read_into_with(&path, offset, nbytes, dest.0, &opts) }
-        })?
-        .map_err(to_py)?;
-        remember(report.to_json());
-        Ok(n)
-    }
-
-    /// Writes `nbytes` from address `ptr` (host, or device `cuda:N`) into `path` at `offset`; fsyncs when `durable`.
-    #[allow(clippy::too_many_arguments)] // the Python signature: a pwrite plus where the memory lives
-    fn write_from(
-        &self,
-        py: Python<'_>,
-        path: PathBuf,
-        offset: u64,
-        nbytes: u64,
-        ptr: usize,
-        device: &str,
-        durable: bool,
-    ) -> PyResult<u64> {
-        let _cuda = crate::bridge::keep_callers_context();
-        let src = match parse_device(device)? {
-            Device::Cpu | Device::PinnedCpu => RawSrc::Host(ptr as *const u8),
-            Device::Cuda(ordinal) => RawSrc::Device { ordinal, ptr: ptr as u64 },
-        };
-        let src = SendPtr(src);
-        let engine = self.engine.clone();
-        interruptible(py, move |_| {
-            let src = src;
-            // SAFETY: as for `read_into`: a live, contiguous tensor or storage kept alive by the caller.
-            unsafe { engine.write_from(&path, offset, nbytes, src.0, durable) }
-        })?
-        .map_err(to_py)
-    }
-}
-
-fn raw_dest(device: &str, ptr: usize) -> PyResult<RawDest> {
-    Ok(match parse_device(device)? {
-        Device::Cpu | Device::PinnedCpu => RawDest::Host(ptr as *mut u8),
-        Device::Cuda(ordinal) => RawDest::Device { ordinal, ptr: ptr as u64 },
-    })
-}
+use crate::report::{LAST_REPORT, json_to_py};
 
 /// A cuFile-style session (see `weightlift.cufile`).
 #[pyclass(module = "weightlift._native", frozen)]
@@ -482,16 +246,6 @@ impl NativeAsync {
     }
 }
 
-/// A raw address crossing into a GIL-free section; the Python caller keeps the memory alive meanwhile.
-struct SendPtr<T>(T);
-// SAFETY: the wrapped value is an address, used only by the call it is passed to while its owner stays alive.
-unsafe impl<T> Send for SendPtr<T> {}
-
-fn json_to_py(py: Python<'_>, v: &Value) -> PyResult<Py<PyAny>> {
-    let json = py.import("json")?;
-    Ok(json.call_method1("loads", (v.to_string(),))?.unbind())
-}
-
 /// Parses checkpoint headers: `{"format", "files": [...], "tensors": [TensorInfo, ...]}` (a `Checkpoint` keeps the
 /// index in Rust and loads by name; this is its description as plain data).
 #[pyfunction]
@@ -588,9 +342,6 @@ fn save_safetensors(
     .map_err(|e| to_py(e.into()))?;
     Ok(())
 }
-
-// SAFETY: see `SendPtr`; a `(*const u8, usize)` view of a Python buffer held alive by the caller.
-unsafe impl Sync for SendPtr<(*const u8, usize)> {}
 
 /// What this machine offers weightlift: CUDA devices, io_uring, O_DIRECT on `path`'s filesystem, cuFile.
 #[pyfunction]

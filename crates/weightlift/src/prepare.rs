@@ -121,7 +121,7 @@ impl Engine {
                             gpu.stream(i)?;
                         }
                         // Each lane's stream carries a first copy, and deliveries find their events made.
-                        gpu.warm_streams(lanes, lanes * WARM_EVENTS_PER_LANE)?;
+                        weightlift_cuda::warm_streams(&gpu, lanes, lanes * WARM_EVENTS_PER_LANE)?;
                         out.streams = lanes + 1;
                         let p = Instant::now();
                         let stream = gpu.stream(lanes)?;

@@ -1,15 +1,14 @@
 //! The machine's ceilings, measured in the same run as the loads: the page cache and disk through `dd`, cache
-//! dropping, and the checksums every timed load is verified against afterwards.
+//! dropping, the checksums every timed load is verified against afterwards, and what a measured rate is.
 
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
+use serde_json::{Value, json};
 use weightlift::Loaded;
 use weightlift::format::TensorIndex;
-
-use super::Rate;
 
 /// Whether this process may drop the page cache (root, writable /proc/sys/vm/drop_caches).
 pub fn can_drop_caches() -> bool {
@@ -146,4 +145,30 @@ pub fn loaded_checksum(loaded: &Loaded) -> Result<u64> {
         acc = acc.rotate_left(7) ^ weightlift::verify::checksum(&buf);
     }
     Ok(acc)
+}
+
+/// A measured rate: every run's GB/s, best and median.
+#[derive(Clone, Debug)]
+pub struct Rate {
+    pub runs: Vec<f64>,
+}
+
+impl Rate {
+    pub fn best(&self) -> f64 {
+        self.runs.iter().copied().fold(0.0, f64::max)
+    }
+
+    pub fn median(&self) -> f64 {
+        let mut v = self.runs.clone();
+        v.sort_by(|a, b| a.total_cmp(b));
+        match v.len() {
+            0 => 0.0,
+            n if n % 2 == 1 => v[n / 2],
+            n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+        }
+    }
+
+    pub fn json(&self) -> Value {
+        json!({"best": self.best(), "median": self.median(), "runs": self.runs})
+    }
 }

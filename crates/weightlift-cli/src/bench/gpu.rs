@@ -10,8 +10,11 @@ use serde_json::{Value, json};
 use weightlift::format::{DType, RawSpec, TensorIndex, synth};
 use weightlift::{Backend, Device, Engine, LoadOpts};
 
+use super::args::Args;
+use super::case::{Case, time_loads};
+use super::ceilings::{Rate, can_drop_caches, drop_caches, file_checksum, warm};
 use super::ceilings::{cold_parallel_dd, dd_write_direct, warm_dd};
-use super::{Args, Case, Rate, can_drop_caches, drop_caches, file_checksum, finish, host_json, time_loads, warm};
+use super::report::{finish, host_json, settings_json};
 use crate::load::cache_dir;
 use crate::units;
 
@@ -189,7 +192,7 @@ pub fn run(args: &Args, ordinal: u32) -> Result<()> {
         "host": host_json(),
         "files": {"llama": describe(&f.llama, &llama_index), "tmpfs": f.shm},
         "runs": runs,
-        "settings": super::settings_json(&engine),
+        "settings": settings_json(&engine),
         "ceilings": ceilings,
         "notes": notes,
         "engine_start_secs": engine_start_secs,

@@ -5,8 +5,11 @@ use anyhow::Result;
 use serde_json::json;
 use weightlift::{Device, Engine};
 
+use super::args::Args;
+use super::case::{Case, time_loads};
+use super::ceilings::{can_drop_caches, drop_caches, file_checksum, warm};
 use super::ceilings::{cold_parallel_dd, warm_dd};
-use super::{Args, Case, can_drop_caches, drop_caches, file_checksum, finish, host_json, time_loads, warm};
+use super::report::{finish, host_json, settings_json};
 use crate::load::{cache_dir, demo_checkpoint};
 use crate::units;
 
@@ -72,7 +75,7 @@ pub fn run(args: &Args, device: Device, why: &str) -> Result<()> {
         "host": host_json(),
         "file": file, "file_bytes": std::fs::metadata(&file)?.len(), "tensor_bytes": index.total_bytes(),
         "tensors": index.tensors.len(), "runs": runs,
-        "settings": super::settings_json(&engine),
+        "settings": settings_json(&engine),
         "ceilings": ceilings,
         "cases": cases.iter().map(Case::json).collect::<Vec<_>>(),
         "python": python,

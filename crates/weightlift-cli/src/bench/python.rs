@@ -8,7 +8,8 @@ use std::process::Command;
 use serde_json::{Value, json};
 use weightlift::Device;
 
-use super::{Args, can_drop_caches};
+use super::args::Args;
+use super::ceilings::can_drop_caches;
 
 fn script(args: &Args) -> Option<PathBuf> {
     if let Some(p) = &args.peers {

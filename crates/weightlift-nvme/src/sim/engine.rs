@@ -14,8 +14,8 @@ use std::time::{Duration, Instant};
 
 use memmap2::MmapMut;
 
+use super::config::{Fault, SoftConfig, SoftStats};
 use super::iommu::{Iommu, Region};
-use super::{Fault, SoftConfig, SoftStats};
 use crate::error::NvmeError;
 use crate::host::Backoff;
 use crate::prp;

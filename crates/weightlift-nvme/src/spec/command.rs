@@ -3,8 +3,8 @@
 
 use std::fmt;
 
+use super::bytes::{le_u32, le_u64, put};
 use super::status::Status;
-use super::{le_u32, le_u64, put};
 
 /// Size of a submission queue entry (CC.IOSQES = 6).
 pub const SQE_BYTES: usize = 64;

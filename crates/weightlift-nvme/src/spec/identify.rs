@@ -1,6 +1,6 @@
 //! The Identify Controller and Identify Namespace data structures (4096 bytes each), with the fields a host needs.
 
-use super::{le_u16, le_u32, le_u64, put};
+use super::bytes::{le_u16, le_u32, le_u64, put};
 use crate::error::NvmeError;
 
 /// Size of an Identify data structure.

@@ -2,7 +2,7 @@
 
 use std::fmt;
 
-use super::{le_u32, put};
+use super::bytes::{le_u32, put};
 
 /// Size of a completion queue entry (CC.IOCQES = 4).
 pub const CQE_BYTES: usize = 16;

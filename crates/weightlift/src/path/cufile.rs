@@ -12,7 +12,7 @@ use std::time::Instant;
 use weightlift_cuda::cufile::{Cufile, CufileHandle};
 use weightlift_io::{IoEngine, IoError, IoReport};
 
-use super::{DeviceRead, GpuPath, PathOutcome};
+use super::gpu_path::{DeviceRead, GpuPath, PathOutcome};
 use crate::error::{Error, Result};
 use crate::report::PathUsed;
 

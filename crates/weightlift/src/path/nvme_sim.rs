@@ -9,7 +9,7 @@ use weightlift_io::{IoEngine, IoReport};
 use weightlift_nvme::gpu::{GpuLoader, GpuOptions};
 use weightlift_nvme::{BringUp, ByteRange, Controller, SoftConfig, SoftNvme};
 
-use super::{DeviceRead, GpuPath, PathOutcome};
+use super::gpu_path::{DeviceRead, GpuPath, PathOutcome};
 use crate::error::{Error, Result};
 use crate::report::{NvmeStats, PathUsed};
 

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use weightlift_cuda::{CudaPinner, DeviceSink};
 use weightlift_io::{IoEngine, LoadOptions, LoadRequest, Observed, Pinner, Sink};
 
-use super::{DeviceRead, GpuPath, PathOutcome};
+use super::gpu_path::{DeviceRead, GpuPath, PathOutcome};
 use crate::error::Result;
 use crate::report::PathUsed;
 

@@ -3,7 +3,7 @@
 
 use std::fmt::Write;
 
-use crate::bench::Case;
+use super::case::Case;
 
 fn escape(s: &str) -> String {
     s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;")
