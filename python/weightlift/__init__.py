@@ -50,7 +50,17 @@ from .gds import File, GdsFile
 from .gguf import GGUFCheckpoint, load_gguf
 from .layers import LayerStreamer, stream_model
 from .nn import load_into
-from .safetensors import load, load_file, load_model, safe_open, save, save_file, save_model
+from .safetensors import (
+    PrefetchLoader,
+    TensorMeta,
+    load,
+    load_file,
+    load_model,
+    safe_open,
+    save,
+    save_file,
+    save_model,
+)
 
 __version__: str = _native.__version__
 
@@ -160,6 +170,8 @@ def cuda_available() -> bool:
 __all__ = [
     "load_file",
     "safe_open",
+    "PrefetchLoader",
+    "TensorMeta",
     "save_file",
     "save",
     "load",

@@ -3,6 +3,7 @@ typed, shaped torch tensors without copying."""
 
 from __future__ import annotations
 
+import math
 import os
 import threading
 from typing import TYPE_CHECKING, Any, Iterable, Sequence
@@ -59,6 +60,8 @@ def torch_dtypes() -> dict[str, "torch.dtype"]:
         ("F8_E4M3FNUZ", "float8_e4m3fnuz"),
         ("F8_E5M2FNUZ", "float8_e5m2fnuz"),
         ("F8_E8M0", "float8_e8m0fnu"),
+        # Two F4 values per torch element: a tensor's torch shape has its last dimension halved (storage_shape).
+        ("F4", "float4_e2m1fn_x2"),
         ("U16", "uint16"),
         ("U32", "uint32"),
         ("U64", "uint64"),
@@ -204,6 +207,9 @@ def as_tensor(buffer, dtype_name_: str, shape: Sequence[int], stream: "int | Non
     if dtype_name_ not in table:
         raise InvalidArgumentError(f"this torch has no dtype for {dtype_name_}; load it as raw bytes instead")
     dtype = table[dtype_name_]
+    if dtype_name_ == "F4" and math.prod(shape) != buffer.nbytes:
+        # Its storage shape was not halved: an odd last dimension, which torch's pairs of values cannot hold.
+        raise InvalidArgumentError(f"f4_x2 dtype requires that the last dim be divisible by 2 in torch: got {list(shape)}")
     if raw.numel() == 0:
         return t.empty(shape, dtype=dtype, device=raw.device)
     return raw.view(dtype).reshape(shape)

@@ -16,7 +16,7 @@ import os
 from typing import TYPE_CHECKING, Any, Iterator, Sequence, Union
 
 from . import _core, _native
-from ._errors import FormatError, InvalidArgumentError, SharedTensorsError, TensorNotFoundError
+from ._errors import FormatError, InvalidArgumentError, SharedTensorsError, TensorNotFoundError, WeightliftError
 
 if TYPE_CHECKING:
     import torch
@@ -312,6 +312,234 @@ class safe_open:
     def __contains__(self, name: str) -> bool:
         return name in self._infos
 
+    @_upstream_errors
+    def get_tensor_meta(self, name: str) -> "TensorMeta":
+        """A tensor's header entry (safetensors 0.9): dtype, shape and its byte range in the data section."""
+        info = self._infos.get(name)
+        if info is None:
+            raise TensorNotFoundError(f"File does not contain tensor {name}")
+        start = info.offset - self._ckpt.files[info.file]["data_start"]
+        return TensorMeta(info.dtype, list(info.shape), (start, start + info.nbytes))
+
+    def prefetch(
+        self, plan: "PrefetchPlan | None" = None, *, device: "str | int | None" = None, threads: int = 8
+    ) -> "PrefetchLoader":
+        """safetensors 0.9's ``prefetch``: starts loading the tensors of ``plan`` (every tensor when None; a name
+        maps to None for the whole tensor or a step-1 ``slice`` of its rows, the first dimension) onto a CUDA device
+        (``device``, else the handle's) in the background, and returns the :class:`PrefetchLoader` that hands each
+        out once. Only the planned bytes are read. Several loaders may run from one handle, whose other calls keep
+        working. Refused, with upstream's messages: a cpu device, a framework other than pt, names not in the
+        file, slices with a step other than 1 or out of range, rows of a 0-d tensor or of fewer than whole bytes,
+        F6 tensors, and a plan that selects nothing.
+
+        ``threads`` is checked as upstream checks it; the reads are the engine's I/O lanes' (its ``threads``
+        setting), which every loader shares, so it does not change how many read."""
+        return _prefetch(self, plan, device, threads)
+
+
+class TensorMeta:
+    """A tensor's header entry, as ``safe_open.get_tensor_meta`` gives it (safetensors 0.9): ``dtype`` (its
+    safetensors name), ``shape``, and ``data_offsets``, its bytes within the data section after the header."""
+
+    __slots__ = ("dtype", "shape", "data_offsets")
+
+    def __init__(self, dtype: str, shape: list, data_offsets: tuple):
+        object.__setattr__(self, "dtype", dtype)
+        object.__setattr__(self, "shape", shape)
+        object.__setattr__(self, "data_offsets", data_offsets)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError(f"TensorMeta is read-only: cannot set {name}")
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, TensorMeta):
+            return NotImplemented
+        return (self.dtype, self.shape, self.data_offsets) == (other.dtype, other.shape, other.data_offsets)
+
+    def __repr__(self) -> str:
+        shape = ", ".join(map(str, self.shape))
+        return (f'TensorMeta {{ dtype: "{self.dtype}", shape: [{shape}], '
+                f"data_offsets: ({self.data_offsets[0]}, {self.data_offsets[1]}) }}")
+
+
+#: A prefetch plan: tensor name → None (the whole tensor) or a step-1 slice of its rows.
+PrefetchPlan = dict
+
+
+def _loader_error(message: str, cls: type = InvalidArgumentError) -> Exception:
+    """An error of the prefetch API, with upstream's message; also a ``safetensors.SafetensorError`` where
+    safetensors is installed."""
+    return _as_upstream(cls(message))
+
+
+def _prefetch_device(device: Any) -> str:
+    """The device of a prefetch, parsed as upstream parses it: an int N or ``cuda[:N]`` ("cuda" is cuda:0)."""
+    if isinstance(device, bool) or isinstance(device, int):
+        if int(device) < 0:
+            raise _loader_error(f"device {device} is invalid")
+        return f"cuda:{int(device)}"
+    if not isinstance(device, str):
+        raise _loader_error(f"device {device!r} is invalid")
+    kind, _, index = device.partition(":")
+    known = ("cpu", "cuda", "musa", "mps", "npu", "xpu", "xla", "mlu", "hpu")
+    if kind in known and index and device.count(":") == 1 and not index.isdigit():
+        raise ValueError("invalid digit found in string")
+    if kind not in known or device.count(":") > 1:
+        raise _loader_error(f"device {device} is invalid")
+    if kind != "cuda":
+        raise _loader_error(f"prefetch loads to cuda devices, not {device}")
+    return f"cuda:{int(index or 0)}"
+
+
+def _plan_rows(name: str, value: Any, info: "_native.TensorInfo") -> "tuple[int, int] | None":
+    """The rows a plan entry asks for (None: the whole tensor), refused with upstream's messages."""
+    if value is None:
+        return None
+    if not isinstance(value, slice):
+        raise _loader_error(f"prefetch plan values must be None or a slice, got {type(value)} for {name}")
+    if not info.shape:
+        raise _loader_error(f"cannot slice rows of the 0-d tensor {name}")
+    n = int(info.shape[0])
+    for bound in (value.start, value.stop, value.step):
+        if bound is not None and (isinstance(bound, bool) or not isinstance(bound, int)):
+            raise _loader_error(f"prefetch plan slice bounds for {name} must be integers or None")
+    if value.step == 0:
+        raise _loader_error(f"invalid prefetch plan slice for {name}: ValueError: slice step cannot be zero")
+    if value.step not in (None, 1):
+        raise _loader_error(f"prefetch plan slices must have step 1, got {value.step} for {name}")
+    for which, v in (("start", value.start), ("stop", value.stop)):
+        if v is not None and (v > n or v < -n):
+            raise _loader_error(f"prefetch plan slice {which} {v} for {name} is out of range for {n} rows")
+    start, stop, _ = value.indices(n)
+    stop = max(start, stop)
+    if n and info.nbytes % n:
+        raise _loader_error(f"cannot slice rows of {name}: a row is not a whole number of bytes")
+    return start, stop
+
+
+def _prefetch(handle: "safe_open", plan: Any, device: Any, threads: Any) -> "PrefetchLoader":
+    # Checked in upstream's order: the arguments' types, the framework, the device, the plan (entry by entry), the
+    # dtypes of what it selects (in file order), an empty selection, then CUDA.
+    if plan is not None and not isinstance(plan, dict):
+        raise TypeError(f"'{type(plan).__name__}' object is not an instance of 'dict'")
+    if isinstance(threads, bool) or not isinstance(threads, int):
+        raise TypeError(f"'{type(threads).__name__}' object cannot be interpreted as an integer")
+    if threads < 0:
+        raise OverflowError("can't convert negative int to unsigned")
+    if threads >= 1 << 64:
+        raise OverflowError("int too big to convert")
+    if handle._numpy:
+        raise _loader_error('prefetch is only compatible with framework="pt"')
+    dev = _prefetch_device(handle._device if device is None else device)
+    rows: dict[str, tuple[int, int]] = {}
+    if plan is not None:
+        for name, value in plan.items():
+            if not isinstance(name, str):
+                raise _loader_error("prefetch plan keys must be tensor names")
+            info = handle._infos.get(name)
+            if info is None:
+                raise _loader_error(f"File does not contain tensor {name}", TensorNotFoundError)
+            r = _plan_rows(name, value, info)
+            if r is not None:
+                rows[name] = r
+    order = [n for n in handle.offset_keys() if plan is None or n in plan]
+    for name in order:
+        dtype = handle._infos[name].dtype
+        if dtype.startswith("F6"):
+            raise _loader_error(f"prefetch cannot hand out dtype {dtype}: torch has no matching dtype")
+    if plan is not None and not order:
+        raise _loader_error("prefetch plan selects no tensors")
+    _core.check_cuda(dev)
+    specs = {}
+    planned = 0
+    for name in order:
+        info = handle._infos[name]
+        shape, storage = list(info.shape), list(info.storage_shape)
+        nbytes = info.nbytes
+        if name in rows:
+            start, stop = rows[name]
+            shape[0] = storage[0] = stop - start
+            nbytes = nbytes // int(info.shape[0]) * (stop - start) if info.shape[0] else 0
+        specs[name] = ("U8" if info.quantized else info.dtype, shape, storage)
+        planned += nbytes
+    # The whole plan is read without waiting for takes (upstream holds what is not taken until close). A packed
+    # checkpoint decodes whole tensors: their rows are cut after (views of the decoded tensor).
+    cut = rows if handle._ckpt.pack_source is not None else {}
+    stream = handle._ckpt.stream(handle._engine, dev, order, None if cut else rows or None, None, max(planned, 1))
+    return PrefetchLoader(stream, order, specs, cut, {n: list(handle._infos[n].storage_shape) for n in cut})
+
+
+class PrefetchLoader:
+    """The tensors of one plan loading onto a CUDA device in the background, as safetensors 0.9's ``prefetch``
+    returns them: each handed out once, by :meth:`take` or by iterating the loader, as a tensor sharing the
+    loaded device memory (ready on any stream when handed out). What was not taken is freed by :meth:`close`
+    (also on leaving a ``with`` block); tensors handed out keep their memory. Made by :meth:`safe_open.prefetch`."""
+
+    def __init__(self, stream: "_native.NativeStream", order: list, specs: dict, cut: dict, whole: dict):
+        self._stream: "_native.NativeStream | None" = stream
+        self._order = order
+        self._specs = specs
+        # Rows cut from whole tensors here (a packed checkpoint's), with those tensors' whole storage shapes.
+        self._cut, self._whole = cut, whole
+        self._taken: set[str] = set()
+
+    def names(self) -> list[str]:
+        """The names this loader hands out, in file order."""
+        return list(self._order)
+
+    def __len__(self) -> int:
+        return len(self._order)
+
+    def take(self, name: str) -> "torch.Tensor":
+        """``name``'s tensor (its planned rows), waiting for its bytes if they have not landed yet. Each tensor is
+        handed out once: asking again raises."""
+        spec = self._specs.get(name)
+        if spec is None:
+            raise _loader_error(f"tensor {name} is not in the prefetch plan", TensorNotFoundError)
+        if name in self._taken:
+            raise _loader_error(
+                f"{name}: tensor already delivered (prefetch hands each tensor out once, via take or iteration)"
+            )
+        if self._stream is None:
+            raise _loader_error(f"{name}: prefetch loader closed")
+        self._taken.add(name)
+        try:
+            buf = self._stream.take(name)
+        except WeightliftError as e:
+            raise _loader_error(f"{name}: {e}", type(e)) from e
+        dtype, _, storage = spec
+        if name in self._cut:
+            start, stop = self._cut[name]
+            return _core.as_tensor(buf, dtype, self._whole[name])[start:stop]
+        return _core.as_tensor(buf, dtype, storage)
+
+    def __iter__(self) -> Iterator[tuple[str, "torch.Tensor"]]:
+        """``(name, tensor)`` of every tensor not taken yet, in file order (upstream leaves the order unspecified:
+        readiness order)."""
+        for name in self._order:
+            if self._stream is None:
+                raise _loader_error("prefetch loader closed")
+            if name not in self._taken:
+                yield name, self.take(name)
+
+    def close(self) -> None:
+        """Stops the loading and frees every tensor not taken; those handed out keep their memory."""
+        if self._stream is not None:
+            stream, self._stream = self._stream, None
+            stream.close()
+
+    def __enter__(self) -> "PrefetchLoader":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - interpreter shutdown; nothing to report to
+            pass
+
 
 def _refuse_unsaveable(tensors: Any) -> None:
     """Upstream's refusals, with its messages: a non-dict, a value that is not a tensor, sparse tensors, tensors
@@ -406,7 +634,11 @@ def save_file(tensors: dict[str, "torch.Tensor"], filename: PathLike, metadata: 
     for name in sorted(tensors, key=lambda n: (-tensors[n].element_size(), n)):
         host = tensors[name].detach().to("cpu")
         keep.append(host)
-        entries.append((name, _core.dtype_name(host.dtype), list(host.shape), host.data_ptr(), host.numel() * host.element_size()))
+        shape = list(host.shape)
+        dtype = _core.dtype_name(host.dtype)
+        if dtype == "F4" and shape:
+            shape[-1] *= 2  # two F4 values per torch element: the header counts values
+        entries.append((name, dtype, shape, host.data_ptr(), host.numel() * host.element_size()))
     _native.save_safetensors(os.fspath(filename), entries, dict(metadata) if metadata else None, align)
     del keep
 

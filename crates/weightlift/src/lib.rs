@@ -55,7 +55,7 @@ pub use path::{LoadOpts, PathKind};
 pub use prepare::Prepared;
 pub use report::{CheckStats, NvmeStats, PackStats, PathUsed, Report, StreamStats};
 pub use settings::{Backend, DeviceMemory, Overrides, Setting, Settings, Source};
-pub use stream::Stream;
+pub use stream::{Stream, StreamLimits};
 pub use tensor::{DeviceTensor, Loaded, RawDest, RawSrc, Tensor, TensorData};
 pub use weightlift_cuda as cuda;
 pub use weightlift_format as format;

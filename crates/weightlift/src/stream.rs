@@ -191,6 +191,15 @@ enum Memory {
     },
 }
 
+/// How a stream reads, beyond the engine's settings ([`Engine::stream_limited`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StreamLimits {
+    /// At most this many lanes read for the stream (None: as many as the engine gives a load).
+    pub max_lanes: Option<usize>,
+    /// At most this many bytes read ahead of the tensors taken (None: the engine's `prefetch_bytes`).
+    pub window: Option<u64>,
+}
+
 /// A streaming load of a checkpoint's tensors (see the module documentation).
 pub struct Stream {
     io: IoEngine,
@@ -233,6 +242,20 @@ impl Engine {
     ) -> Result<Stream> {
         let _restore = weightlift_cuda::ContextRestore::save(); // the caller's thread keeps its device
         self.stream_on_lanes(index, which, device, faults, None, None)
+    }
+
+    /// [`Engine::stream_with`] within `limits`: how many lanes read it, how far it reads ahead of the takes (a
+    /// prefetch loader that hands everything out reads the whole plan without waiting for takes).
+    pub fn stream_limited(
+        &self,
+        index: &TensorIndex,
+        which: &[usize],
+        device: Device,
+        faults: Option<Arc<FaultPlan>>,
+        limits: StreamLimits,
+    ) -> Result<Stream> {
+        let _restore = weightlift_cuda::ContextRestore::save(); // the caller's thread keeps its device
+        self.stream_on_lanes(index, which, device, faults, limits.max_lanes, limits.window)
     }
 
     /// [`Engine::stream_with`] read by at most `max_lanes` lanes (None: as many as the engine gives a load) and at
