@@ -12,15 +12,16 @@
 //!   the count, and from then on it grows by one GET per round only (the server said where its limit is);
 //! - always within `max`: the staging memory a GET in flight holds ([`crate::load`] sizes it) bounds the count.
 //!
-//! It starts at 64 rather than at a handful: a load of a few GB from a bucket that gives each GET ~90 MB/s lasts
-//! a few rounds of ~0.2 s, and each round spent below the link's rate is a sizeable part of it.
+//! It starts at 128 rather than at a handful: a load of a few GB from a bucket that gives each GET ~90 MB/s lasts a
+//! few rounds of ~0.2 s, and each round spent below the link's rate is a sizeable part of it (starting at 64, a
+//! 4.2 GiB load onto an H100 spent one of its three rounds at half the count: 0.69 of curl's 128 GETs).
 //!
 //! A fixed count (the `remote_concurrency` setting) turns all of this off.
 
 use std::time::{Duration, Instant};
 
-/// GETs in flight at the start of a load.
-pub const START: usize = 64;
+/// GETs in flight at the start of a load (at most the bound).
+pub const START: usize = 128;
 /// The share of a round's answers that may ask to slow down (503, 429) before the count is halved.
 pub const SLOWDOWN_SHARE: f64 = 0.05;
 /// A round's rate must exceed the last one's by this factor for the count to keep doubling.
@@ -276,35 +277,35 @@ mod tests {
 
     #[test]
     fn doubles_while_the_rate_rises_and_holds_at_the_plateau() {
-        // 70 MB/s a GET up to a 6 GB/s link: 64 GETs give 4.48 GB/s, 128 the link.
-        let counts = run(Pacer::adaptive(512, "staging".into()), 6, |g| (g as f64 * 70e6).min(6e9), |_| 0);
-        assert_eq!(counts, [64, 128, 256, 256, 256, 256]);
+        // 70 MB/s a GET up to a 12 GB/s link: 128 GETs give 8.96 GB/s, 256 the link.
+        let counts = run(Pacer::adaptive(1024, "staging".into()), 6, |g| (g as f64 * 70e6).min(12e9), |_| 0);
+        assert_eq!(counts, [128, 256, 512, 512, 512, 512]);
     }
 
     #[test]
     fn stops_at_the_bound() {
-        let counts = run(Pacer::adaptive(100, "staging".into()), 4, |g| g as f64 * 70e6, |_| 0);
-        assert_eq!(counts, [64, 100, 100, 100]);
+        let counts = run(Pacer::adaptive(200, "staging".into()), 4, |g| g as f64 * 70e6, |_| 0);
+        assert_eq!(counts, [128, 200, 200, 200]);
         assert_eq!(run(Pacer::adaptive(8, String::new()), 2, |g| g as f64, |_| 0), [8, 8]);
     }
 
     #[test]
     fn halves_when_many_answers_slow_down_then_grows_by_one() {
-        // Above 100 GETs, a tenth of the answers are 503 SlowDown.
+        // Above 200 GETs, a tenth of the answers are 503 SlowDown.
         let counts = run(
             Pacer::adaptive(512, "staging".into()),
             8,
             |g| g as f64 * 70e6,
-            |g| (g / 10 * usize::from(g > 100)) as u64,
+            |g| (g / 10 * usize::from(g > 200)) as u64,
         );
-        assert_eq!(counts, [64, 128, 64, 65, 66, 67, 68, 69]);
+        assert_eq!(counts, [128, 256, 128, 129, 130, 131, 132, 133]);
     }
 
     #[test]
     fn a_few_slowdowns_stop_the_growth_only() {
-        // One 503 among 128 answers: retried, and the count stays.
-        let counts = run(Pacer::adaptive(512, "staging".into()), 5, |g| g as f64 * 70e6, |g| u64::from(g >= 128));
-        assert_eq!(counts, [64, 128, 128, 128, 128]);
+        // One 503 among 256 answers: retried, and the count stays.
+        let counts = run(Pacer::adaptive(1024, "staging".into()), 5, |g| g as f64 * 70e6, |g| u64::from(g >= 256));
+        assert_eq!(counts, [128, 256, 256, 256, 256]);
     }
 
     #[test]
@@ -319,12 +320,12 @@ mod tests {
         let mut p = Pacer::adaptive(256, String::new());
         let t0 = Instant::now();
         p.opened(t0, 1);
-        p.landed(t0 + Duration::from_secs(1), 1 << 30, 63, 0);
-        assert_eq!(p.target(), 64, "63 of 64 finished: the round goes on");
+        p.landed(t0 + Duration::from_secs(1), 1 << 30, 127, 0);
+        assert_eq!(p.target(), 128, "127 of 128 finished: the round goes on");
         p.landed(t0 + Duration::from_secs(1), 0, 1, 0);
-        assert_eq!(p.target(), 128);
+        assert_eq!(p.target(), 256);
         let s = p.summary("auto");
-        assert_eq!((s.start, s.last, s.rounds.len()), (64, 128, 1));
+        assert_eq!((s.start, s.last, s.rounds.len()), (128, 256, 1));
         assert!(s.why().contains("at most 256"), "{}", s.why());
     }
 }

@@ -25,7 +25,7 @@ pub mod defaults {
     pub const REMOTE_RANGE_BYTES: u64 = 16 << 20;
     /// The most GETs a load keeps in flight when the count is found at run time (the staging bound may allow
     /// fewer).
-    pub const MAX_REMOTE_CONCURRENCY: u32 = 256;
+    pub const MAX_REMOTE_CONCURRENCY: u32 = 1024;
 
     /// I/O threads: the CPU count, at most [`MAX_THREADS`].
     pub fn threads() -> u32 {

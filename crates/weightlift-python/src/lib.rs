@@ -356,6 +356,7 @@ fn probe(py: Python<'_>, path: Option<PathBuf>) -> PyResult<Py<PyAny>> {
 /// engine's rule, which the Python modules ask instead of writing it again.
 #[pyfunction]
 fn is_url(path: &str) -> bool {
+    let _cuda = crate::bridge::keep_callers_context();
     weightlift::remote::is_url(path)
 }
 

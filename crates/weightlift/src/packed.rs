@@ -313,9 +313,13 @@ impl Engine {
         } else {
             let bindex = batch_index(path, index, &batches);
             let positions: Vec<usize> = (0..batches.len()).collect();
+            let object = index.object.is_some();
             let (stream_device, lanes) = if kind == Decoder::Gpu {
                 let lanes = self.io().lanes();
                 let read = match self.settings().pack_read_lanes.value {
+                    // An object's reads cost the lanes little (the network runtime copies the bodies): every lane
+                    // takes parts, so that the staging bound, not a quarter of it, sizes the GETs in flight.
+                    0 if object => lanes,
                     0 => gpu_decode_read_lanes(lanes),
                     n => (n as usize).min(lanes),
                 };
@@ -329,7 +333,15 @@ impl Engine {
             // hold two of either for the reads to run beside the decoding.
             let largest = batches.iter().map(|b| b.end - b.start).max().unwrap_or(0);
             let batch_bytes = batch_bytes.max(largest).max(crate::placement::BLOCK_MAX);
-            let ahead = self.settings().prefetch_bytes.value.min(batch_bytes.saturating_mul(READ_AHEAD_BATCHES));
+            let mut ahead = batch_bytes.saturating_mul(READ_AHEAD_BATCHES);
+            if object {
+                // A bucket answers each GET late and slowly: the window holds what the GETs the staging allows
+                // in flight cover, else the reads wait on the decoder's batches (two of them let a 4.2 GiB pack
+                // from a cloud-shaped bucket read at 2.0 GB/s onto an H100 where the plain file read at 5.6).
+                let s = self.settings();
+                ahead = ahead.max(s.staging_bytes.value.saturating_mul(s.remote_range_bytes.value) >> 20);
+            }
+            let ahead = self.settings().prefetch_bytes.value.min(ahead);
             Some(self.stream_on_lanes(&bindex, &positions, stream_device, faults, lanes, Some(ahead))?)
         };
         let alloc_start = Instant::now();

@@ -344,7 +344,7 @@ settings! {
         "objects (URLs): longest time one request may take, from sending it to the last byte of its body, before it counts as a transient failure; process-wide, set by the last engine made";
     remote_concurrency: Concurrency = Concurrency::Auto, "auto", env "WEIGHTLIFT_REMOTE_CONCURRENCY",
         parse named::<Concurrency>, values &["auto"],
-        "objects (URLs): ranged GETs a load keeps in flight: auto (64 at first, doubled each round of GETs while the rate still rises, halved when more than 5 % of a round's answers are 503 or 429, within what staging_bytes holds at two 1 MiB parts per GET: 128 with the default) or a fixed count";
+        "objects (URLs): ranged GETs a load keeps in flight: auto (128 at first, doubled each round of GETs while the rate still rises, halved when more than 5 % of a round's answers are 503 or 429, within what staging_bytes holds at two 512 KiB parts per GET: 256 with the default; at most 1024) or a fixed count";
     remote_range_bytes: u64 = weightlift_io::params::defaults::REMOTE_RANGE_BYTES, "16 MiB",
         env "WEIGHTLIFT_REMOTE_RANGE_BYTES", parse bytes, values &[],
         "objects (URLs): bytes one ranged GET asks for (a cloud bucket answers each GET after 20-80 ms and gives it ~90 MB/s: longer ranges spend less of their time waiting; AWS advises 8-16 MB for S3)";

@@ -210,3 +210,38 @@ fn retry_after_is_waited_out() {
     assert!(took >= Duration::from_millis(1900), "gave up after {took:?}: {err}");
     assert!(err.contains("failed after 2 retries") && err.contains("503"), "{err}");
 }
+
+#[test]
+fn steps_of_byte_ranges_send_no_request_to_open_the_object_again() {
+    // weightlift.distributed's steps: byte ranges of a parsed index (Engine::read_scattered_of_into), step after step.
+    let _serial = one_at_a_time();
+    let Some(bucket) = servers::bucket(&Shape { ttfb_s: 0.002, ..Shape::default() }) else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let local = generate(dir.path(), "a.safetensors", 4 << 20, 6);
+    servers::put(&bucket.root, "bucket/a.safetensors", &local);
+    let url = format!("{}/bucket/a.safetensors", bucket.base());
+    let index = weightlift::format::open(&[PathBuf::from(&url)], None).unwrap();
+    let file = std::fs::read(&local).unwrap();
+    let engine = engine(None);
+    for t in &index.tensors {
+        let mut out = vec![0u8; t.nbytes as usize];
+        let dest = weightlift::RawDest::Host(out.as_mut_ptr());
+        // SAFETY: `out` is a host buffer of the range's length, alive and untouched until the call returns.
+        let report = unsafe {
+            engine.read_scattered_of_into(
+                &index.files,
+                &[(0, t.offset, t.nbytes, 0, 0)],
+                &[(dest, t.nbytes)],
+                &LoadOpts::default(),
+            )
+        }
+        .unwrap();
+        assert!(out[..] == file[t.offset as usize..(t.offset + t.nbytes) as usize], "{}", t.name);
+        assert_eq!(report.network.as_ref().map(|n| n.heads), Some(0));
+    }
+    let requests = bucket.requests();
+    // The first request opened the object (parsing); every later one is a GET of tensor bytes, pinned to its ETag.
+    assert!(requests.iter().all(|r| r.method == "GET"), "{requests:?}");
+    let pinned = requests.iter().skip(1).all(|r| r.range != "bytes=0-262143" && !r.if_match.is_empty());
+    assert!(pinned && requests.len() > index.tensors.len(), "{requests:?}");
+}

@@ -226,6 +226,8 @@ pub struct Logged {
     pub target: String,
     /// The Range header (empty when none).
     pub range: String,
+    /// The If-Match header (empty when none).
+    pub if_match: String,
     /// The answer's status.
     pub status: u16,
 }
@@ -247,6 +249,7 @@ impl Server {
                     method,
                     target,
                     range: field("range=").unwrap_or_default(),
+                    if_match: field("if_match=").unwrap_or_default(),
                     status: field("status=")?.parse().ok()?,
                 })
             })
