@@ -72,6 +72,11 @@ typedef enum wl_status {
    * The file's permissions, or the object store's answer to the credentials, refuse the access.
    */
   WL_ERR_ACCESS_DENIED = 12,
+  /**
+   * Bytes differ from their expected checksum (the message names tensor, file and chunk), or the checksums to
+   * check against are missing (no manifest beside a file, a tensor it does not list).
+   */
+  WL_ERR_CHECKSUM = 13,
 } wl_status;
 
 /**
@@ -292,6 +297,21 @@ enum wl_status wl_load_tensors(const struct wl_engine *engine,
                                const size_t *which,
                                const struct wl_mem *dests,
                                size_t n);
+
+/**
+ * `wl_load_tensors`, then every tensor checked against the checksum manifest beside its file
+ * (`FILE.xxh3.json`, written by `weightlift checksum`): host memory hashed in place, device memory copied back
+ * one tensor at a time. The manifests are read before anything is loaded. A tensor whose bytes differ fails with
+ * `WL_ERR_CHECKSUM` naming tensor, file and chunk; so does a missing manifest or a tensor it does not list.
+ *
+ * # Safety
+ * As for `wl_load_tensors`.
+ */
+enum wl_status wl_load_tensors_checked(const struct wl_engine *engine,
+                                       const struct wl_checkpoint *ckpt,
+                                       const size_t *which,
+                                       const struct wl_mem *dests,
+                                       size_t n);
 
 /**
  * Reads up to `dest.len` bytes of `path` (a local path or an object's URL) from `offset` into `dest`, like

@@ -49,6 +49,9 @@ pub enum wl_status {
     WL_ERR_INTERNAL = 11,
     /// The file's permissions, or the object store's answer to the credentials, refuse the access.
     WL_ERR_ACCESS_DENIED = 12,
+    /// Bytes differ from their expected checksum (the message names tensor, file and chunk), or the checksums to
+    /// check against are missing (no manifest beside a file, a tensor it does not list).
+    WL_ERR_CHECKSUM = 13,
 }
 
 /// `wl_mem.device` for host memory.
@@ -188,6 +191,7 @@ fn status_of(e: &Error) -> wl_status {
         Error::InvalidArgument(_) => WL_ERR_INVALID_ARGUMENT,
         Error::TensorNotFound { .. } | Error::UnknownKind { .. } => WL_ERR_NOT_FOUND,
         Error::LbaOutOfRange { .. } => WL_ERR_OUT_OF_RANGE,
+        Error::Verify(_) | Error::Pack(weightlift::pack::PackError::Checksum { .. }) => WL_ERR_CHECKSUM,
         _ => WL_ERR_IO,
     }
 }
@@ -344,7 +348,7 @@ pub extern "C" fn wl_last_error() -> *const c_char {
 #[unsafe(no_mangle)]
 pub extern "C" fn wl_status_name(status: i32) -> *const c_char {
     use wl_status::*;
-    const ALL: [wl_status; 13] = [
+    const ALL: [wl_status; 14] = [
         WL_OK,
         WL_ERR_INVALID_ARGUMENT,
         WL_ERR_NOT_FOUND,
@@ -358,6 +362,7 @@ pub extern "C" fn wl_status_name(status: i32) -> *const c_char {
         WL_ERR_NOT_A_FILE,
         WL_ERR_INTERNAL,
         WL_ERR_ACCESS_DENIED,
+        WL_ERR_CHECKSUM,
     ];
     let Some(&status) = ALL.iter().find(|&&s| s as i32 == status) else { return c"unknown status".as_ptr() };
     let s: &'static str = match status {
@@ -374,6 +379,7 @@ pub extern "C" fn wl_status_name(status: i32) -> *const c_char {
         WL_ERR_NOT_A_FILE => "WL_ERR_NOT_A_FILE\0",
         WL_ERR_INTERNAL => "WL_ERR_INTERNAL\0",
         WL_ERR_ACCESS_DENIED => "WL_ERR_ACCESS_DENIED\0",
+        WL_ERR_CHECKSUM => "WL_ERR_CHECKSUM\0",
     };
     s.as_ptr().cast()
 }
@@ -569,36 +575,82 @@ pub unsafe extern "C" fn wl_load_tensors(
 ) -> wl_status {
     guard(|| {
         // SAFETY: per the contract.
-        let (e, c) = unsafe { (arg(engine, "engine")?, arg(ckpt, "ckpt")?) };
-        if n == 0 {
-            return Ok(());
-        }
-        if which.is_null() || dests.is_null() {
-            return Err(invalid("which or dests is NULL"));
-        }
-        // SAFETY: per the contract both hold `n` entries.
-        let (which, dests) = unsafe { (std::slice::from_raw_parts(which, n), std::slice::from_raw_parts(dests, n)) };
-        let mut ranges = Vec::with_capacity(n);
-        let mut raw = Vec::with_capacity(n);
-        for (k, (&i, d)) in which.iter().zip(dests).enumerate() {
-            let t =
-                c.index.tensors.get(i).ok_or_else(|| {
-                    invalid(format!("which[{k}] = {i}: the checkpoint has {}", c.index.tensors.len()))
-                })?;
-            if d.len < t.nbytes {
-                return Err(invalid(format!(
-                    "dests[{k}] holds {} bytes; tensor {:?} needs {}",
-                    d.len, t.name, t.nbytes
-                )));
-            }
-            ranges.push((t.file, t.offset, t.nbytes, k as u32, 0u64));
-            raw.push((dest_of(d)?, d.len));
-        }
-        // The files as parsed: an object's bytes come from the version its header was read from.
-        // SAFETY: per the contract, each destination is valid for its length and unaliased.
-        unsafe { e.engine.read_scattered_of_into(&c.index.files, &ranges, &raw, &weightlift::LoadOpts::default()) }?;
-        Ok(())
+        unsafe { load_tensors(engine, ckpt, which, dests, n, false) }
     })
+}
+
+/// `wl_load_tensors`, then every tensor checked against the checksum manifest beside its file
+/// (`FILE.xxh3.json`, written by `weightlift checksum`): host memory hashed in place, device memory copied back
+/// one tensor at a time. The manifests are read before anything is loaded. A tensor whose bytes differ fails with
+/// `WL_ERR_CHECKSUM` naming tensor, file and chunk; so does a missing manifest or a tensor it does not list.
+///
+/// # Safety
+/// As for `wl_load_tensors`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn wl_load_tensors_checked(
+    engine: *const wl_engine,
+    ckpt: *const wl_checkpoint,
+    which: *const usize,
+    dests: *const wl_mem,
+    n: usize,
+) -> wl_status {
+    guard(|| {
+        // SAFETY: per the contract.
+        unsafe { load_tensors(engine, ckpt, which, dests, n, true) }
+    })
+}
+
+/// `wl_load_tensors` and, when `checked`, `wl_load_tensors_checked`.
+///
+/// # Safety
+/// As for `wl_load_tensors`.
+unsafe fn load_tensors(
+    engine: *const wl_engine,
+    ckpt: *const wl_checkpoint,
+    which: *const usize,
+    dests: *const wl_mem,
+    n: usize,
+    checked: bool,
+) -> Result<(), Error> {
+    // SAFETY: per the contract.
+    let (e, c) = unsafe { (arg(engine, "engine")?, arg(ckpt, "ckpt")?) };
+    if n == 0 {
+        return Ok(());
+    }
+    if which.is_null() || dests.is_null() {
+        return Err(invalid("which or dests is NULL"));
+    }
+    // SAFETY: per the contract both hold `n` entries.
+    let (which, dests) = unsafe { (std::slice::from_raw_parts(which, n), std::slice::from_raw_parts(dests, n)) };
+    let mut ranges = Vec::with_capacity(n);
+    let mut raw = Vec::with_capacity(n);
+    for (k, (&i, d)) in which.iter().zip(dests).enumerate() {
+        let t = c
+            .index
+            .tensors
+            .get(i)
+            .ok_or_else(|| invalid(format!("which[{k}] = {i}: the checkpoint has {}", c.index.tensors.len())))?;
+        if d.len < t.nbytes {
+            return Err(invalid(format!("dests[{k}] holds {} bytes; tensor {:?} needs {}", d.len, t.name, t.nbytes)));
+        }
+        ranges.push(weightlift::ByteRange::new(t.file, t.offset, t.nbytes, 0).into_dest(k as u32));
+        raw.push((dest_of(d)?, d.len));
+    }
+    let checks = if checked { Some(weightlift::Checks::from_manifests(&c.index, which)?) } else { None };
+    // The files as parsed: an object's bytes come from the version its header was read from.
+    let req = weightlift::ReadRequest::new(
+        weightlift::Sources::Described(&c.index.files),
+        &ranges,
+        weightlift::Dests::Memory(&raw),
+    );
+    // SAFETY: per the contract, each destination is valid for its length and unaliased.
+    unsafe { e.engine.read(&req) }?;
+    if let Some(checks) = checks {
+        let at: Vec<weightlift::RawDest> = raw.iter().map(|r| r.0).collect();
+        // SAFETY: per the contract, each destination holds its tensor's bytes (just read) and nothing writes it.
+        unsafe { e.engine.check_memory(&checks, &c.index, which, &at) }?;
+    }
+    Ok(())
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -623,7 +675,7 @@ pub unsafe extern "C" fn wl_read(
         let (e, path) = unsafe { (arg(engine, "engine")?, string(path, "path")?) };
         let raw = dest_of(&dest)?;
         // SAFETY: per the contract.
-        let (n, _) = unsafe { e.engine.read_into(path.as_ref(), offset, dest.len, raw) }?;
+        let (n, _) = unsafe { e.engine.read_at(path.as_ref(), offset, dest.len, raw, &Default::default()) }?;
         // SAFETY: per the contract.
         unsafe { put(bytes_read, n) };
         Ok(())
@@ -764,7 +816,7 @@ pub unsafe extern "C" fn wl_read_async(
             let to = SendDest(to);
             // SAFETY: per the contract, the destination (or the operation's staging) stays valid and untouched until
             // the operation is waited for, and holds `len` bytes.
-            unsafe { eng.read_into(path.as_ref(), offset, len, to.get()) }.map(|(n, _)| n)
+            unsafe { eng.read_at(path.as_ref(), offset, len, to.get(), &Default::default()) }.map(|(n, _)| n)
         };
         let gpu_engine = e.engine.clone();
         // SAFETY: per the contract.

@@ -213,11 +213,12 @@ fn hostile_arguments_are_invalid_argument_never_a_crash_or_a_panic() {
     // SAFETY: (all calls below) valid pointers to live objects and buffers of the lengths passed, NULL where the
     // test says so.
     unsafe {
-        for bad in [999, -1, 13, i32::MIN, i32::MAX] {
+        for bad in [999, -1, 14, i32::MIN, i32::MAX] {
             assert_eq!(CStr::from_ptr(wl_status_name(bad)).to_str().unwrap(), "unknown status");
         }
         assert_eq!(CStr::from_ptr(wl_status_name(11)).to_str().unwrap(), "WL_ERR_INTERNAL");
         assert_eq!(CStr::from_ptr(wl_status_name(12)).to_str().unwrap(), "WL_ERR_ACCESS_DENIED");
+        assert_eq!(CStr::from_ptr(wl_status_name(13)).to_str().unwrap(), "WL_ERR_CHECKSUM");
 
         // Offsets whose end overflows u64 or passes the largest file offset: EINVAL, as pwrite(2) says.
         for offset in [u64::MAX - 4, u64::MAX, i64::MAX as u64 - 4] {
@@ -483,5 +484,59 @@ fn finding_every_tensor_by_name_is_not_quadratic() {
         let find_secs = t0.elapsed().as_secs_f64();
         wl_checkpoint_close(ck);
         assert!(find_secs < 5.0 * open_secs + 2.0, "finding took {find_secs:.2} s, opening {open_secs:.2} s");
+    }
+}
+
+/// `wl_load_tensors_checked`: every tensor of a checkpoint with its manifest loads and checks; a changed byte is
+/// `WL_ERR_CHECKSUM` naming its tensor (the plain load of the same bytes succeeds); no manifest is
+/// `WL_ERR_CHECKSUM` saying how to write one, before anything is read.
+#[test]
+fn checked_loads_compare_with_the_manifest() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = generate(dir.path(), "m.safetensors", &[]);
+    let m = weightlift::pack::manifest::create(&path, 2, &|_, _| {}).unwrap();
+    let mut manifest = path.clone().into_os_string();
+    manifest.push(weightlift::pack::manifest::SUFFIX);
+    m.write(Path::new(&manifest), &[path.as_path()]).unwrap();
+    let index = weightlift::format::open(std::slice::from_ref(&path), None).unwrap();
+    let cpath = CString::new(path.to_str().unwrap()).unwrap();
+    let e = engine();
+    let mut ck = ptr::null_mut();
+    // SAFETY: (all calls below) valid pointers to live objects, and buffers of the lengths passed.
+    unsafe {
+        assert_eq!(wl_checkpoint_open(cpath.as_ptr(), &mut ck), wl_status::WL_OK, "{}", last_error());
+        let n = index.tensors.len();
+        let which: Vec<usize> = (0..n).collect();
+        let load = |checked: bool| {
+            let mut bufs: Vec<Vec<u8>> = index.tensors.iter().map(|t| vec![0xA5; t.nbytes as usize]).collect();
+            let dests: Vec<wl_mem> = bufs.iter_mut().map(|b| host(b)).collect();
+            let f = if checked { wl_load_tensors_checked } else { wl_load_tensors };
+            (f(e.0, ck, which.as_ptr(), dests.as_ptr(), n), bufs)
+        };
+        let (status, bufs) = load(true);
+        assert_eq!(status, wl_status::WL_OK, "{}", last_error());
+        let file = std::fs::read(&path).unwrap();
+        for (t, b) in index.tensors.iter().zip(&bufs) {
+            assert!(b[..] == file[t.offset as usize..(t.offset + t.nbytes) as usize], "{}", t.name);
+        }
+
+        let victim = index.tensors.iter().max_by_key(|t| t.nbytes).unwrap();
+        let mut changed = file.clone();
+        changed[(victim.offset + victim.nbytes / 3) as usize] ^= 0x01;
+        std::fs::write(&path, &changed).unwrap();
+        let (status, _) = load(true);
+        assert_eq!(status, wl_status::WL_ERR_CHECKSUM, "{}", last_error());
+        assert!(last_error().contains(&victim.name), "{}", last_error());
+        assert_eq!(load(false).0, wl_status::WL_OK, "{}", last_error());
+        assert_eq!(
+            CStr::from_ptr(wl_status_name(wl_status::WL_ERR_CHECKSUM as i32)).to_str().unwrap(),
+            "WL_ERR_CHECKSUM"
+        );
+
+        std::fs::remove_file(&manifest).unwrap();
+        let (status, _) = load(true);
+        assert_eq!(status, wl_status::WL_ERR_CHECKSUM, "{}", last_error());
+        assert!(last_error().contains("weightlift checksum"), "{}", last_error());
+        wl_checkpoint_close(ck);
     }
 }

@@ -101,6 +101,11 @@ pub struct Args {
     /// Compare every loaded byte with a second, plain read of the files.
     #[arg(long)]
     pub verify: bool,
+    /// Check every tensor against the checksum manifest beside its file (`<file>.xxh3.json`, written by
+    /// `weightlift checksum`) as it lands, overlapped with the rest of the load: a mismatch fails the load naming
+    /// tensor and chunk. (A packed checkpoint's chunks are always checked.)
+    #[arg(long)]
+    pub checksums: bool,
     /// Print the report as one JSON object.
     #[arg(long)]
     pub json: bool,
@@ -201,9 +206,15 @@ pub fn run(args: &Args) -> Result<()> {
         engine.gpu(n)?;
         costs.cuda_context_secs = Some(t.elapsed().as_secs_f64());
     }
+    let checks = manifest_checks(&index, args.checksums)?;
     let interrupt = Interrupt::watch()?;
     let loaded = with_progress(index.total_bytes(), |progress| {
-        let opts = LoadOpts { progress: Some(progress), cancel: Some(interrupt.flag()), ..LoadOpts::default() };
+        let opts = LoadOpts {
+            progress: Some(progress),
+            cancel: Some(interrupt.flag()),
+            checks: checks.as_ref(),
+            ..LoadOpts::default()
+        };
         engine.load(&index, device, &opts)
     });
     let mut loaded = interrupt.outcome(loaded)?;
@@ -225,6 +236,15 @@ pub fn run(args: &Args) -> Result<()> {
         println!("  {}", costs.line());
     }
     Ok(())
+}
+
+/// With `--checksums`: the expected checksums of every tensor of `index`, from its files' manifests.
+pub fn manifest_checks(index: &TensorIndex, wanted: bool) -> Result<Option<weightlift::Checks>> {
+    if !wanted {
+        return Ok(None);
+    }
+    let all: Vec<usize> = (0..index.tensors.len()).collect();
+    Ok(Some(weightlift::Checks::from_manifests(index, &all)?))
 }
 
 /// For GPU loads (unless `--no-ceiling`): the pinned host→device copy rate of this machine (GB/s, best of 3).

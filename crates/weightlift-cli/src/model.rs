@@ -14,7 +14,7 @@ use serde_json::{Value, json};
 use weightlift::format::TensorIndex;
 use weightlift::{Device, Engine, LoadOpts};
 
-use crate::load::{Args, verify, with_progress};
+use crate::load::{Args, manifest_checks, verify, with_progress};
 
 /// What `config.json` says about the model (only what the report shows).
 #[derive(Debug, PartialEq)]
@@ -107,8 +107,13 @@ pub fn run(dir: &Path, args: &Args) -> Result<()> {
     let tied = config.ties_lm_head() && index.get("lm_head.weight").is_none();
     let (device, why) = args.engine.device()?;
     let engine = Engine::new(args.engine.settings()?)?;
+    let checks = manifest_checks(&index, args.checksums)?;
     let mut loaded = with_progress(index.total_bytes(), |progress| {
-        engine.load(&index, device, &LoadOpts { progress: Some(progress), ..LoadOpts::default() })
+        engine.load(
+            &index,
+            device,
+            &LoadOpts { progress: Some(progress), checks: checks.as_ref(), ..LoadOpts::default() },
+        )
     })?;
     let ready = start.elapsed().as_secs_f64();
     if args.verify {

@@ -629,3 +629,39 @@ fn a_shard_index_of_200k_tensors_inspects_in_about_the_time_of_its_shard() {
     assert_user_error(&out, &["inspect", "model.safetensors.index.json"], "zz.missing");
     assert!(index_secs < 5.0 * shard_secs + 2.0, "the index took {index_secs:.2} s, its shard alone {shard_secs:.2} s");
 }
+
+/// `load --checksums` checks each tensor against the manifest `weightlift checksum` wrote beside its file: a whole
+/// file passes (and says what it checked), a changed byte fails naming its tensor, a missing manifest says how to
+/// write one.
+#[test]
+fn load_checks_tensors_against_their_manifest() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = small_checkpoint(dir.path(), "a.safetensors");
+    let a = a.to_str().unwrap();
+    let o = weightlift(&["checksum", a]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(dir.path().join("a.safetensors.xxh3.json").exists());
+    let o = weightlift(&["load", a, "--checksums", "--device", "cpu", "--json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let report: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let checks = &report["checks"];
+    assert!(checks["chunks"].as_u64().unwrap() > 0, "{report}");
+    assert_eq!(checks["bytes"].as_u64(), report["bytes"].as_u64(), "{report}");
+
+    let index = weightlift::format::open(&[std::path::PathBuf::from(a)], None).unwrap();
+    let last = index.tensors.iter().max_by_key(|t| t.offset).unwrap();
+    let mut bytes = std::fs::read(a).unwrap();
+    let at = (last.offset + last.nbytes / 2) as usize;
+    bytes[at] ^= 0x40;
+    std::fs::write(a, &bytes).unwrap();
+    let o = weightlift(&["load", a, "--checksums", "--device", "cpu"]);
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains(&last.name) && !stderr(&o).contains("panicked"), "{}", stderr(&o));
+    let o = weightlift(&["load", a, "--device", "cpu"]);
+    assert!(o.status.success(), "without --checksums nothing is checked: {}", stderr(&o));
+
+    std::fs::remove_file(dir.path().join("a.safetensors.xxh3.json")).unwrap();
+    let args = ["load", a, "--checksums", "--device", "cpu"];
+    let o = weightlift(&args);
+    assert!(!o.status.success() && stderr(&o).contains("weightlift checksum"), "{}", stderr(&o));
+}

@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 use weightlift::format::{DType, Metadata, RawSpec, TensorIndex};
-use weightlift::{Device, LoadOpts, Stream};
+use weightlift::{ByteRange, Dests, Device, LoadOpts, ReadRequest, Sources, Stream};
 
 use crate::alloc::TorchAllocator;
 use crate::bridge::{SendPtr, interruptible, interruptible_with};
@@ -63,45 +63,6 @@ pub struct Checkpoint {
     pack_source: Option<String>,
 }
 
-/// A packed checkpoint's tensors as an index over the pack (one file; offsets and sizes of the original files).
-fn pack_index(pack: &weightlift::Pack) -> (TensorIndex, String) {
-    let p = pack.index();
-    let tensors = p
-        .tensors()
-        .filter_map(|item| match &item.kind {
-            weightlift::format::wlpack::ItemKind::Tensor { name, dtype, shape } => {
-                Some(weightlift::format::TensorEntry {
-                    name: name.clone(),
-                    dtype: *dtype,
-                    shape: shape.clone(),
-                    file: 0,
-                    offset: item.offset,
-                    nbytes: item.nbytes,
-                })
-            }
-            weightlift::format::wlpack::ItemKind::Gap => None,
-        })
-        .collect();
-    let metadata = if p.metadata.is_empty() { Metadata::None } else { Metadata::Safetensors(p.metadata.clone()) };
-    (
-        TensorIndex {
-            files: vec![weightlift::format::SourceFile {
-                path: pack.path().to_path_buf(),
-                format: weightlift::format::Format::Raw,
-                len: p.len,
-                data_start: p.data_start,
-                metadata,
-                gguf_version: None,
-                etag: None,
-                header: None,
-                object: None,
-            }],
-            tensors,
-        },
-        p.source.clone(),
-    )
-}
-
 impl Checkpoint {
     /// The parsed index, for reads by file offset: refused for a packed checkpoint, whose tensors are not stored at
     /// the offsets its index gives (those of the original files) and must be decoded.
@@ -120,42 +81,6 @@ impl Checkpoint {
     fn faults(&self) -> PyResult<Option<weightlift::io::fault::FaultPlan>> {
         let paths: Vec<PathBuf> = self.index.files.iter().map(|f| f.path.clone()).collect();
         crate::inject::from_env(&paths)
-    }
-
-    /// The expected checksums of the tensors at `which`, from the manifests of their files.
-    fn checks(&self, which: &[usize]) -> weightlift::Result<weightlift::Checks> {
-        use weightlift_pack::manifest::{Manifest, SUFFIX};
-        let mut manifests: HashMap<usize, Manifest> = HashMap::new();
-        let mut tensors = Vec::with_capacity(which.len());
-        for &i in which {
-            let t = &self.index.tensors[i];
-            if let std::collections::hash_map::Entry::Vacant(v) = manifests.entry(t.file) {
-                let mut path = self.index.files[t.file].path.clone().into_os_string();
-                path.push(SUFFIX);
-                let m = Manifest::read(std::path::Path::new(&path))
-                    .map_err(|e| weightlift::Error::Verify(format!("{e} (write it with `weightlift checksum`)")))?;
-                v.insert(m);
-            }
-            let m = &manifests[&t.file];
-            let verify = |e: String| weightlift::Error::Verify(e);
-            let sums = m
-                .tensor(&t.name)
-                .ok_or_else(|| verify(format!("tensor {:?} is not in the checksum manifest", t.name)))?;
-            if sums.nbytes != t.nbytes {
-                return Err(verify(format!(
-                    "tensor {:?}: the manifest has {} bytes, the file {}",
-                    t.name, sums.nbytes, t.nbytes
-                )));
-            }
-            let chunks = sums.chunk_ranges(m.chunk_bytes).map_err(|e| verify(e.to_string()))?;
-            tensors.push(
-                chunks
-                    .into_iter()
-                    .map(|(start, len, expected)| weightlift::ChunkSum { start, len, expected })
-                    .collect(),
-            );
-        }
-        Ok(weightlift::Checks { tensors })
     }
 
     fn positions(&self, names: Option<Vec<String>>) -> PyResult<Vec<usize>> {
@@ -199,10 +124,7 @@ impl Checkpoint {
             _ => None,
         };
         let (index, pack_source) = match &pack {
-            Some(p) => {
-                let (i, s) = pack_index(p);
-                (i, Some(s))
-            }
+            Some(p) => (p.tensor_index(), Some(p.source().to_string())),
             None => (py.detach(|| weightlift::format::open(&paths, raw)).map_err(|e| to_py(e.into()))?, None),
         };
         let by_name = index.tensors.iter().enumerate().map(|(i, t)| (t.name.clone(), i)).collect();
@@ -311,7 +233,11 @@ impl Checkpoint {
         }
         let device = parse_device(device)?;
         let which = self.positions(names)?;
-        let checks = if verify && self.pack.is_none() { Some(self.checks(&which).map_err(to_py)?) } else { None };
+        let checks = if verify && self.pack.is_none() {
+            Some(weightlift::Checks::from_manifests(&self.index, &which).map_err(to_py)?)
+        } else {
+            None
+        };
         let (index, engine, pack) = (self.index.clone(), engine.engine.clone(), self.pack.clone());
         let faults = self.faults()?.map(Arc::new);
         // Packed loads decode into memory of their own; host loads have no use for a device allocator.
@@ -417,10 +343,13 @@ impl Checkpoint {
         let report = interruptible(py, move |cancel| {
             let dest = dest;
             let opts = LoadOpts { faults: faults.as_ref(), cancel: Some(cancel), ..LoadOpts::default() };
-            let ranges: Vec<_> = ranges.iter().map(|&(f, o, l, d)| (f, o, l, 0u32, d)).collect();
+            let ranges: Vec<ByteRange> = ranges.iter().map(|&(f, o, l, d)| ByteRange::new(f, o, l, d)).collect();
+            let dests = [(dest.0, nbytes)];
+            let req =
+                ReadRequest::new(Sources::Described(&index.files), &ranges, Dests::Memory(&dests)).with_opts(opts);
             // SAFETY: the Python layer passes the data pointer and byte size of a live, contiguous tensor that it
             // keeps alive (and does not hand to other work) for the duration of this call.
-            unsafe { engine.read_scattered_of_into(&index.files, &ranges, &[(dest.0, nbytes)], &opts) }
+            unsafe { engine.read(&req) }
         })?
         .map_err(to_py)?
         .to_json();

@@ -137,7 +137,7 @@ impl NativeEngine {
             let opts = LoadOpts { faults: faults.as_ref(), cancel: Some(cancel), ..LoadOpts::default() };
             // SAFETY: the Python layer passes the data pointer and byte size of a live, contiguous tensor or
             // storage that it keeps alive (and does not hand to other work) for the duration of this call.
-            unsafe { engine.read_into_with(&path, offset, nbytes, dest.0, &opts) }
+            unsafe { engine.read_at(&path, offset, nbytes, dest.0, &opts) }
         })?
         .map_err(to_py)?;
         remember(report.to_json());

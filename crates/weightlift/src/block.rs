@@ -12,6 +12,7 @@ use std::sync::Arc;
 use weightlift_io::OpenFile;
 
 use crate::engine::Engine;
+use crate::engine::read::{ByteRange, Dests, ReadRequest, Sources};
 use crate::error::{Error, Result};
 use crate::path::LoadOpts;
 use crate::report::Report;
@@ -123,8 +124,10 @@ impl BlockDevice {
     pub unsafe fn read_with(&self, lba: u64, count: u64, dest: RawDest, opts: &LoadOpts<'_>) -> Result<(u64, Report)> {
         let (offset, len) = self.byte_range(lba, count)?;
         let files = [self.file.clone()];
+        let (ranges, dests) = ([ByteRange::new(0, offset, len, 0)], [(dest, len)]);
+        let req = ReadRequest::new(Sources::Open(&files), &ranges, Dests::Memory(&dests)).with_opts(*opts);
         // SAFETY: per this function's contract, `dest` holds `len` writable bytes.
-        let report = unsafe { self.engine.read_open_ranges_into(&files, &[(0, offset, len, 0)], dest, len, opts) }?;
+        let report = unsafe { self.engine.read(&req) }?;
         Ok((len, report))
     }
 }

@@ -4,8 +4,8 @@
 //!
 //! weightlift reads the bytes into host memory (io_uring lanes, O_DIRECT where it pays); each tensor is then copied
 //! once into the storage candle owns, since a candle CPU tensor holds a `Vec` of its element type and cannot adopt
-//! a buffer of bytes. CPU only: candle's `cuda` feature links cudarc with `dynamic-linking`, which cargo cannot
-//! build together with weightlift's cudarc, loaded at run time (docs/rust.md says what was checked).
+//! a buffer of bytes. CPU only for now: candle's `cuda` feature (cudarc with `dynamic-linking`, which weightlift's
+//! `fallback-dynamic-loading` now gives way to) is not built or tested here yet (docs/rust.md says what was checked).
 
 use std::collections::HashMap;
 

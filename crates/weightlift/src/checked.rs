@@ -35,6 +35,48 @@ pub struct Checks {
     pub tensors: Vec<Vec<ChunkSum>>,
 }
 
+impl Checks {
+    /// The expected checksums of the tensors of `index` at positions `which` (in that order), from the checksum
+    /// manifest beside each of their files (`<file>.xxh3.json`, written by `weightlift checksum`). A missing or
+    /// unreadable manifest, a tensor it does not list, or one whose size differs from the file's is a `Verify`
+    /// error naming them.
+    pub fn from_manifests(index: &weightlift_format::TensorIndex, which: &[usize]) -> Result<Checks> {
+        use std::collections::HashMap;
+        use weightlift_pack::manifest::{Manifest, SUFFIX};
+        let verify = Error::Verify;
+        let mut manifests: HashMap<usize, Manifest> = HashMap::new();
+        let mut tensors = Vec::with_capacity(which.len());
+        for &i in which {
+            let t = index.tensors.get(i).ok_or_else(|| {
+                Error::InvalidArgument(format!("no tensor at position {i} of {}", index.tensors.len()))
+            })?;
+            let file = index.files.get(t.file).ok_or_else(|| {
+                Error::InvalidArgument(format!("tensor {:?} names file {} of {}", t.name, t.file, index.files.len()))
+            })?;
+            if let std::collections::hash_map::Entry::Vacant(v) = manifests.entry(t.file) {
+                let mut path = file.path.clone().into_os_string();
+                path.push(SUFFIX);
+                let m = Manifest::read(std::path::Path::new(&path))
+                    .map_err(|e| verify(format!("{e} (write it with `weightlift checksum`)")))?;
+                v.insert(m);
+            }
+            let m = &manifests[&t.file];
+            let sums = m
+                .tensor(&t.name)
+                .ok_or_else(|| verify(format!("tensor {:?} is not in the checksum manifest", t.name)))?;
+            if sums.nbytes != t.nbytes {
+                return Err(verify(format!(
+                    "tensor {:?}: the manifest has {} bytes, the file {}",
+                    t.name, sums.nbytes, t.nbytes
+                )));
+            }
+            let chunks = sums.chunk_ranges(m.chunk_bytes).map_err(|e| verify(e.to_string()))?;
+            tensors.push(chunks.into_iter().map(|(start, len, expected)| ChunkSum { start, len, expected }).collect());
+        }
+        Ok(Checks { tensors })
+    }
+}
+
 /// Counts landed bytes per destination and announces each destination once it is whole.
 pub(crate) struct Watch {
     lens: Vec<u64>,

@@ -342,7 +342,7 @@ impl Session {
                 };
                 let opts = crate::LoadOpts { faults: faults.as_deref(), ..crate::LoadOpts::default() };
                 // SAFETY: as above.
-                unsafe { engine.read_into_with(&f.path, file_offset, size, dest, &opts) }.map(|(n, _)| n)
+                unsafe { engine.read_at(&f.path, file_offset, size, dest, &opts) }.map(|(n, _)| n)
             }
             Op::Write => {
                 let src = match device {

@@ -19,6 +19,7 @@ use weightlift_io::{HostBuffer, OpenFile};
 
 use crate::device::Device;
 use crate::engine::Engine;
+use crate::engine::read::{ByteRange, Dests, ReadRequest, Sources};
 use crate::error::{Error, Result};
 use crate::path::LoadOpts;
 use crate::tensor::RawDest;
@@ -35,8 +36,8 @@ pub struct LayerLayout {
     pub offsets: Vec<u64>,
     /// Bytes of the slot the layer occupies.
     pub bytes: u64,
-    /// Reads `(file, offset, len, slot offset)`.
-    ranges: Vec<(usize, u64, u64, u64)>,
+    /// Reads into the slot (destination 0).
+    ranges: Vec<ByteRange>,
 }
 
 /// What the streamer did so far.
@@ -174,7 +175,7 @@ pub fn plan_layers(index: &TensorIndex, layers: &[Vec<usize>]) -> Result<(Vec<La
             seen[t] = l;
             let at = end.next_multiple_of(SLOT_ALIGN);
             offsets.push(at);
-            ranges.push((e.file, e.offset, e.nbytes, at));
+            ranges.push(ByteRange::new(e.file, e.offset, e.nbytes, at));
             end = at + e.nbytes;
         }
         largest = largest.max(end);
@@ -473,18 +474,19 @@ fn reader(shared: &Shared, layouts: &[LayerLayout], engine: &Engine, files: &[Ar
         let result = release.as_ref().map_or(Ok(()), |m| m.wait().map_err(Error::from)).and_then(|()| {
             let faults = shared.faults.lock().unwrap_or_else(|p| p.into_inner()).clone();
             let opts = LoadOpts { cancel: Some(&shared.cancel), faults: faults.as_deref(), ..LoadOpts::default() };
+            let dests = [(slots[job.slot], layout.bytes)];
+            let req = ReadRequest::new(Sources::Open(files), &layout.ranges, Dests::Memory(&dests)).with_opts(opts);
             // SAFETY: the slot is valid for `slot_bytes >= layout.bytes` bytes (checked at construction) and,
             // per the streamer's contract, nobody uses it: its previous layer was released and `release` waited
             // for the work on it.
-            unsafe { engine.read_open_ranges_into(files, &layout.ranges, slots[job.slot], layout.bytes, &opts) }
-                .map(|_| ())
+            unsafe { engine.read(&req) }.map(|_| ())
         });
         let secs = start.elapsed().as_secs_f64();
         st = lock(shared);
         st.stats.loads += 1;
         st.stats.load_secs += secs;
         if result.is_ok() {
-            st.stats.bytes += layout.ranges.iter().map(|r| r.2).sum::<u64>();
+            st.stats.bytes += layout.ranges.iter().map(|r| r.len).sum::<u64>();
         }
         let s = &mut st.slots[job.slot];
         if s.generation == job.generation {

@@ -48,11 +48,13 @@ pub use device::Device;
 #[cfg(feature = "dlpack")]
 pub use dlpark;
 pub use engine::Engine;
+pub use engine::read::{ByteRange, Dests, ReadRequest, Sources};
 pub use error::{Error, Result};
 pub use layers::{LayerStreamer, LayerView, StreamerStats};
 pub use packed::{Decoder, Pack, is_pack_file};
 pub use path::{LoadOpts, PathKind};
 pub use prepare::Prepared;
+pub use probe::{CufileDriverReport, CufileMode, CufileReport, cufile_status};
 pub use report::{CheckStats, NvmeStats, PackStats, PathUsed, Report, StreamStats};
 pub use settings::{Backend, DeviceMemory, Overrides, Setting, Settings, Source};
 pub use stream::{Stream, StreamLimits};
@@ -60,28 +62,5 @@ pub use tensor::{DeviceTensor, Loaded, RawDest, RawSrc, Tensor, TensorData};
 pub use weightlift_cuda as cuda;
 pub use weightlift_format as format;
 pub use weightlift_io as io;
+pub use weightlift_pack as pack;
 pub use weightlift_remote as remote;
-
-/// Whether NVIDIA's cuFile library can be loaded here, where from, and what was tried (this loads it).
-pub fn cufile_status(settings: &Settings) -> serde_json::Value {
-    let (loc, _) = weightlift_cuda::cufile::locate(settings.cufile_lib.value.as_deref());
-    let mut v =
-        serde_json::json!({"found": loc.found.is_some(), "library": loc.found, "tried": loc.tried, "error": loc.error});
-    if loc.found.is_some() {
-        match weightlift_cuda::cufile::driver(settings.cufile_lib.value.as_deref()) {
-            Ok(c) => {
-                let (mode, detail) = match &c.mode {
-                    weightlift_cuda::cufile::CufileMode::PeerToPeer(d) => ("peer-to-peer", d.clone()),
-                    weightlift_cuda::cufile::CufileMode::Compat(d) => ("compat", d.clone()),
-                };
-                v["mode"] = serde_json::json!(format!("{mode}: {detail}"));
-                v["version"] = serde_json::json!(c.version);
-                v["nvfs_version"] = serde_json::json!(format!("{}.{}", c.props.nvfs_major, c.props.nvfs_minor));
-                v["max_direct_io_size"] = serde_json::json!(c.props.max_direct_io_size);
-                v["feature_flags"] = serde_json::json!(c.props.fflags);
-            }
-            Err(e) => v["mode"] = serde_json::json!(format!("driver not opened: {e}")),
-        }
-    }
-    v
-}

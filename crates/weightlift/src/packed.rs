@@ -221,6 +221,50 @@ impl Pack {
     pub fn index(&self) -> &PackIndex {
         &self.index
     }
+
+    /// What the pack was packed from (`safetensors`, `safetensors-sharded` or `gguf`).
+    pub fn source(&self) -> &str {
+        &self.index.source
+    }
+
+    /// The pack's tensors as a tensor index over the pack file, for the fronts that list, look up and select
+    /// tensors by index: names, dtypes, shapes and sizes, with the offsets of the original files (a pack stores
+    /// its tensors encoded, so its tensors are loaded by decoding them, never read at those offsets). The
+    /// original's metadata (safetensors `__metadata__`) comes along.
+    pub fn tensor_index(&self) -> TensorIndex {
+        let p = &self.index;
+        let tensors = p
+            .tensors()
+            .filter_map(|item| match &item.kind {
+                ItemKind::Tensor { name, dtype, shape } => Some(TensorEntry {
+                    name: name.clone(),
+                    dtype: *dtype,
+                    shape: shape.clone(),
+                    file: 0,
+                    offset: item.offset,
+                    nbytes: item.nbytes,
+                }),
+                ItemKind::Gap => None,
+            })
+            .collect();
+        let metadata = if p.metadata.is_empty() {
+            weightlift_format::Metadata::None
+        } else {
+            weightlift_format::Metadata::Safetensors(p.metadata.clone())
+        };
+        let file = SourceFile {
+            path: self.path.clone(),
+            format: Format::Raw,
+            len: p.len,
+            data_start: p.data_start,
+            metadata,
+            gguf_version: None,
+            etag: None,
+            header: None,
+            object: None,
+        };
+        TensorIndex { files: vec![file], tensors }
+    }
 }
 
 impl Engine {

@@ -153,6 +153,6 @@ fn raw_reads_refuse_checks() {
     let opts = LoadOpts { checks: Some(&checks), ..LoadOpts::default() };
     let dest = weightlift::RawDest::Host(out.as_mut_ptr());
     // SAFETY: `out` holds 4096 writable bytes, untouched until the call returns.
-    let r = unsafe { engine.read_into_with(&path, 0, 4096, dest, &opts) };
+    let r = unsafe { engine.read_at(&path, 0, 4096, dest, &opts) };
     assert!(matches!(r, Err(Error::InvalidArgument(_))), "{r:?}");
 }

@@ -22,7 +22,10 @@ use weightlift::format::synth::{self, Container, Layout, Spec};
 use weightlift::format::{DType, RawSpec, TensorIndex};
 use weightlift::io::DirectMode;
 use weightlift::io::fault::{Fault, FaultPlan};
-use weightlift::{Backend, BlockDevice, Decoder, Device, Engine, Error, LayerStreamer, LoadOpts, RawDest, Settings};
+use weightlift::{
+    Backend, BlockDevice, ByteRange, Decoder, Dests, Device, Engine, Error, LayerStreamer, LoadOpts, RawDest,
+    ReadRequest, Settings, Sources,
+};
 
 struct Rng(u64);
 
@@ -234,19 +237,22 @@ fn run(
         }
         Call::ReadInto(r) => {
             let mut at = 0u64;
-            let ranges: Vec<(usize, u64, u64, u64)> = r
+            let ranges: Vec<ByteRange> = r
                 .iter()
                 .map(|&(o, l)| {
                     at += l;
-                    (0, o, l, at - l)
+                    ByteRange::new(0, o, l, at - l)
                 })
                 .collect();
             let mut buf = vec![0xA5u8; at as usize];
+            let (paths, dests) = ([path.to_path_buf()], [(RawDest::Host(buf.as_mut_ptr()), at)]);
+            let req = ReadRequest::new(Sources::Paths(&paths), &ranges, Dests::Memory(&dests)).with_opts(opts);
             // SAFETY: `buf` holds `at` writable bytes and nothing else touches it during the call.
-            unsafe {
-                engine.read_ranges_into(&[path.to_path_buf()], &ranges, RawDest::Host(buf.as_mut_ptr()), at, &opts)?
-            };
-            return Ok(ranges.iter().map(|&(_, _, l, d)| buf[d as usize..(d + l) as usize].to_vec()).collect());
+            unsafe { engine.read(&req)? };
+            return Ok(ranges
+                .iter()
+                .map(|r| buf[r.dest_offset as usize..(r.dest_offset + r.len) as usize].to_vec())
+                .collect());
         }
     };
     Ok(loaded

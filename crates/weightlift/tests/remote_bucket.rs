@@ -213,7 +213,7 @@ fn retry_after_is_waited_out() {
 
 #[test]
 fn steps_of_byte_ranges_send_no_request_to_open_the_object_again() {
-    // weightlift.distributed's steps: byte ranges of a parsed index (Engine::read_scattered_of_into), step after step.
+    // weightlift.distributed's steps: byte ranges of a parsed index (Engine::read of Sources::Described), step after step.
     let _serial = one_at_a_time();
     let Some(bucket) = servers::bucket(&Shape { ttfb_s: 0.002, ..Shape::default() }) else { return };
     let dir = tempfile::tempdir().unwrap();
@@ -226,16 +226,14 @@ fn steps_of_byte_ranges_send_no_request_to_open_the_object_again() {
     for t in &index.tensors {
         let mut out = vec![0u8; t.nbytes as usize];
         let dest = weightlift::RawDest::Host(out.as_mut_ptr());
+        let (ranges, dests) = ([weightlift::ByteRange::new(0, t.offset, t.nbytes, 0)], [(dest, t.nbytes)]);
+        let req = weightlift::ReadRequest::new(
+            weightlift::Sources::Described(&index.files),
+            &ranges,
+            weightlift::Dests::Memory(&dests),
+        );
         // SAFETY: `out` is a host buffer of the range's length, alive and untouched until the call returns.
-        let report = unsafe {
-            engine.read_scattered_of_into(
-                &index.files,
-                &[(0, t.offset, t.nbytes, 0, 0)],
-                &[(dest, t.nbytes)],
-                &LoadOpts::default(),
-            )
-        }
-        .unwrap();
+        let report = unsafe { engine.read(&req) }.unwrap();
         assert!(out[..] == file[t.offset as usize..(t.offset + t.nbytes) as usize], "{}", t.name);
         assert_eq!(report.network.as_ref().map(|n| n.heads), Some(0));
     }

@@ -7,12 +7,31 @@ use std::path::PathBuf;
 use weightlift::format::synth;
 use weightlift::io::DirectMode;
 use weightlift::io::fault::{Fault, FaultPlan};
-use weightlift::{Backend, Engine, Error, LoadOpts, RawDest, Settings};
+use weightlift::{Backend, ByteRange, Dests, Engine, Error, LoadOpts, RawDest, ReadRequest, Settings, Sources};
 
 const SENTINEL: u8 = 0xA5;
 
 /// `(file, offset, len, dest_offset)`.
 type Range = (usize, u64, u64, u64);
+
+/// `Engine::read` of ranges `(file, offset, len, dest_offset)` of `paths` into `cap` bytes at `dest`.
+///
+/// # Safety
+/// `dest` valid for writes of `cap` bytes, untouched by anything else until this returns.
+unsafe fn read_ranges(
+    engine: &Engine,
+    paths: &[PathBuf],
+    rs: &[Range],
+    dest: RawDest,
+    cap: u64,
+    opts: &LoadOpts<'_>,
+) -> weightlift::Result<weightlift::Report> {
+    let ranges: Vec<ByteRange> = rs.iter().map(|&(f, o, l, d)| ByteRange::new(f, o, l, d)).collect();
+    let dests = [(dest, cap)];
+    let req = ReadRequest::new(Sources::Paths(paths), &ranges, Dests::Memory(&dests)).with_opts(*opts);
+    // SAFETY: the caller's contract.
+    unsafe { engine.read(&req) }
+}
 
 fn write(dir: &std::path::Path, name: &str, seed: u64, len: usize) -> (PathBuf, Vec<u8>) {
     let mut bytes = vec![0u8; len];
@@ -62,10 +81,9 @@ fn ranges_land_at_their_offsets_and_nothing_else_is_written() {
         let engine = Engine::new(config).unwrap();
         let mut dest = vec![SENTINEL; cap as usize];
         // SAFETY: `dest` is a live, exclusively borrowed buffer of `cap` bytes for the whole call.
-        let report = unsafe {
-            engine.read_ranges_into(&paths, &rs, RawDest::Host(dest.as_mut_ptr()), cap, &LoadOpts::default())
-        }
-        .unwrap();
+        let report =
+            unsafe { read_ranges(&engine, &paths, &rs, RawDest::Host(dest.as_mut_ptr()), cap, &LoadOpts::default()) }
+                .unwrap();
         let mut want = vec![SENTINEL; cap as usize];
         for &(file, offset, len, at) in &rs {
             let src = if file == 0 { &abytes } else { &bbytes };
@@ -93,7 +111,7 @@ fn bad_ranges_and_read_errors_are_errors() {
     ];
     for (rs, what) in cases {
         // SAFETY: `dest` is live and exclusively borrowed for the call; it holds 100 000 bytes.
-        let err = unsafe { engine.read_ranges_into(&paths, rs, ptr, 100_000, &LoadOpts::default()) }.unwrap_err();
+        let err = unsafe { read_ranges(&engine, &paths, rs, ptr, 100_000, &LoadOpts::default()) }.unwrap_err();
         match (what, &err) {
             ("past the end", Error::Io(_)) | ("past the destination", Error::InvalidArgument(_)) => {}
             ("no such file", Error::InvalidArgument(_)) => {}
@@ -103,11 +121,11 @@ fn bad_ranges_and_read_errors_are_errors() {
     let faults = FaultPlan::new(vec![Fault::Eio { file: 0, offset: 150_000 }]);
     let opts = LoadOpts { faults: Some(&faults), ..LoadOpts::default() };
     // SAFETY: as above.
-    let err = unsafe { engine.read_ranges_into(&paths, &[(0, 120_000, 60_000, 0)], ptr, 100_000, &opts) };
+    let err = unsafe { read_ranges(&engine, &paths, &[(0, 120_000, 60_000, 0)], ptr, 100_000, &opts) };
     let msg = err.unwrap_err().to_string();
     assert!(msg.contains("a.bin") && msg.contains("Input/output error"), "{msg}");
     // A range the fault does not cover still reads.
     // SAFETY: as above.
-    unsafe { engine.read_ranges_into(&paths, &[(0, 0, 1000, 0)], ptr, 100_000, &opts) }.unwrap();
+    unsafe { read_ranges(&engine, &paths, &[(0, 0, 1000, 0)], ptr, 100_000, &opts) }.unwrap();
     assert!(dest[..1000] == abytes[..1000]);
 }

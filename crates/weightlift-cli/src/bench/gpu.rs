@@ -303,12 +303,12 @@ fn nvme_cases(
     let reads: u64 = 20_000;
     let span = args.raw_size / 4096;
     let mut x = 0x2545_F491_4F6C_DD1Du64;
-    let ranges: Vec<(usize, u64, u64, u64)> = (0..reads)
+    let ranges: Vec<weightlift::ByteRange> = (0..reads)
         .map(|i| {
             x ^= x << 13;
             x ^= x >> 7;
             x ^= x << 17;
-            (0, (x % span) * 4096, 4096, i * 4096)
+            weightlift::ByteRange::new(0, (x % span) * 4096, 4096, i * 4096)
         })
         .collect();
     let gpu = engine.gpu(match device {
@@ -324,13 +324,13 @@ fn nvme_cases(
         let mut iops = Vec::new();
         let mut last = Value::Null;
         for _ in 0..runs {
-            let r = e.read_ranges_into_buffer(&[raw.to_path_buf()], &ranges, &mut dest)?;
+            let r = e.read_into_buffer(weightlift::Sources::Paths(&[raw.to_path_buf()]), &ranges, &mut dest)?;
             iops.push(reads as f64 / r.seconds);
             last = r.to_json();
         }
         let mut got = vec![0u8; (reads * 4096) as usize];
         dest.read_back(0, &mut got)?;
-        for &(_, off, len, at) in &ranges {
+        for &weightlift::ByteRange { offset: off, len, dest_offset: at, .. } in &ranges {
             if got[at as usize..(at + len) as usize] != file[off as usize..(off + len) as usize] {
                 anyhow::bail!("{label}: a 4 KiB read at offset {off} differs from the file");
             }

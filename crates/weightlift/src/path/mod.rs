@@ -1,10 +1,10 @@
 //! How bytes reach GPU memory. Each data path is one implementation of `GpuPath`; which one serves a device is
 //! decided once per engine and device by `resolve` (the only place that weighs them), with its reason and what
-//! deciding cost. Every entry point that reads into device memory — whole loads, byte ranges, `read_into`, the
+//! deciding cost. Every entry point that reads into device memory — whole loads, byte ranges, `Engine::read`, the
 //! cuFile-style session — goes through the resolved path.
 //!
 //! ```text
-//!            Engine::{load, load_ranges, read_into, read_ranges_into}, cufile_api::Session
+//!            Engine::{load, load_ranges, read, read_at}, cufile_api::Session
 //!                                   │  DeviceRead { files, extents → Targets }
 //!                                   ▼
 //!                          resolve(settings) ─ once per device ─▶ ResolvedPath { kind, reason }

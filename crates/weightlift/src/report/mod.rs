@@ -258,6 +258,16 @@ impl Report {
                 s += &format!("; {} local copies written", n.copies_written.len());
             }
         }
+        if let Some(c) = &self.checks {
+            s += &format!(
+                "\n  checksums: {} chunks ({:.2} GiB) checked on {}, {:.2} GiB of them while the load ran, the last {:.3} s after the reads",
+                c.chunks,
+                gib(c.bytes),
+                c.on,
+                gib(c.overlapped_bytes),
+                c.tail_secs
+            );
+        }
         if let Some(p) = &self.pack {
             s += &format!(
                 "\n  packed: {:.2} GiB stored for {:.2} GiB raw ({:.3}), {} chunks in {} batches, every checksum checked; \
