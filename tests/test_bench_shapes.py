@@ -238,3 +238,41 @@ def test_a_time_limit_still_writes_the_json(upstream: Path, tmp_path: Path) -> N
     assert out["results"] == []
     assert all("not_measured" in g for g in out["goals"])
     assert not (tmp_path / "shm" / upstream.name).exists(), "tmpfs copies are removed at exit"
+
+
+def test_tuned_peer_rows_run_where_their_authors_advise_and_record_what_they_chose(
+        upstream: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A peer's page-cache row runs in warm and tmpfs and is skipped for cold with the reason; what a load chose is
+    kept with its result; the switches it sets are gone after the load."""
+    import wlbench.methods as methods
+    from wlbench.timing import measure
+
+    names = [m.name for m in methods.methods()]
+    for default, tuned in [("fastsafetensors (nogds)", "fastsafetensors (nogds, buffered)"),
+                           ("runai-model-streamer", "runai-model-streamer (buffered)"),
+                           ("instanttensor", "instanttensor (buffered)")]:
+        assert default in names and tuned in names
+        assert methods.method_named(tuned).cases == ("warm", "tmpfs")
+        assert methods.method_named(default).cases is None
+
+    seen_env = []
+
+    def load(t: Target, dev: str, o: Options) -> dict:
+        with methods._env(RUNAI_STREAMER_FS_STRATEGY="sync_buffered"):
+            seen_env.append(os.environ["RUNAI_STREAMER_FS_STRATEGY"])
+            methods.last_choice.update({"strategy": "sync_buffered"})
+        return methods.method_named("safetensors.load_file").load(t, dev, o)
+
+    monkeypatch.delenv("RUNAI_STREAMER_FS_STRATEGY", raising=False)
+    fake = methods.Method("peer (buffered)", True, load, cases=methods.BUFFERED_CASES, cases_why=methods.BUFFERED_WHY)
+    run = Run("cpu", "cpu", 2, Options(0, 1), "fadvise")
+    ckpt = open_checkpoint(str(upstream))
+    run.refs[ckpt.path] = reference(ckpt, "cpu")
+    t = Target("disk", ckpt)
+    measure(run, fake, t, lambda files: None, "cold")
+    assert run.results == [] and run.skipped[-1]["reason"] == methods.BUFFERED_WHY
+    measure(run, fake, t, lambda files: None, "warm")
+    assert [r["case"] for r in run.results] == ["warm"], run.skipped
+    assert run.results[0]["chose"] == {"strategy": "sync_buffered"}
+    assert seen_env == ["sync_buffered"] * 2
+    assert "RUNAI_STREAMER_FS_STRATEGY" not in os.environ

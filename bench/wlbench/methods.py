@@ -2,15 +2,21 @@
 RawBytes where it reads the file's bytes only (KvikIO, np.fromfile). weightlift's own (``load_file``, ``safe_open``
 per key in file and in random order) and the peers' (safetensors, ``torch.load``, KvikIO,
 fastsafetensors, the Run:ai model streamer, InstantTensor, ``np.fromfile``); each says why it does not apply where
-it does not (``needs``)."""
+it does not (``needs``).
+
+The peers that bypass the page cache by default (fastsafetensors, the Run:ai streamer, InstantTensor) have a second,
+"tuned" row that runs them as their authors advise for reads the page cache serves (warm and tmpfs): each switch and
+where each library reads it was found in its 0.5.0 / 0.17.0 / 0.2.2 sources. For cold reads their default is their
+advice, so the tuned rows skip the cold case. Every peer row records what the peer chose at run time (``chose``)."""
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import random
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, Optional
 
 from wlbench.checkpoint import Checkpoint, RawBytes
 
@@ -31,6 +37,8 @@ class Method:
     files: Callable[[Target], list] = lambda t: t.ckpt.files  # what it reads (for warming and dropping)
     note: str = ""
     setup: Callable[["Options"], None] = lambda o: None  # once, before its first timed load
+    cases: Optional[tuple] = None  # the storage cases it runs in (None: all), with the reason for the others
+    cases_why: str = ""
 
 
 @dataclass
@@ -46,6 +54,22 @@ def wl_load_file(t: Target, dev: str, o: Options) -> dict:
 
 
 last_stream: dict = {}  # the stream statistics of the last weightlift safe_open load (known once it is closed)
+last_choice: dict = {}  # what the last peer load chose at run time (strategy, backend, threads, buffers)
+
+
+@contextlib.contextmanager
+def _env(**values: str) -> Iterator[None]:
+    """The environment with `values` set for the duration, then as it was."""
+    before = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in before.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def _wl_safe_open(order: str) -> Callable:
@@ -116,26 +140,79 @@ def _kvikio(t: Target, dev: str, o: Options) -> RawBytes:
     return RawBytes(buf, start)
 
 
-def _fastsafetensors(t: Target, dev: str, o: Options) -> dict:
-    from fastsafetensors import fastsafe_open
+def _fastsafetensors(buffered: bool) -> Callable:
+    """fastsafetensors without GDS. 0.5.0 reads with O_DIRECT on a local filesystem unless FASTSAFETENSORS_ODIRECT
+    is "0" (`common.is_odirect_enabled`, asked per file as each copier is built: setting it after import works)."""
 
-    with fastsafe_open(list(t.ckpt.files), framework="pt", device=dev, nogds=True) as f:
-        return {k: f.get_tensor(k) for k in f.keys()}
+    def load(t: Target, dev: str, o: Options) -> dict:
+        from fastsafetensors import fastsafe_open
+        from fastsafetensors.common import is_odirect_enabled
+
+        with _env(**({"FASTSAFETENSORS_ODIRECT": "0"} if buffered else {})):
+            odirect = is_odirect_enabled(t.ckpt.files[0], buffered_ram_fs=True)
+            with fastsafe_open(list(t.ckpt.files), framework="pt", device=dev, nogds=True) as f:
+                out = {k: f.get_tensor(k) for k in f.keys()}
+                copier = getattr(getattr(f, "loader", None), "copier_class", None)
+        last_choice.update({"o_direct": odirect, "copier": getattr(copier, "__name__", None),
+                            "FASTSAFETENSORS_ODIRECT": "0" if buffered else os.environ.get("FASTSAFETENSORS_ODIRECT"),
+                            "threads": 16, "bounce_buffer_kib": 16 * 1024})
+        return out
+
+    return load
 
 
-def _runai(t: Target, dev: str, o: Options) -> dict:
-    from runai_model_streamer import SafetensorsStreamer
-
-    with SafetensorsStreamer() as s:
-        s.stream_files(list(t.ckpt.files), device=dev)
-        return {name: tensor.to(dev) for name, tensor in s.get_tensors()}
+# The Run:ai streamer 0.17.0 reads its file strategy when a streamer is entered (`runai_file_streamer_start`) and its
+# memory limit at each `stream_files`; its default strategy list is "io_uring_direct,libaio_direct,sync_buffered".
+RUNAI_DEFAULT_FS_STRATEGY = "io_uring_direct,libaio_direct,sync_buffered"
+RUNAI_BUFFERED = {"RUNAI_STREAMER_FS_STRATEGY": "io_uring_buffered,sync_buffered", "RUNAI_STREAMER_MEMORY_LIMIT": "-1"}
 
 
-def _instanttensor(t: Target, dev: str, o: Options) -> dict:
-    from instanttensor import safe_open
+def _runai(buffered: bool) -> Callable:
+    def load(t: Target, dev: str, o: Options) -> dict:
+        from runai_model_streamer import SafetensorsStreamer
 
-    with safe_open(list(t.ckpt.files), framework="pt", device=dev) as f:
-        return dict(f.tensors())
+        with _env(**(RUNAI_BUFFERED if buffered else {})):
+            chose = {k: os.environ.get(k) for k in ("RUNAI_STREAMER_FS_STRATEGY", "RUNAI_STREAMER_MEMORY_LIMIT",
+                                                     "RUNAI_STREAMER_CONCURRENCY", "RUNAI_STREAMER_FS_QUEUE_DEPTH")}
+            with SafetensorsStreamer() as s:
+                s.stream_files(list(t.ckpt.files), device=dev)
+                out = {name: tensor.to(dev) for name, tensor in s.get_tensors()}
+                ring = getattr(getattr(s, "file_streamer", None), "ring_info", None)
+                chose["ring"] = str(ring()) if callable(ring) else None
+        chose["RUNAI_STREAMER_FS_STRATEGY"] = chose["RUNAI_STREAMER_FS_STRATEGY"] or f"{RUNAI_DEFAULT_FS_STRATEGY} (default)"
+        last_choice.update(chose)
+        return out
+
+    return load
+
+
+def _instanttensor(buffered: bool) -> Callable:
+    """InstantTensor 0.2.2: `backend=BackendPolicy.BUFFERED` tries io_uring through the page cache, then mmap (it
+    falls back silently: the backend it took is recorded). INSTANTTENSOR_CACHE_BUFFER=1, the pinned staging kept
+    between loads that its authors advise for repeated loads, is read once per process at the first loader's close:
+    `setup` sets it before the first InstantTensor load of the run, so it holds for both rows."""
+
+    def load(t: Target, dev: str, o: Options) -> dict:
+        from instanttensor import safe_open
+
+        kwargs: dict = {}
+        if buffered:
+            from instanttensor import BackendPolicy
+
+            kwargs["backend"] = BackendPolicy.BUFFERED
+        # safe_open sorts a list it is given in place: it gets a copy.
+        with safe_open(list(t.ckpt.files), framework="pt", device=dev, **kwargs) as f:
+            out = dict(f.tensors())
+            last_choice.update({k: str(getattr(f, k, None)) for k in
+                                ("backend", "chunk_size", "io_depth", "concurrency", "buffer_size")})
+        last_choice["INSTANTTENSOR_CACHE_BUFFER"] = os.environ.get("INSTANTTENSOR_CACHE_BUFFER")
+        return out
+
+    return load
+
+
+def _instanttensor_cache(o: Options) -> None:
+    os.environ.setdefault("INSTANTTENSOR_CACHE_BUFFER", "1")
 
 
 def _np_fromfile(t: Target, dev: str, o: Options) -> RawBytes:
@@ -201,6 +278,11 @@ def _has_pt(t: Target, dev: str) -> Optional[str]:
     return None if t.pt else "no .pt copy of this checkpoint"
 
 
+BUFFERED_CASES = ("warm", "tmpfs")
+BUFFERED_WHY = "a page-cache switch: its authors advise it where the page cache serves the reads (warm, tmpfs); " \
+               "for cold reads its default row is its advice"
+
+
 def methods() -> list:
     wl = _importable("weightlift")
     return [
@@ -217,9 +299,20 @@ def methods() -> list:
                note="reads a torch.save copy of the same tensors"),
         Method("kvikio pread", True, _kvikio, _all(_importable("kvikio"), _cuda_driver, _one_file),
                note="raw bytes of the data region into one buffer, no tensors", setup=_kvikio_threads),
-        Method("fastsafetensors (nogds)", True, _fastsafetensors, _importable("fastsafetensors")),
-        Method("runai-model-streamer", True, _runai, _importable("runai_model_streamer")),
-        Method("instanttensor", True, _instanttensor, _all(_cuda_only, _importable("instanttensor"))),
+        Method("fastsafetensors (nogds)", True, _fastsafetensors(False), _importable("fastsafetensors"),
+               note="its default: O_DIRECT on a local filesystem"),
+        Method("fastsafetensors (nogds, buffered)", True, _fastsafetensors(True), _importable("fastsafetensors"),
+               note="tuned: FASTSAFETENSORS_ODIRECT=0", cases=BUFFERED_CASES, cases_why=BUFFERED_WHY),
+        Method("runai-model-streamer", True, _runai(False), _importable("runai_model_streamer"),
+               note="its default: O_DIRECT first"),
+        Method("runai-model-streamer (buffered)", True, _runai(True), _importable("runai_model_streamer"),
+               note="tuned: RUNAI_STREAMER_FS_STRATEGY=io_uring_buffered,sync_buffered, RUNAI_STREAMER_MEMORY_LIMIT=-1",
+               cases=BUFFERED_CASES, cases_why=BUFFERED_WHY),
+        Method("instanttensor", True, _instanttensor(False), _all(_cuda_only, _importable("instanttensor")),
+               note="its default: O_DIRECT on disk, mmap on tmpfs", setup=_instanttensor_cache),
+        Method("instanttensor (buffered)", True, _instanttensor(True), _all(_cuda_only, _importable("instanttensor")),
+               note="tuned: backend=BackendPolicy.BUFFERED", setup=_instanttensor_cache, cases=BUFFERED_CASES,
+               cases_why=BUFFERED_WHY),
         Method("np.fromfile .to(device)", True, _np_fromfile_to, _all(_cuda_only, _one_file),
                note="the whole file as raw bytes, then one pageable copy"),
     ]

@@ -12,7 +12,7 @@ from typing import Any, Callable, Optional
 
 from wlbench import log
 from wlbench.checkpoint import verify
-from wlbench.methods import Method, Options, Target, last_stream
+from wlbench.methods import Method, Options, Target, last_choice, last_stream
 from wlbench.pagecache import resident_fraction
 
 
@@ -108,10 +108,12 @@ class Run:
 def measure(run: Run, m: Method, t: Target, prepare: Callable[[list], None], case: str) -> None:
     """`run.runs` timed loads of `t` by `m`, each after `prepare(files)`, each checked after its clock stopped."""
     why = m.needs(t, run.dev)
+    if not why and m.cases is not None and case not in m.cases:
+        why = m.cases_why
     if why:
         run.skip(m.name, case, why)
         return
-    rates, secs, resident, streams = [], [], [], []
+    rates, secs, resident, streams, chose = [], [], [], [], []
     report = None
     try:
         m.setup(run.opts)
@@ -121,7 +123,10 @@ def measure(run: Run, m: Method, t: Target, prepare: Callable[[list], None], cas
             if case.startswith("cold"):
                 resident.append(resident_fraction(m.files(t)))
             last_stream.clear()
+            last_choice.clear()
             dt, loaded = timed_load(m, t, run.dev, run.opts)
+            if last_choice:
+                chose.append(dict(last_choice))
             if m.name.startswith("weightlift"):
                 report = report_figures()
             if "stats" in last_stream:
@@ -143,4 +148,6 @@ def measure(run: Run, m: Method, t: Target, prepare: Callable[[list], None], cas
         extra["report"] = report
     if streams:
         extra["stream_stats"] = streams
+    if chose:
+        extra["chose"] = chose[-1] if all(c == chose[0] for c in chose) else chose
     run.add(m, case, rates, secs, t.ckpt.tensor_bytes, **extra)
