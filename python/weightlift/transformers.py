@@ -37,6 +37,7 @@ loads local folders; :func:`from_pretrained` also model folders kept as objects:
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import dataclasses
 import importlib.util
@@ -687,8 +688,17 @@ def _from_url(cls_or_auto: Any, url: str, dev: str, kwargs: dict) -> Any:
     variant = kw.get("variant")
     stem = f"model.{variant}" if variant else "model"
     config_url = _url_join(base, "config.json")
+    single, index_name = f"{stem}.safetensors", f"{stem}.safetensors.index.json"
+    # The small objects a load may need are asked for at once, each a round trip (20-80 ms to a cloud bucket):
+    # one after another they were 0.3-0.5 s of a 1.1 GB model's 1.8 s at 30 ms. The shard index is fetched even
+    # where the single file is there (one wasted GET, answered 404 or never read).
+    with concurrent.futures.ThreadPoolExecutor(max_workers=3 + len(_REMOTE_EXTRAS)) as pool:
+        config_job = pool.submit(_fetch, config_url, kw.get("config") is None)
+        extra_jobs = [(name, pool.submit(_fetch, _url_join(base, name))) for name in _REMOTE_EXTRAS]
+        single_job = pool.submit(_object, _url_join(base, single))
+        index_job = pool.submit(_fetch, _url_join(base, index_name))
     try:
-        config_bytes = _fetch(config_url, required=kw.get("config") is None)
+        config_bytes = config_job.result()
     except WeightliftFileNotFoundError as e:
         raise WeightliftFileNotFoundError(f"{e} (the model's config.json is needed)") from None
     try:
@@ -707,15 +717,14 @@ def _from_url(cls_or_auto: Any, url: str, dev: str, kwargs: dict) -> Any:
         if config_bytes is not None:
             with open(os.path.join(folder, "config.json"), "wb") as f:
                 f.write(config_bytes)
-        for name in _REMOTE_EXTRAS:
-            data = _fetch(_url_join(base, name))
+        for name, job in extra_jobs:
+            data = job.result()
             if data is not None:
                 with open(os.path.join(folder, name), "wb") as f:
                     f.write(data)
-        single, index_name = f"{stem}.safetensors", f"{stem}.safetensors.index.json"
         weights: list[str] = []  # the weight objects, in the order transformers resolves their files
         index = None
-        if _object(_url_join(base, single)) is not None:
+        if single_job.result() is not None:
             # transformers checks that model.safetensors is a file (os.path.isfile) before it resolves it, so it
             # finds an empty one here. Nothing reads it: the loading step transformers would open it in is
             # weightlift's (_load_pretrained_model, strict: a load it cannot do raises rather than falling back
@@ -726,7 +735,7 @@ def _from_url(cls_or_auto: Any, url: str, dev: str, kwargs: dict) -> Any:
             weights = [single]
         else:
             index_url = _url_join(base, index_name)
-            index_bytes = _fetch(index_url)
+            index_bytes = index_job.result()
             if index_bytes is not None:
                 # The index is read locally; its shards are not checked for there (transformers joins their names to
                 # the folder), so they need no local files.

@@ -19,7 +19,7 @@ pub const MAX_INDEX_BYTES: u64 = 100_000_000;
 
 /// Headers of an object's shards fetched at once: each is one GET (a round trip of 20-80 ms to a cloud bucket), so
 /// a checkpoint of 163 shards read one after another would wait seconds before its first byte of weights.
-const SHARDS_AT_ONCE: usize = 64;
+pub(crate) const SHARDS_AT_ONCE: usize = 64;
 
 /// Reads a shard index and every shard it names.
 pub fn read(index_path: impl AsRef<Path>) -> Result<TensorIndex, FormatError> {
@@ -59,7 +59,7 @@ pub fn read_at(location: &Location) -> Result<TensorIndex, FormatError> {
         .map(|(shard, _)| location.sibling(shard).map_err(|e| FormatError::new(index_path, ErrorKind::Remote(e))))
         .collect::<Result<Vec<_>, _>>()?;
     let at_once = if location.object().is_some() { SHARDS_AT_ONCE } else { 1 };
-    let read = read_all(&locations, at_once);
+    let read = read_all(&locations, at_once, safetensors::read_at);
     let mut parts = Vec::with_capacity(shards.len());
     for ((shard, tensors), part) in shards.into_iter().zip(read) {
         let part = part?;
@@ -76,10 +76,14 @@ pub fn read_at(location: &Location) -> Result<TensorIndex, FormatError> {
     TensorIndex::merge(parts)
 }
 
-/// Each location's safetensors header, read by `at_once` threads (results in the order given).
-fn read_all(locations: &[Location], at_once: usize) -> Vec<Result<TensorIndex, FormatError>> {
+/// `read` of each location, by `at_once` threads (results in the order given).
+pub(crate) fn read_all(
+    locations: &[Location],
+    at_once: usize,
+    read: impl Fn(&Location) -> Result<TensorIndex, FormatError> + Sync,
+) -> Vec<Result<TensorIndex, FormatError>> {
     if at_once <= 1 || locations.len() <= 1 {
-        return locations.iter().map(safetensors::read_at).collect();
+        return locations.iter().map(read).collect();
     }
     let next = AtomicUsize::new(0);
     let mut out: Vec<Option<Result<TensorIndex, FormatError>>> = (0..locations.len()).map(|_| None).collect();
@@ -90,8 +94,8 @@ fn read_all(locations: &[Location], at_once: usize) -> Vec<Result<TensorIndex, F
                 loop {
                     let i = next.fetch_add(1, Ordering::Relaxed);
                     let Some(location) = locations.get(i) else { break };
-                    let read = safetensors::read_at(location);
-                    results.lock().unwrap_or_else(|p| p.into_inner())[i] = Some(read);
+                    let part = read(location);
+                    results.lock().unwrap_or_else(|p| p.into_inner())[i] = Some(part);
                 }
             });
         }

@@ -125,6 +125,21 @@ fn shard_headers_are_fetched_at_once() {
     let loaded = engine(None).load(&index, Device::Cpu, &LoadOpts::default()).unwrap();
     assert_same_as(std::slice::from_ref(&index_path), &index, &loaded);
     assert!(bucket.requests().iter().all(|r| r.method == "GET"));
+
+    // The shards as a list of URLs (what transformers hands a loader): opened at once too, in the order given.
+    let names: Vec<String> = (0..8).map(|i| format!("model-{:05}-of-00008.safetensors", i + 1)).collect();
+    let urls: Vec<PathBuf> =
+        names.iter().rev().map(|n| PathBuf::from(format!("{}/bucket/llama/{n}", bucket.base()))).collect();
+    let before = bucket.requests().len();
+    let t = Instant::now();
+    let listed = weightlift::format::open(&urls, None).unwrap();
+    let took = t.elapsed();
+    assert!(took < Duration::from_millis(1500), "8 shard headers given as URLs took {took:?}");
+    assert_eq!(bucket.requests().len() - before, 8, "one GET for each shard");
+    let locals: Vec<PathBuf> = names.iter().rev().map(|n| folder.join(n)).collect();
+    assert_eq!(listed.files.iter().map(|f| f.path.clone()).collect::<Vec<_>>(), urls, "the order given");
+    let loaded = engine(None).load(&listed, Device::Cpu, &LoadOpts::default()).unwrap();
+    assert_same_as(&locals, &listed, &loaded);
 }
 
 /// Writes `to`: the safetensors file `from` with its tensors named `prefix` + their name (bytes unchanged).
