@@ -442,6 +442,10 @@ impl Engine {
             let finished = stream.finish();
             decoded?;
             io = finished?.1;
+            // How many GETs were in flight, and why: known once the stream's job has ended.
+            if let (Some(n), Some(io)) = (network.as_mut(), io.as_ref()) {
+                n.gets = io.gets.clone();
+            }
         }
         let io = io.unwrap_or_else(|| {
             weightlift_io::IoReport::blank(weightlift_io::ReadEngineUsed::Pread, "nothing to read".into())

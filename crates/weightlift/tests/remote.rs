@@ -199,5 +199,7 @@ fn a_packed_checkpoint_loads_from_a_url() {
         t.data.read_back(0, &mut got).unwrap();
         assert!(got == file[e.offset as usize..e.end() as usize], "{}", t.name);
     }
-    assert!(loaded.report.network.is_some(), "the report names the object's requests");
+    let network = loaded.report.network.as_ref().expect("the report names the object's requests");
+    let gets = network.gets.as_ref().expect("the report says how many GETs were in flight");
+    assert!(gets.peak_in_flight >= 1 && gets.peak_in_flight <= gets.max, "{gets:?}");
 }
