@@ -290,6 +290,12 @@ impl IoEngine {
             separate_destinations: gated,
             object_piece: piece,
             object_get: params.remote_range_bytes.max(piece),
+            // What the pacer will allow (`Self::pacer`, from the slots the staging gives parts of this size).
+            object_gets_in_flight: {
+                let bound = ((per_lane / piece) as usize * self.lanes() / LOOKAHEAD).max(1);
+                let cap = crate::params::defaults::MAX_REMOTE_CONCURRENCY as usize;
+                params.remote_concurrency.map_or(bound.min(cap), |n| (n as usize).min(bound))
+            },
         };
         let plan = make_plan(req, &opts, &mut kind)?;
         report.requested_bytes = plan.requested_bytes;

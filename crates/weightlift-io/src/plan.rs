@@ -95,7 +95,15 @@ pub struct PlanOptions {
     pub object_piece: u64,
     /// Largest span of an object one GET covers (its reads, and gaps between them of at most `object_piece`).
     pub object_get: u64,
+    /// GETs the load may keep in flight at once (0: GETs span `object_get` whatever the load's size). Where the
+    /// object bytes make few rounds of GETs that long, GETs are cut shorter (down to [`SPREAD_GET_FLOOR`]) so that
+    /// each round fills every GET it may have: see [`get_span`].
+    pub object_gets_in_flight: usize,
 }
+
+/// The shortest GET [`get_span`] cuts to spread a load: AWS's guidance for S3 is ranges of 8-16 MB, each GET's
+/// rate being capped (85-90 MB/s) and its first byte late (20-80 ms).
+pub const SPREAD_GET_FLOOR: u64 = 8 << 20;
 
 /// The reads of one load.
 #[derive(Clone, Debug, Default)]
@@ -239,6 +247,7 @@ pub fn plan(
 /// `object_piece` bytes after the last one ended (the bytes between are fetched and dropped: on a bucket one more
 /// round trip costs more than that), spanning at most `object_get` bytes.
 fn group_objects(ops: &[ReadOp], objects: &[bool], opts: &PlanOptions) -> Vec<Range<usize>> {
+    let span = get_span(ops, objects, opts);
     let mut groups = Vec::new();
     let mut i = 0;
     while i < ops.len() {
@@ -254,7 +263,7 @@ fn group_objects(ops: &[ReadOp], objects: &[bool], opts: &PlanOptions) -> Vec<Ra
             && ops[j].file == file
             && ops[j].offset >= end
             && ops[j].offset - end <= opts.object_piece
-            && ops[j].offset + ops[j].len - start <= opts.object_get.max(opts.object_piece)
+            && ops[j].offset + ops[j].len - start <= span
         {
             end = ops[j].offset + ops[j].len;
             j += 1;
@@ -263,6 +272,30 @@ fn group_objects(ops: &[ReadOp], objects: &[bool], opts: &PlanOptions) -> Vec<Ra
         i = j;
     }
     groups
+}
+
+/// The span of an object's GETs in a load: `object_get`, or shorter where the load's object bytes at that span
+/// would end in a round of GETs that leaves most of the `object_gets_in_flight` idle.
+///
+/// Each GET of a cloud bucket is capped (85-90 MB/s), so a round of GETs takes as long as its longest GET whatever
+/// the count: 185 GETs of 16 MiB with 128 in flight (a 3.0 GB pack on the H100 of 2026-12-07) ran a full round,
+/// then one of 57 GETs as long, 0.52 s for what 1.5 rounds' bytes should take. Here the count is raised to a
+/// multiple of the GETs in flight (or, for a load of less than one round, to as many GETs as may fly), with no GET
+/// shorter than [`SPREAD_GET_FLOOR`] nor longer than `object_get`; spans are whole `object_piece`s.
+fn get_span(ops: &[ReadOp], objects: &[bool], opts: &PlanOptions) -> u64 {
+    let piece = opts.object_piece.max(1);
+    let limit = opts.object_get.max(piece);
+    let in_flight = opts.object_gets_in_flight as u64;
+    let total: u64 = ops.iter().zip(objects).filter(|(_, o)| **o).map(|(op, _)| op.len).sum();
+    if in_flight == 0 || total == 0 {
+        return limit;
+    }
+    let floor = SPREAD_GET_FLOOR.min(limit).max(piece);
+    let gets = total.div_ceil(limit);
+    let want = if gets <= in_flight { in_flight } else { gets.div_ceil(in_flight) * in_flight };
+    let most = (total / floor).max(gets);
+    let count = want.min(most).max(gets);
+    total.div_ceil(count).next_multiple_of(piece).clamp(floor, limit)
 }
 
 fn check_destinations(files: &[PlanFile], extents: &[Extent], dest_lens: &[u64]) -> Result<(), PlanError> {
@@ -308,6 +341,7 @@ mod tests {
             separate_destinations: false,
             object_piece: chunk,
             object_get: chunk * 4,
+            object_gets_in_flight: 0,
         }
     }
 
@@ -362,6 +396,41 @@ mod tests {
         ));
     }
 
+    /// GETs of one object of `mib` MiB read whole, 512 KiB parts, 16 MiB GETs, `in_flight` of them at once.
+    fn gets_of(mib: u64, in_flight: usize) -> Vec<u64> {
+        let len = mib << 20;
+        let files = [PlanFile { len, block: 4096, direct: false }];
+        let extents = [Extent { file: 0, offset: 0, len, dest: 0, dest_offset: 0 }];
+        let o = PlanOptions {
+            chunk: 4 << 20,
+            direct_chunk: 16 << 20,
+            coalesce_gap: 64 << 10,
+            separate_destinations: false,
+            object_piece: 512 << 10,
+            object_get: 16 << 20,
+            object_gets_in_flight: in_flight,
+        };
+        let p = plan(&files, &extents, &[len], &o, &mut |_, _, _| ReadKind::Object).unwrap();
+        p.groups.iter().map(|g| p.ops[g.clone()].iter().map(|op| op.len).sum()).collect()
+    }
+
+    #[test]
+    fn gets_are_spread_so_that_each_round_fills_the_gets_in_flight() {
+        // 2960 MiB at 16 MiB: 185 GETs, a round of 128 and one of 57. Spread: 247 GETs of 12 MiB, rounds of 128
+        // and 119.
+        assert_eq!(gets_of(2960, 0).len(), 185);
+        let spread = gets_of(2960, 128);
+        assert_eq!(spread.len(), 247, "{spread:?}");
+        assert!(spread[..246].iter().all(|&g| g == 12 << 20) && spread.iter().sum::<u64>() == 2960 << 20);
+        // Less than a round: as many GETs as may fly, none shorter than 8 MiB.
+        assert_eq!(gets_of(64, 256), vec![8 << 20; 8]);
+        assert_eq!(gets_of(4096, 256), vec![16 << 20; 256], "a whole round at the longest span is kept");
+        // A load of many rounds is spread too, and GETs never pass 16 MiB.
+        let many = gets_of(10_000, 256);
+        assert!(many.len() % 256 == 0 || many.len() % 256 > 200, "{}", many.len());
+        assert!(many.iter().all(|&g| g <= 16 << 20));
+    }
+
     proptest! {
         #[test]
         fn every_requested_byte_is_delivered_once(
@@ -371,6 +440,7 @@ mod tests {
             direct_factor in 1u64..4,
             direct_every in 0u32..3,
             block_shift in 9u32..13,
+            spread in 0usize..5,
         ) {
             let mut extents = Vec::new();
             let mut pos = 0u64;
@@ -390,6 +460,7 @@ mod tests {
                 separate_destinations: direct_every == 2,
                 object_piece: chunk / 2,
                 object_get: chunk * 3,
+                object_gets_in_flight: spread,
             };
             let p = plan(&files, &extents, &lens, &o, &mut |file, _, _| {
                 n += 1;
