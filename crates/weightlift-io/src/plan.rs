@@ -95,7 +95,7 @@ pub struct PlanOptions {
     pub object_piece: u64,
     /// Largest span of an object one GET covers (its reads, and gaps between them of at most `object_piece`).
     pub object_get: u64,
-    /// GETs the load may keep in flight at once (0: GETs span `object_get` whatever the load's size). Where the
+    /// GETs the load keeps in flight from its start (0: GETs span `object_get` whatever the load's size). Where the
     /// object bytes make few rounds of GETs that long, GETs are cut shorter (down to [`SPREAD_GET_FLOOR`]) so that
     /// each round fills every GET it may have: see [`get_span`].
     pub object_gets_in_flight: usize,
@@ -427,7 +427,7 @@ mod tests {
         assert_eq!(gets_of(4096, 256), vec![16 << 20; 256], "a whole round at the longest span is kept");
         // A load of many rounds is spread too, and GETs never pass 16 MiB.
         let many = gets_of(10_000, 256);
-        assert!(many.len() % 256 == 0 || many.len() % 256 > 200, "{}", many.len());
+        assert!(many.len().is_multiple_of(256) || many.len() % 256 > 200, "{}", many.len());
         assert!(many.iter().all(|&g| g <= 16 << 20));
     }
 
