@@ -219,6 +219,26 @@ def test_transformers_from_pretrained_from_a_bucket(s3, tmp_path, temp_dir, shar
     assert list(temp_dir.glob("weightlift-model-*")) == []
 
 
+def test_transformers_from_pretrained_asks_for_each_small_object_once(shaped_bucket, tmp_path):
+    """The small objects before the weights (config.json, generation_config.json, the shard index) each cost one GET:
+    an object that fits the engine's opening GET is not read again (an open and then a read were two round trips
+    each, 30 ms apiece on the bench's bucket)."""
+    transformers = pytest.importorskip("transformers")
+    wtr = pytest.importorskip("weightlift.transformers")
+    b = shaped_bucket(ttfb_s=0.0)
+    local = _tiny_llama(tmp_path / "llama", "40KB")
+    shutil.copytree(local, b.root / "bucket" / "llama")
+    ref = transformers.AutoModelForCausalLM.from_pretrained(local)
+    url = b.url("bucket/llama")
+    _same_model(wtr.from_pretrained(transformers.AutoModelForCausalLM, url, device="cpu"), ref, url)
+    served = b.requests()
+    for name in ("config.json", "generation_config.json", "model.safetensors.index.json"):
+        asked = [(m, s) for m, path, s in served if path == f"/bucket/llama/{name}"]
+        assert asked == [("GET", 206)], (name, served)
+    # The single-file probe: one GET, answered 404.
+    assert [(m, s) for m, path, s in served if path == "/bucket/llama/model.safetensors"] == [("GET", 404)], served
+
+
 def test_transformers_from_pretrained_from_a_bucket_dtype_auto_without_config_dtype(s3, tmp_path):
     # transformers takes dtype="auto" from the first weight file when the config names none: from the object's header.
     transformers = pytest.importorskip("transformers")

@@ -413,10 +413,11 @@ def _from_pretrained(original: Any, cls: Any, pretrained_model_name_or_path: Any
             if pack is not None:  # transformers cannot read a pack: weightlift gives it the tensors
                 return _patched_pack(cls, os.fspath(pretrained_model_name_or_path), pack, target, args, kwargs)
     device = _prefetch_device(kwargs, target) if files else None
-    if device is None:
+    stack = _local.__dict__.setdefault("prefetch", [])
+    if device is None or (stack and stack[-1].device == device and stack[-1].files == files):
+        # Nothing to read ahead, or its read already started (a load from objects, _from_url).
         return original(cls, pretrained_model_name_or_path, *args, **kwargs)
     pending = _Prefetch(files, device)
-    stack = _local.__dict__.setdefault("prefetch", [])
     stack.append(pending)
     try:
         return original(cls, pretrained_model_name_or_path, *args, **kwargs)
@@ -649,14 +650,20 @@ def _object(url: str, required: bool = False) -> Optional[_native.Checkpoint]:
         return None
 
 
+# The most a small object fetched whole (a config, a shard index: kilobytes to a few megabytes) may have.
+_SMALL_OBJECT_LIMIT = 64 << 20
+
+
 def _fetch(url: str, required: bool = False) -> Optional[bytes]:
-    """The bytes of the (small) object at ``url``, read by the engine, or None where there is no such object (see
-    :func:`_object`)."""
-    ckpt = _object(url, required)
-    if ckpt is None:
+    """The bytes of the small object at ``url``, or None where there is no such object or bucket (raised as
+    :class:`WeightliftFileNotFoundError` where ``required``); other failures raise weightlift's one-line error.
+    One GET where the object fits the engine's opening GET (256 KiB): an open then a read were two round trips."""
+    try:
+        return _native.fetch_object(url, _SMALL_OBJECT_LIMIT)
+    except WeightliftFileNotFoundError:
+        if required:
+            raise
         return None
-    (tensor,) = _load_tensors(ckpt, None, "cpu", None).values()
-    return tensor.numpy().tobytes()
 
 
 def _auto_dtype(url: str) -> "torch.dtype":
@@ -771,8 +778,18 @@ def _from_url(cls_or_auto: Any, url: str, dev: str, kwargs: dict) -> Any:
             for name in weights:
                 registered[os.path.realpath(os.path.join(folder, name))] = _url_join(base, name)
             _remote_files.update(registered)
-        with _Loading(dev, strict=True):
-            result = cls_or_auto.from_pretrained(folder, **kw)
+        # The weights are asked for now, while transformers reads the config and builds the model (its
+        # from_pretrained would start the same read only after AutoConfig: 20 ms of Python on the 2-core VM); its
+        # loading step takes them (_read), and the wrapper sees the read already started (_from_pretrained).
+        pending = _Prefetch(sorted(registered), dev)
+        stack = _local.__dict__.setdefault("prefetch", [])
+        stack.append(pending)
+        try:
+            with _Loading(dev, strict=True):
+                result = cls_or_auto.from_pretrained(folder, **kw)
+        finally:
+            stack.remove(pending)
+            pending.drop()
         model = result[0] if isinstance(result, tuple) else result
         _to_device(model, dev)
         model.config._name_or_path = url  # what transformers records: the path it was given

@@ -360,6 +360,17 @@ fn is_url(path: &str) -> bool {
     weightlift::remote::is_url(path)
 }
 
+/// The bytes of the small object at `url` (at most `limit` of them), in one GET where it fits the opening GET:
+/// `weightlift.transformers` fetches a model's config and shard index from a bucket with it.
+#[pyfunction]
+fn fetch_object(py: Python<'_>, url: &str, limit: u64) -> PyResult<Py<pyo3::types::PyBytes>> {
+    let _cuda = crate::bridge::keep_callers_context();
+    let remote = |e| to_py(weightlift::Error::Io(weightlift::io::IoError::Remote(e)));
+    let url = weightlift::remote::ObjectUrl::parse(url).map_err(remote)?;
+    let bytes = py.detach(|| weightlift::remote::Head::fetch(&url, limit)).map_err(remote)?;
+    Ok(pyo3::types::PyBytes::new(py, &bytes).unbind())
+}
+
 /// The report of the last load or read in this process (None before the first).
 #[pyfunction]
 fn last_report(py: Python<'_>) -> PyResult<Option<Py<PyAny>>> {
@@ -494,6 +505,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(probe, m)?)?;
     m.add_function(wrap_pyfunction!(last_report, m)?)?;
     m.add_function(wrap_pyfunction!(is_url, m)?)?;
+    m.add_function(wrap_pyfunction!(fetch_object, m)?)?;
     m.add_function(wrap_pyfunction!(cuda_status, m)?)?;
     m.add_function(wrap_pyfunction!(cufile_route, m)?)?;
     m.add_function(wrap_pyfunction!(cli_main, m)?)?;

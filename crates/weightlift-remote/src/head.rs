@@ -29,6 +29,29 @@ impl Head {
         Ok(Head { object: Arc::new(object), window: Mutex::new((0, bytes, Self::FIRST * 4)) })
     }
 
+    /// The whole of a small object (a model's `config.json`, a shard index) with the one GET that opens it where
+    /// it fits in [`Head::FIRST`] bytes, else with one more GET of the rest: opening the object and then reading it
+    /// took two round trips for every such file. An object longer than `limit` bytes is refused, naming its
+    /// length, after its first bytes only.
+    pub fn fetch(url: &ObjectUrl, limit: u64) -> Result<Vec<u8>, RemoteError> {
+        let head = Head::open(url)?;
+        let len = head.object.len();
+        if len > limit {
+            return Err(RemoteError::Other {
+                url: url.as_str().to_string(),
+                message: format!("{len} bytes: more than the {limit} a small object read whole may have"),
+            });
+        }
+        let mut bytes = std::mem::take(&mut head.window.lock().unwrap_or_else(|p| p.into_inner()).1);
+        let have = bytes.len();
+        if (have as u64) < len {
+            bytes.resize(len as usize, 0);
+            head.object.read_at(have as u64, &mut bytes[have..])?;
+        }
+        bytes.truncate(len as usize);
+        Ok(bytes)
+    }
+
     /// The object the header is read from.
     pub fn object(&self) -> &Arc<Object> {
         &self.object

@@ -258,3 +258,34 @@ fn steps_of_byte_ranges_send_no_request_to_open_the_object_again() {
     let pinned = requests.iter().skip(1).all(|r| r.range != "bytes=0-262143" && !r.if_match.is_empty());
     assert!(pinned && requests.len() > index.tensors.len(), "{requests:?}");
 }
+
+#[test]
+fn a_small_object_is_fetched_whole_by_the_get_that_opens_it() {
+    let _serial = one_at_a_time();
+    let Some(bucket) = servers::bucket(&Shape::default()) else { return };
+    let dir = tempfile::tempdir().unwrap();
+    // Bytes that repeat nowhere: a config-sized object, one just over the opening GET, one over the limit.
+    let bytes = |n: usize, seed: u64| -> Vec<u8> {
+        (0..n as u64).map(|i| (i.wrapping_mul(0x9E37_79B9_7F4A_7C15).wrapping_add(seed) >> 56) as u8).collect()
+    };
+    let first = weightlift::remote::Head::FIRST as usize;
+    for (name, want) in [("small.json", bytes(3_001, 1)), ("larger.json", bytes(first + 4_097, 2))] {
+        let local = dir.path().join(name);
+        std::fs::write(&local, &want).unwrap();
+        servers::put(&bucket.root, &format!("bucket/{name}"), &local);
+        let before = bucket.requests().len();
+        let url = weightlift::remote::ObjectUrl::parse(&format!("{}/bucket/{name}", bucket.base())).unwrap();
+        let got = weightlift::remote::Head::fetch(&url, 1 << 20).unwrap();
+        assert!(got == want, "{name}: bytes differ");
+        let sent = &bucket.requests()[before..];
+        let gets = if want.len() <= first { 1 } else { 2 };
+        assert_eq!(sent.len(), gets, "{name}: {sent:?}");
+        assert!(sent.iter().all(|r| r.method == "GET" && r.status == 206), "{name}: {sent:?}");
+    }
+    let url = weightlift::remote::ObjectUrl::parse(&format!("{}/bucket/larger.json", bucket.base())).unwrap();
+    let e = weightlift::remote::Head::fetch(&url, 4096).unwrap_err();
+    assert!(e.to_string().contains(&format!("{} bytes: more than the 4096", first + 4_097)), "{e}");
+    let url = weightlift::remote::ObjectUrl::parse(&format!("{}/bucket/none.json", bucket.base())).unwrap();
+    let e = weightlift::remote::Head::fetch(&url, 4096).unwrap_err();
+    assert_eq!(e.io_kind(), std::io::ErrorKind::NotFound, "{e}");
+}
