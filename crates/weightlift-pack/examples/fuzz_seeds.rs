@@ -2,17 +2,15 @@
 //! reads its kind of file (and all of them to `detect`), plus valid files from weightlift's own writers. Files
 //! written by the upstream `safetensors` and `gguf` packages come from `fuzz/seeds.py`.
 //!
-//! Run by `scripts/fuzz`: `cargo run --manifest-path fuzz/Cargo.toml --example seeds -- DIR`.
+//! Run by `scripts/fuzz` (`cargo run -p weightlift-pack --example fuzz_seeds -- DIR`). It lives here rather than in
+//! the fuzz crate so that the workspace's own build makes it: as the fuzz crate's example it was a second build of
+//! every crate under weightlift-format.
 
 use std::collections::BTreeMap;
 use std::path::Path;
 
 use weightlift_format::safetensors::{TensorSpec, serialize};
-
-// The Huffman codec, by path as in the `huffman` target.
-#[path = "../../crates/weightlift-pack/src/huffman.rs"]
-#[allow(dead_code)]
-mod huffman;
+use weightlift_pack::huffman;
 
 /// Seeds of the `huffman` target: streams the encoder wrote (mode 0, their plane length first) and planes to encode
 /// (mode 1): skewed bytes like bf16 exponents, one repeated byte, all 256 values.
