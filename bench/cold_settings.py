@@ -36,6 +36,12 @@ SETTINGS = {
     "bypass": {"WEIGHTLIFT_PAGE_CACHE": "bypass"},
     "bypass-queue-depth-4": {"WEIGHTLIFT_PAGE_CACHE": "bypass", "WEIGHTLIFT_QUEUE_DEPTH": "4"},
     "bypass-queue-depth-8": {"WEIGHTLIFT_PAGE_CACHE": "bypass", "WEIGHTLIFT_QUEUE_DEPTH": "8"},
+    # Larger reads with far more in flight, as InstantTensor's 512 × 8 MiB: 16 lanes × 8 × 8 MiB = 1 GiB (staging
+    # raised to hold it), with O_DIRECT and buffered.
+    "bypass-8MiB-queue-depth-8": {"WEIGHTLIFT_PAGE_CACHE": "bypass", "WEIGHTLIFT_QUEUE_DEPTH": "8",
+                                  "WEIGHTLIFT_CHUNK_BYTES": "8MiB", "WEIGHTLIFT_STAGING_BYTES": "2GiB"},
+    "8MiB-queue-depth-8": {"WEIGHTLIFT_QUEUE_DEPTH": "8", "WEIGHTLIFT_CHUNK_BYTES": "8MiB",
+                           "WEIGHTLIFT_STAGING_BYTES": "2GiB"},
 }
 
 
