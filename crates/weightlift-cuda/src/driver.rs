@@ -77,11 +77,10 @@ pub fn initialised() -> bool {
 }
 
 fn probe() -> Result<DriverInfo, String> {
-    // SAFETY: `is_culib_present` only tries to dlopen candidate library names.
-    if !unsafe { sys::is_culib_present() } {
-        return Err("no NVIDIA driver library (libcuda.so) found".into());
+    let missing = missing_driver_symbols(SYMBOLS)?;
+    if !missing.is_empty() {
+        return Err(format!("the NVIDIA driver is too old: it lacks {}", missing.join(", ")));
     }
-    check_symbols()?;
     // A panic inside cudarc (an unexpected missing symbol) becomes an error, never a crash.
     std::panic::catch_unwind(|| -> Result<DriverInfo, String> {
         result::init().map_err(|e| format!("cuInit failed: {e}"))?;
@@ -97,18 +96,11 @@ fn probe() -> Result<DriverInfo, String> {
     .unwrap_or_else(|_| Err("the CUDA driver could not be initialised (panic while loading it)".into()))
 }
 
-fn check_symbols() -> Result<(), String> {
-    // SAFETY: `culib` returns the library `is_culib_present` just found (it panics only when none exists).
-    let lib = unsafe { sys::culib() };
-    let missing: Vec<&str> = SYMBOLS
-        .iter()
-        .copied()
-        // SAFETY: looking a symbol up does not call it; the pointer type is never used.
-        .filter(|name| unsafe { lib.get::<*const ()>(name.as_bytes()) }.is_err())
-        .collect();
-    if missing.is_empty() {
-        Ok(())
-    } else {
-        Err(format!("the NVIDIA driver is too old: it lacks {}", missing.join(", ")))
-    }
+/// Those of the driver symbols `names` the NVIDIA driver library lacks, or why there is no driver library. Calls
+/// none of them.
+pub fn missing_driver_symbols<'a>(names: &[&'a str]) -> Result<Vec<&'a str>, String> {
+    static DRIVER: OnceLock<Option<libloading::Library>> = OnceLock::new();
+    let lib = crate::library::cudarc_library(&DRIVER, "cuda")
+        .ok_or_else(|| String::from("no NVIDIA driver library (libcuda.so) found"))?;
+    Ok(crate::library::missing_symbols(lib, names))
 }

@@ -26,8 +26,7 @@ pub struct StreamGate {
 unsafe impl Send for StreamGate {}
 
 fn has_symbol(name: &str) -> bool {
-    // SAFETY: only looks the symbol up; the driver library is loaded (a `Gpu` exists).
-    unsafe { sys::culib().get::<*const ()>(name.as_bytes()).is_ok() }
+    crate::driver::missing_driver_symbols(&[name]).is_ok_and(|missing| missing.is_empty())
 }
 
 impl StreamGate {

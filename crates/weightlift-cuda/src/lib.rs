@@ -25,7 +25,7 @@ pub mod unpack;
 
 pub use ceiling::{chunked_h2d_gbps, pinned_h2d_gbps};
 pub use cudarc::driver::sys::{CUdeviceptr, CUstream};
-pub use driver::DriverInfo;
+pub use driver::{DriverInfo, missing_driver_symbols};
 pub use error::{CudaError, CufileError, NvcompError};
 pub use gpu::{ContextRestore, Gpu, GpuInfo, available, current_context, process_stream};
 pub use memory::{

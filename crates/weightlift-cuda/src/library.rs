@@ -1,8 +1,10 @@
 //! Finding and binding NVIDIA's run-time libraries (cuFile, nvCOMP) that cudarc does not load for weightlift: where
 //! to look, loading the first candidate that loads, and looking symbols up before any is called. A missing library
-//! or symbol is an error with the reason, never a panic.
+//! or symbol is an error with the reason, never a panic. The libraries cudarc does use (the driver, NVRTC) are
+//! opened here too, for the checks made before cudarc touches them.
 
 use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
 
 /// Folders NVIDIA libraries are found in: CUDA's library folders, then the `nvidia/*/lib{,64}` folders of Python
 /// environments (the active virtualenv, interpreter prefixes on PATH, and `PYTHONPATH` entries such as a
@@ -86,4 +88,27 @@ pub(crate) fn load_first(candidates: &[String]) -> Result<(String, libloading::L
 pub(crate) fn sym<T: Copy>(lib: &'static libloading::Library, name: &str) -> Result<T, String> {
     // SAFETY: the symbol is looked up by its documented C name and used with the matching C signature (`T`).
     unsafe { lib.get::<T>(name.as_bytes()) }.map(|s| *s).map_err(|e| format!("missing {name}: {e}"))
+}
+
+/// The library cudarc uses for `stem` (`cuda`, `nvrtc`), opened by weightlift (once per process) to check it and
+/// its symbols before cudarc calls them. cudarc's own handle exists only where it loads CUDA at run time; a build
+/// that also holds candle's `cuda` feature links CUDA instead, and the library is then already in the process.
+/// The names are those cudarc tries on Linux, in its order (`libcuda.so`, then `.so.13` down to `.so.1`), so the
+/// file opened is the one cudarc uses. `None` when none loads.
+pub(crate) fn cudarc_library(
+    slot: &'static OnceLock<Option<libloading::Library>>,
+    stem: &str,
+) -> Option<&'static libloading::Library> {
+    slot.get_or_init(|| {
+        let mut names = vec![format!("lib{stem}.so")];
+        names.extend(["13", "12", "11", "10", "9", "1"].iter().map(|v| format!("lib{stem}.so.{v}")));
+        load_first(&names).ok().map(|(_, lib)| lib)
+    })
+    .as_ref()
+}
+
+/// Those of `names` that `lib` lacks (looking a symbol up never calls it).
+pub(crate) fn missing_symbols<'a>(lib: &libloading::Library, names: &[&'a str]) -> Vec<&'a str> {
+    // SAFETY: looking a symbol up does not call it; the pointer type is never used.
+    names.iter().copied().filter(|name| unsafe { lib.get::<*const ()>(name.as_bytes()) }.is_err()).collect()
 }

@@ -30,19 +30,18 @@ const SYMBOLS: &[&str] = &[
 
 /// Whether NVRTC can be loaded with every symbol the compiler calls; never panics.
 pub fn available() -> Result<(), String> {
-    // SAFETY: only tries to dlopen candidate library names.
-    if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
-        return Err(
-            "no NVRTC library (libnvrtc.so) found: install the CUDA toolkit's nvrtc or put it on LD_LIBRARY_PATH"
-                .into(),
-        );
-    }
-    // SAFETY: `is_culib_present` found the library, so `culib` returns it without panicking.
-    let lib = unsafe { cudarc::nvrtc::sys::culib() };
-    // SAFETY: looking a symbol up does not call it.
-    let missing: Vec<&str> =
-        SYMBOLS.iter().copied().filter(|s| unsafe { lib.get::<*const ()>(s.as_bytes()) }.is_err()).collect();
+    let lib = nvrtc_library().ok_or_else(|| {
+        String::from(
+            "no NVRTC library (libnvrtc.so) found: install the CUDA toolkit's nvrtc or put it on LD_LIBRARY_PATH",
+        )
+    })?;
+    let missing = crate::library::missing_symbols(lib, SYMBOLS);
     if missing.is_empty() { Ok(()) } else { Err(format!("the NVRTC library lacks {}", missing.join(", "))) }
+}
+
+fn nvrtc_library() -> Option<&'static libloading::Library> {
+    static NVRTC: std::sync::OnceLock<Option<libloading::Library>> = std::sync::OnceLock::new();
+    crate::library::cudarc_library(&NVRTC, "nvrtc")
 }
 
 /// Compiles `source` (named `name` in messages) to PTX for compute capability `arch` (NVRTC's default when
@@ -173,13 +172,9 @@ fn cubin(source: &str, name: &str, arch: (i32, i32), driver_version: i32) -> Res
 
 fn compile_cubin(source: &str, name: &str, (major, minor): (i32, i32)) -> Result<Vec<u8>, String> {
     use cudarc::nvrtc::{result, sys};
-    // SAFETY: `available` loaded the library; looking a symbol up does not call it.
-    let lib = unsafe { sys::culib() };
-    for symbol in ["nvrtcGetCUBINSize", "nvrtcGetCUBIN"] {
-        // SAFETY: as above.
-        if unsafe { lib.get::<*const ()>(symbol.as_bytes()) }.is_err() {
-            return Err(format!("this NVRTC lacks {symbol}"));
-        }
+    let lib = nvrtc_library().ok_or_else(|| String::from("no NVRTC library"))?;
+    if let Some(symbol) = crate::library::missing_symbols(lib, &["nvrtcGetCUBINSize", "nvrtcGetCUBIN"]).first() {
+        return Err(format!("this NVRTC lacks {symbol}"));
     }
     let src = std::ffi::CString::new(source).map_err(|e| e.to_string())?;
     let cname = std::ffi::CString::new(name).map_err(|e| e.to_string())?;

@@ -31,11 +31,8 @@ const DRIVER_SYMBOLS: &[&str] = &[
 /// Whether the driver has everything the GPU path calls; never panics.
 pub(crate) fn check_driver() -> Result<(), NvmeError> {
     weightlift_cuda::available().map_err(NvmeError::gpu("find the CUDA driver"))?;
-    // SAFETY: `available` succeeded, so the driver library is present and `culib` returns it without panicking.
-    let lib = unsafe { sys::culib() };
-    // SAFETY: looking a symbol up does not call it.
-    let missing: Vec<&str> =
-        DRIVER_SYMBOLS.iter().copied().filter(|s| unsafe { lib.get::<*const ()>(s.as_bytes()) }.is_err()).collect();
+    let missing =
+        weightlift_cuda::missing_driver_symbols(DRIVER_SYMBOLS).map_err(NvmeError::gpu("find the CUDA driver"))?;
     if missing.is_empty() {
         Ok(())
     } else {
