@@ -84,6 +84,9 @@ fn read_back(data: &TensorData) -> Result<Vec<u8>> {
 }
 
 #[cfg(feature = "candle-cuda")]
+pub use cuda::device_bytes;
+
+#[cfg(feature = "candle-cuda")]
 mod cuda {
     //! Loads onto a candle CUDA device: a thread allocates each tensor's memory through candle (on candle's stream,
     //! in file order) and publishes it, with an event following the allocations, while weightlift's device read
@@ -94,7 +97,7 @@ mod cuda {
     use std::panic::AssertUnwindSafe;
 
     use candle_core::backend::BackendDevice;
-    use candle_core::cuda_backend::cudarc::driver::{CudaSlice, DevicePtr, DeviceRepr};
+    use candle_core::cuda_backend::cudarc::driver::{CudaSlice, DevicePtr, DeviceRepr, DriverError};
     use candle_core::cuda_backend::{CudaStorage, CudaStorageSlice};
     use candle_core::op::BackpropOp;
     use candle_core::{CudaDevice, DType as CandleDType, DeviceLocation, Storage, Tensor};
@@ -245,5 +248,48 @@ mod cuda {
         let slice = unsafe { gpu.alloc::<T>(elems) }?;
         let ptr = slice.device_ptr(&gpu.cuda_stream()).0;
         Ok((wrap(slice), ptr))
+    }
+
+    /// The bytes of a contiguous tensor on a candle CUDA device, copied to the host as they are stored: what a
+    /// check against the file compares (candle's own conversions refuse its MX types, which it keeps as bytes).
+    pub fn device_bytes(t: &Tensor) -> Result<Vec<u8>> {
+        let (storage, layout) = t.storage_and_layout();
+        if !layout.is_contiguous() || layout.start_offset() != 0 {
+            return Err(Error::InvalidArgument("device_bytes: the tensor is not contiguous from its start".into()));
+        }
+        let Storage::Cuda(cuda) = &*storage else {
+            return Err(Error::InvalidArgument(format!("device_bytes: the tensor is on {:?}, not CUDA", t.device())));
+        };
+        let ordinal = match cuda.device.location() {
+            DeviceLocation::Cuda { gpu_id } => gpu_id as u32,
+            _ => 0,
+        };
+        let stream = cuda.device.cuda_stream();
+        let host = |elems: std::result::Result<Vec<u8>, DriverError>| {
+            elems.map_err(|e| Error::Cuda(CudaError::driver(ordinal, "cuMemcpyDtoH")(e)))
+        };
+        use CudaStorageSlice as S;
+        match &cuda.slice {
+            S::U8(s) | S::F6E2M3(s) | S::F6E3M2(s) | S::F4(s) | S::F8E8M0(s) => host(stream.clone_dtoh(s)),
+            S::U32(s) => host(as_bytes(stream.clone_dtoh(s))),
+            S::I16(s) => host(as_bytes(stream.clone_dtoh(s))),
+            S::I32(s) => host(as_bytes(stream.clone_dtoh(s))),
+            S::I64(s) => host(as_bytes(stream.clone_dtoh(s))),
+            S::BF16(s) => host(as_bytes(stream.clone_dtoh(s))),
+            S::F16(s) => host(as_bytes(stream.clone_dtoh(s))),
+            S::F32(s) => host(as_bytes(stream.clone_dtoh(s))),
+            S::F64(s) => host(as_bytes(stream.clone_dtoh(s))),
+            S::F8E4M3(s) => host(as_bytes(stream.clone_dtoh(s))),
+        }
+    }
+
+    /// Elements copied to the host, as their bytes.
+    fn as_bytes<T: DeviceRepr, E>(elems: std::result::Result<Vec<T>, E>) -> std::result::Result<Vec<u8>, E> {
+        elems.map(|v| {
+            let len = std::mem::size_of_val(v.as_slice());
+            // SAFETY: `v` holds `len` initialised bytes of plain numbers (DeviceRepr types), read as bytes while
+            // it lives.
+            unsafe { std::slice::from_raw_parts(v.as_ptr().cast::<u8>(), len) }.to_vec()
+        })
     }
 }

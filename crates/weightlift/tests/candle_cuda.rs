@@ -5,9 +5,7 @@
 
 use std::collections::BTreeMap;
 
-use weightlift::candle_core::cuda_backend::CudaStorageSlice;
-use weightlift::candle_core::cuda_backend::cudarc::driver::{CudaSlice, CudaStream, DeviceRepr};
-use weightlift::candle_core::{self, Storage, Tensor};
+use weightlift::candle_core::{self, Tensor};
 use weightlift::format::DType;
 use weightlift::format::safetensors::{TensorSpec, serialize};
 use weightlift::format::synth;
@@ -62,33 +60,10 @@ fn checkpoint(dir: &std::path::Path) -> std::path::PathBuf {
     path
 }
 
-fn host<T: DeviceRepr>(stream: &std::sync::Arc<CudaStream>, s: &CudaSlice<T>) -> Vec<u8> {
-    let elems = stream.clone_dtoh(s).unwrap();
-    let len = std::mem::size_of_val(elems.as_slice());
-    // SAFETY: `elems` holds `len` initialised bytes of plain numbers, read here as bytes while it lives.
-    unsafe { std::slice::from_raw_parts(elems.as_ptr().cast::<u8>(), len) }.to_vec()
-}
-
 /// The bytes of `t`'s device storage, copied to the host as stored (candle's own conversions would refuse its MX
 /// types).
 fn device_bytes(t: &Tensor) -> Vec<u8> {
-    let (storage, layout) = t.storage_and_layout();
-    assert!(layout.is_contiguous() && layout.start_offset() == 0);
-    let Storage::Cuda(cuda) = &*storage else { panic!("not on CUDA: {:?}", t.device()) };
-    let stream = cuda.device.cuda_stream();
-    use CudaStorageSlice as S;
-    match &cuda.slice {
-        S::U8(s) | S::F6E2M3(s) | S::F6E3M2(s) | S::F4(s) | S::F8E8M0(s) => host(&stream, s),
-        S::U32(s) => host(&stream, s),
-        S::I16(s) => host(&stream, s),
-        S::I32(s) => host(&stream, s),
-        S::I64(s) => host(&stream, s),
-        S::BF16(s) => host(&stream, s),
-        S::F16(s) => host(&stream, s),
-        S::F32(s) => host(&stream, s),
-        S::F64(s) => host(&stream, s),
-        S::F8E4M3(s) => host(&stream, s),
-    }
+    weightlift::candle::device_bytes(t).unwrap()
 }
 
 #[test]

@@ -9,12 +9,9 @@
 
 use std::error::Error;
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::Instant;
 
-use weightlift::candle_core::cuda_backend::CudaStorageSlice;
-use weightlift::candle_core::cuda_backend::cudarc::driver::{CudaSlice, CudaStream, DeviceRepr};
-use weightlift::candle_core::{self, Storage, Tensor};
+use weightlift::candle_core::{self, Tensor};
 use weightlift::format::synth::{self, Container, Layout, Spec};
 use weightlift::{Engine, Settings};
 
@@ -43,31 +40,9 @@ fn args() -> Result<Args> {
     Ok(a)
 }
 
-fn host<T: DeviceRepr>(stream: &Arc<CudaStream>, s: &CudaSlice<T>) -> Result<Vec<u8>> {
-    let elems = stream.clone_dtoh(s)?;
-    let len = std::mem::size_of_val(elems.as_slice());
-    // SAFETY: `elems` holds `len` initialised bytes of plain numbers, read here as bytes while it lives.
-    Ok(unsafe { std::slice::from_raw_parts(elems.as_ptr().cast::<u8>(), len) }.to_vec())
-}
-
 /// The bytes of `t`'s device storage, copied to the host as stored.
 fn device_bytes(t: &Tensor) -> Result<Vec<u8>> {
-    let (storage, _) = t.storage_and_layout();
-    let Storage::Cuda(cuda) = &*storage else { return Err(format!("not on CUDA: {:?}", t.device()).into()) };
-    let stream = cuda.device.cuda_stream();
-    use CudaStorageSlice as S;
-    match &cuda.slice {
-        S::U8(s) | S::F6E2M3(s) | S::F6E3M2(s) | S::F4(s) | S::F8E8M0(s) => host(&stream, s),
-        S::U32(s) => host(&stream, s),
-        S::I16(s) => host(&stream, s),
-        S::I32(s) => host(&stream, s),
-        S::I64(s) => host(&stream, s),
-        S::BF16(s) => host(&stream, s),
-        S::F16(s) => host(&stream, s),
-        S::F32(s) => host(&stream, s),
-        S::F64(s) => host(&stream, s),
-        S::F8E4M3(s) => host(&stream, s),
-    }
+    Ok(weightlift::candle::device_bytes(t)?)
 }
 
 fn main() -> Result<()> {
