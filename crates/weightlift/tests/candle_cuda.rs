@@ -114,3 +114,12 @@ fn a_type_candle_lacks_fails_naming_the_tensor_on_cuda() {
     let err = weightlift::candle::load(&engine, &index, &gpu).unwrap_err().to_string();
     assert!(err.contains("\"counts\"") && err.contains("candle has no"), "{err}");
 }
+
+#[test]
+fn device_bytes_refuses_a_tensor_not_on_cuda() {
+    // Needs no GPU: a host tensor is refused before any device is touched.
+    let t = Tensor::arange(1f32, 7., &candle_core::Device::Cpu).unwrap();
+    let e = weightlift::candle::device_bytes(&t).unwrap_err();
+    assert!(matches!(e, Error::InvalidArgument(_)), "{e:?}");
+    assert!(e.to_string().contains("not CUDA"), "{e}");
+}
