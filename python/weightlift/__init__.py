@@ -48,6 +48,7 @@ from ._errors import (
 from .dstorage import Loader, load_tensor
 from .gds import File, GdsFile
 from .gguf import GGUFCheckpoint, load_gguf
+from .keep import Keeper, keep, keeper_status
 from .layers import LayerStreamer, stream_model
 from .nn import load_into
 from .safetensors import (
@@ -189,6 +190,9 @@ __all__ = [
     "stream_model",
     "GGUFCheckpoint",
     "load_into",
+    "keep",
+    "keeper_status",
+    "Keeper",
     "probe",
     "last_report",
     "prepare",

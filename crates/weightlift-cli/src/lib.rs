@@ -11,6 +11,7 @@ macro_rules! println {
 
 mod bench;
 mod inspect;
+mod keep;
 mod load;
 mod model;
 mod out;
@@ -78,6 +79,9 @@ enum Command {
     /// Copy a local file to object storage (s3://, gs://, az://), in parts of 16 MiB, for loads from there.
     /// Credentials and endpoint as for loads (docs/object-storage.md).
     Upload(UploadArgs),
+    /// Keep checkpoints on a GPU for the loads of other processes (a restart then loads them at the rate of GPU
+    /// memory); `--status` asks a running keeper what it holds. docs/keeper.md says how it works.
+    Keep(keep::Args),
 }
 
 #[derive(clap::Args, Debug)]
@@ -198,6 +202,7 @@ where
         Command::Unpack(args) => packing::unpack(&args),
         Command::Checksum(args) => packing::checksum(&args),
         Command::Upload(args) => upload(&args),
+        Command::Keep(args) => keep::run(&args),
     };
     match result {
         Ok(()) => 0,

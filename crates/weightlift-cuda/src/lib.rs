@@ -22,6 +22,7 @@ pub mod nvcomp;
 pub mod nvrtc;
 mod sink;
 pub mod unpack;
+pub mod vmm;
 
 pub use ceiling::{chunked_h2d_gbps, pinned_h2d_gbps};
 pub use cudarc::driver::sys::{CUdeviceptr, CUstream};

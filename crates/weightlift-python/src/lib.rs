@@ -11,6 +11,7 @@ mod dlpack;
 mod engine;
 mod errors;
 mod inject;
+mod keeper;
 mod report;
 
 use std::collections::BTreeMap;
@@ -497,6 +498,9 @@ fn cuda_status() -> (bool, String) {
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<NativeEngine>()?;
+    m.add_class::<keeper::NativeKeeper>()?;
+    m.add_function(wrap_pyfunction!(keeper::keeper_status, m)?)?;
+    m.add_function(wrap_pyfunction!(keeper::keeper_socket, m)?)?;
     m.add_class::<NativeBuffer>()?;
     m.add_class::<NativeSession>()?;
     m.add_class::<NativeAsync>()?;

@@ -149,6 +149,71 @@ impl fmt::Display for Folder {
     }
 }
 
+/// Where loads look for a keeper (`weightlift keep`): `keeper`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum KeeperSocket {
+    /// At the default socket of the load's device, if one is there ([`crate::keep::default_socket`]).
+    #[default]
+    Auto,
+    /// Never.
+    Off,
+    /// At this socket.
+    Path(PathBuf),
+}
+
+impl FromStr for KeeperSocket {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        // A socket named "auto" or "off" is written ./auto or ./off.
+        match s.trim() {
+            "" | "off" => Ok(KeeperSocket::Off),
+            "auto" => Ok(KeeperSocket::Auto),
+            path => Ok(KeeperSocket::Path(PathBuf::from(path))),
+        }
+    }
+}
+
+impl fmt::Display for KeeperSocket {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            KeeperSocket::Auto => f.write_str("auto"),
+            KeeperSocket::Off => f.write_str("off"),
+            KeeperSocket::Path(p) => write!(f, "{}", p.display()),
+        }
+    }
+}
+
+/// What a load served by a keeper hands back: `keeper_mode`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum KeeperMode {
+    /// A device-to-device copy into the caller's own memory: its tensors are its own.
+    #[default]
+    Copy,
+    /// The keeper's memory itself, mapped into the caller read-only: nothing copied; the tensors must not be
+    /// written, and hold the kept checkpoint in the keeper until they are freed.
+    View,
+}
+
+impl FromStr for KeeperMode {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "copy" => Ok(KeeperMode::Copy),
+            "view" => Ok(KeeperMode::View),
+            _ => Err("expected copy or view".into()),
+        }
+    }
+}
+
+impl fmt::Display for KeeperMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            KeeperMode::Copy => "copy",
+            KeeperMode::View => "view",
+        })
+    }
+}
+
 /// How many GETs a load of objects keeps in flight: `remote_concurrency`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Concurrency {
@@ -192,7 +257,8 @@ pub struct SettingDoc {
     pub default: &'static str,
     /// What it does, in a sentence.
     pub meaning: &'static str,
-    /// Values it accepts (for enumerations), for help texts and shell completion.
+    /// Values it accepts (for enumerations: nothing else is accepted), for help texts and shell completion; empty
+    /// where other values are accepted too (`remote_concurrency`'s counts, `keeper`'s paths).
     pub values: &'static [&'static str],
 }
 
@@ -215,7 +281,9 @@ shown_display!(
     HostPages,
     DeviceMemory,
     Folder,
-    Concurrency
+    Concurrency,
+    KeeperSocket,
+    KeeperMode
 );
 
 impl Shown for Option<PathBuf> {
@@ -343,7 +411,7 @@ settings! {
     remote_timeout_secs: u32 = weightlift_remote::DEFAULT_TIMEOUT_SECS, "60", env "WEIGHTLIFT_REMOTE_TIMEOUT_SECS", parse count::<u32>, values &[],
         "objects (URLs): longest time one request may take, from sending it to the last byte of its body, before it counts as a transient failure; process-wide, set by the last engine made";
     remote_concurrency: Concurrency = Concurrency::Auto, "auto", env "WEIGHTLIFT_REMOTE_CONCURRENCY",
-        parse named::<Concurrency>, values &["auto"],
+        parse named::<Concurrency>, values &[],
         "objects (URLs): ranged GETs a load keeps in flight: auto (128 at first, doubled each round of GETs while the rate still rises, halved when more than 5 % of a round's answers are 503 or 429, within what staging_bytes holds at two 512 KiB parts per GET: 256 with the default; at most 1024) or a fixed count";
     remote_range_bytes: u64 = weightlift_io::params::defaults::REMOTE_RANGE_BYTES, "16 MiB",
         env "WEIGHTLIFT_REMOTE_RANGE_BYTES", parse bytes, values &[],
@@ -351,6 +419,12 @@ settings! {
     remote_cache_dir: Folder = Folder(None), "off", env "WEIGHTLIFT_REMOTE_CACHE_DIR", parse named::<Folder>,
         values &[],
         "objects (URLs): a folder of local copies (off: none); a load of a whole object also writes its bytes to DIR/SCHEME/BUCKET/KEY as they arrive, published atomically and durably once the load succeeded, and a later load of the object is a local load while its ETag is unchanged (an object without an ETag is never cached)";
+    keeper: KeeperSocket = KeeperSocket::Auto, "auto", env "WEIGHTLIFT_KEEPER", parse named::<KeeperSocket>,
+        values &[],
+        "the keeper (`weightlift keep`) whole loads of local files ask first: auto (the one at the device's default socket, if running), off, or a socket path; a checkpoint it keeps is copied from its memory (or mapped: keeper_mode), any other load reads the files as usual and its report says why";
+    keeper_mode: KeeperMode = KeeperMode::Copy, "copy", env "WEIGHTLIFT_KEEPER_MODE", parse named::<KeeperMode>,
+        values &["copy", "view"],
+        "what a load the keeper serves hands back: copy (a device-to-device copy into the caller's own memory) or view (the keeper's memory mapped read-only: nothing copied, tensors that must not be written and that hold the checkpoint in the keeper until freed)";
 }
 
 /// Settings given by name and text (command-line flags, Python keywords), applied over defaults and the

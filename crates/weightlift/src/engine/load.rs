@@ -56,19 +56,27 @@ impl Engine {
             None => Vec::new(),
         };
         let files = self.open_files_writing(&index.files, &whole_files(index, which))?;
-        let before = NetworkStats::before(&files);
-        let loaded = match device {
-            Device::Cpu | Device::PinnedCpu => self.load_host(&files, &entries, device, opts, names),
-            Device::Cuda(n) => self.load_device(n, &files, &entries, opts, names),
+        // A keeper that keeps every file serves the load from its memory; otherwise its reason goes in the report.
+        let (datas, mut report) = match crate::keep::ask(self, &files, &entries, device, opts) {
+            Ok(served) => served,
+            Err(not_served) => {
+                let before = NetworkStats::before(&files);
+                let loaded = match device {
+                    Device::Cpu | Device::PinnedCpu => self.load_host(&files, &entries, device, opts, names),
+                    Device::Cuda(n) => self.load_device(n, &files, &entries, opts, names),
+                };
+                let (datas, mut report) = settle_copies(&files, loaded)?;
+                report.network = NetworkStats::of(&files, &before, Some(&report.io));
+                report.keeper = not_served;
+                (datas, report)
+            }
         };
-        let (datas, mut report) = settle_copies(&files, loaded)?;
         let tensors: Vec<Tensor> = entries
             .iter()
             .zip(datas)
             .map(|(t, data)| Tensor { name: t.name.clone(), dtype: t.dtype, shape: t.shape.clone(), data })
             .collect();
         report.files = index.files.iter().map(|f| f.path.clone()).collect();
-        report.network = NetworkStats::of(&files, &before, Some(&report.io));
         report.seconds = start.elapsed().as_secs_f64();
         Ok(Loaded { tensors, report })
     }

@@ -22,6 +22,8 @@ pub enum PathUsed {
     Cufile,
     /// GPU-initiated NVMe commands against the software controller.
     NvmeSim,
+    /// Memory of a keeper (`weightlift keep`), copied or mapped: no file was read.
+    Keeper,
 }
 
 impl fmt::Display for PathUsed {
@@ -30,6 +32,7 @@ impl fmt::Display for PathUsed {
             PathUsed::Pipeline(e) => e.fmt(f),
             PathUsed::Cufile => f.write_str("gds"),
             PathUsed::NvmeSim => f.write_str("nvme-sim"),
+            PathUsed::Keeper => f.write_str("keeper"),
         }
     }
 }
@@ -78,6 +81,8 @@ pub struct Report {
     pub checks: Option<CheckStats>,
     /// For loads from objects (URLs): what their requests did.
     pub network: Option<NetworkStats>,
+    /// Whether a keeper served the load, or why not where one was asked (`None`: none was asked).
+    pub keeper: Option<String>,
 }
 
 impl Report {
@@ -106,6 +111,7 @@ impl Report {
             pack: None,
             checks: None,
             network: None,
+            keeper: None,
         }
     }
 
@@ -185,6 +191,7 @@ impl Report {
         v["checks"] = self.checks.as_ref().map_or(Value::Null, |c| c.to_json());
         v["device_memory"] = json!(self.device_memory);
         v["network"] = self.network.as_ref().map_or(Value::Null, |n| n.to_json());
+        v["keeper"] = json!(self.keeper);
         v
     }
 
@@ -201,6 +208,13 @@ impl Report {
             self.seconds,
             self.gbps()
         );
+        if self.path == PathUsed::Keeper {
+            s += &format!("  {}", self.keeper.as_deref().unwrap_or("served by a keeper"));
+            if let Some(g) = &self.gpu {
+                s += &format!("\n  {}: {} ({})", self.device, g.name, g.pci_bus_id);
+            }
+            return s;
+        }
         let fixed = match (self.path, io.fixed_buffers) {
             (PathUsed::Pipeline(ReadEngineUsed::Uring), true) => ", fixed buffers",
             (PathUsed::Pipeline(ReadEngineUsed::Uring), false) => ", fixed buffers refused",
@@ -314,6 +328,9 @@ impl Report {
                 "\n  verified against a second read of the files: {}",
                 if v { "every byte equal" } else { "MISMATCH" }
             );
+        }
+        if let Some(k) = &self.keeper {
+            s += &format!("\n  not served by a keeper: {k}");
         }
         s
     }

@@ -1,0 +1,230 @@
+"""A restart's load from a keeper against the same load from the page cache, in one run.
+
+A checkpoint written by safetensors.torch.save_file (bf16, llama-shaped; --size, default 4.5 GB), warm in the page
+cache. Each case is a fresh Python process timing its first ``weightlift.load_file(path, device)`` call (the
+engine's start included, as a restarted server meets it), best of --runs:
+
+  page-cache     no keeper (WEIGHTLIFT_KEEPER=off)
+  keeper-copy    a keeper (`weightlift keep`, its own process) keeps the file; the load copies device to device
+  keeper-view    the same, keeper_mode view: the keeper's memory mapped read-only, nothing copied
+
+Every case's tensors are checked after its clock stopped, in a separate run of the same case (dtype, shape and a
+checksum of every tensor against a plain read of the file: wlbench.checkpoint). Then, with a second keeper of a
+small budget: --handouts loads (default 1,000) cycling over three files of which two fit, in one process, the device
+memory and the keeper's accounting sampled as they go; and the device's free memory before the keepers started and
+after they stopped. Writes OUT/keeper.json with each case, the ratios the goals name, and the memory figures.
+
+Usage: python bench/keeper_bench.py OUT --wl BIN [--dir DIR] [--size 4.5GB] [--runs 3] [--device cuda:0]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+BENCH = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, BENCH)
+
+from wlbench.files import make_upstream, parse_size  # noqa: E402
+
+
+def child(path: str, device: str, check: bool) -> dict:
+    """One fresh process's first load_file: its time, its report's path and keeper line; checked if asked."""
+    import torch
+
+    import weightlift
+
+    torch.zeros(1, device=device)  # the CUDA context, outside the clock (a server has it before it loads)
+    t = time.perf_counter()
+    sd = weightlift.load_file(path, device=device)
+    torch.cuda.synchronize()
+    secs = time.perf_counter() - t
+    rep = weightlift.last_report() or {}
+    out = {
+        "secs": secs,
+        "backend": rep.get("backend"),
+        "keeper": rep.get("keeper"),
+        "report_secs": rep.get("seconds"),
+        "bytes": rep.get("bytes"),
+    }
+    if check:
+        from wlbench.checkpoint import open_checkpoint, reference, verify
+
+        ckpt = open_checkpoint(path)
+        verify(sd, reference(ckpt, device), ckpt, device)
+        out["checked"] = "every tensor's dtype, shape and checksum equal to a plain read of the file"
+    return out
+
+
+def run_child(path: str, device: str, env: dict, check: bool = False) -> dict:
+    e = dict(os.environ, **env)
+    p = subprocess.run(
+        [sys.executable, os.path.abspath(__file__), "--child", path, "--device", device] + (["--check"] if check else []),
+        env=e,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    if p.returncode != 0:
+        raise RuntimeError(f"child failed ({p.returncode}): {p.stderr[-3000:]}")
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def free_bytes(device: str) -> int:
+    code = f"import torch; print(torch.cuda.mem_get_info(torch.device({device!r}))[0])"
+    return int(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout)
+
+
+def start_keeper(wl: str, socket: str, files: list, device: str, budget: "str | None" = None) -> subprocess.Popen:
+    cmd = [wl, "keep", "--device", device, "--socket", socket] + (["--budget", budget] if budget else []) + files
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    t = time.time()
+    while True:
+        st = status(wl, socket)
+        if st and sum(1 for e in st["entries"] if e["state"] == "ready") >= len(files):
+            return p
+        if p.poll() is not None:
+            raise RuntimeError(f"the keeper exited: {p.stderr.read()[-2000:]}")
+        if time.time() - t > 300:
+            raise RuntimeError("the keeper did not keep the files in 300 s")
+        time.sleep(0.1)
+
+
+def status(wl: str, socket: str) -> "dict | None":
+    p = subprocess.run([wl, "keep", "--socket", socket, "--status", "--json"], capture_output=True, text=True)
+    return json.loads(p.stdout) if p.returncode == 0 and p.stdout.strip() else None
+
+
+def stop_keeper(p: subprocess.Popen) -> None:
+    p.send_signal(signal.SIGTERM)
+    try:
+        p.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        p.wait()
+
+
+def back_to(baseline: int, device: str, slack: int, limit: float = 20.0) -> dict:
+    t = time.time()
+    while True:
+        free = free_bytes(device)
+        if free + slack >= baseline or time.time() - t > limit:
+            return {"free_after": free, "free_before": baseline, "back": free + slack >= baseline, "waited_secs": time.time() - t}
+        time.sleep(0.5)
+
+
+def handouts(path_files: list, socket: str, device: str, n: int, wl: str) -> dict:
+    """n loads cycling over the files in one process (copy mode), device memory and the keeper's books sampled."""
+    code = f"""
+import json, os, subprocess, time, torch, weightlift
+files = {path_files!r}
+torch.zeros(1, device={device!r})
+total = torch.cuda.mem_get_info()[1]
+served = 0; peak_used = 0; over = 0; samples = []
+for i in range({n}):
+    f = files[(i * 7 + i // 3) % len(files)]
+    sd = weightlift.load_file(f, device={device!r})
+    rep = weightlift.last_report()
+    served += rep.get("backend") == "keeper"
+    del sd
+    if i % 50 == 0 or i == {n} - 1:
+        free = torch.cuda.mem_get_info()[0]
+        st = json.loads(subprocess.run([{wl!r}, "keep", "--socket", {socket!r}, "--status", "--json"], capture_output=True, text=True).stdout)
+        over += st["used"] > st["budget"]
+        samples.append({{"i": i, "device_used": total - free, "keeper_used": st["used"], "budget": st["budget"]}})
+        peak_used = max(peak_used, total - free)
+print(json.dumps({{"loads": {n}, "served_by_keeper": served, "samples_over_budget": over, "peak_device_used": peak_used, "samples": samples}}))
+"""
+    env = dict(os.environ, WEIGHTLIFT_KEEPER=socket)
+    p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=1800)
+    if p.returncode != 0:
+        raise RuntimeError(p.stderr[-3000:])
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("out", nargs="?")
+    ap.add_argument("--wl", help="the weightlift binary")
+    ap.add_argument("--dir", default=os.path.expanduser("~/.cache/weightlift/bench"))
+    ap.add_argument("--size", default="4.5GB")
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--handouts", type=int, default=1000)
+    ap.add_argument("--device", default="cuda:0")
+    ap.add_argument("--child")
+    ap.add_argument("--check", action="store_true")
+    args = ap.parse_args()
+    if args.child:
+        print(json.dumps(child(args.child, args.device, args.check)))
+        return 0
+    if not args.out or not args.wl:
+        ap.error("OUT and --wl are needed")
+    os.makedirs(args.out, exist_ok=True)
+    os.makedirs(args.dir, exist_ok=True)
+    path = os.path.join(args.dir, f"keeper-{args.size}.safetensors")
+    make_upstream(path, parse_size(args.size), seed=13)
+    subprocess.run(["cat", path], stdout=subprocess.DEVNULL, check=True)  # warm in the page cache
+    dev = args.device
+    result: dict = {"file": path, "file_bytes": os.path.getsize(path), "device": dev, "runs": args.runs, "cases": {}}
+    baseline = free_bytes(dev)
+    result["free_before"] = baseline
+    sockets = tempfile.mkdtemp(prefix="wl-keep-")
+    os.chmod(sockets, 0o700)
+    sock = os.path.join(sockets, "k.sock")
+
+    def case(name: str, env: dict) -> None:
+        runs = [run_child(path, dev, env) for _ in range(args.runs)]
+        checked = run_child(path, dev, env, check=True)
+        best = min(r["secs"] for r in runs)
+        result["cases"][name] = {"best_secs": best, "gbps": result["file_bytes"] / best / 1e9, "runs": runs, "checked_run": checked}
+        print(f"{name}: best {best * 1e3:.1f} ms ({result['file_bytes'] / best / 1e9:.2f} GB/s); {runs[0]['backend']}: {runs[0]['keeper']}", flush=True)
+
+    case("page-cache", {"WEIGHTLIFT_KEEPER": "off"})
+    t = time.time()
+    keeper = start_keeper(args.wl, sock, [path], dev)
+    result["keep_secs"] = time.time() - t
+    result["free_with_keeper"] = free_bytes(dev)
+    try:
+        case("keeper-copy", {"WEIGHTLIFT_KEEPER": sock})
+        case("keeper-view", {"WEIGHTLIFT_KEEPER": sock, "WEIGHTLIFT_KEEPER_MODE": "view"})
+        result["keeper_status"] = status(args.wl, sock)
+    finally:
+        stop_keeper(keeper)
+    pc = result["cases"]["page-cache"]["best_secs"]
+    result["ratios"] = {
+        "copy_vs_page_cache": pc / result["cases"]["keeper-copy"]["best_secs"],
+        "view_vs_page_cache": pc / result["cases"]["keeper-view"]["best_secs"],
+        "goal_copy": 20.0,
+    }
+    print(f"copy {result['ratios']['copy_vs_page_cache']:.1f}x the page cache (goal 20x); view {result['cases']['keeper-view']['best_secs'] * 1e3:.1f} ms", flush=True)
+    # Mixed handouts under a budget two of three files fit.
+    small = []
+    for i in range(3):
+        p = os.path.join(args.dir, f"keeper-small-{i}.safetensors")
+        make_upstream(p, 256 << 20, seed=20 + i)
+        small.append(p)
+    sock2 = os.path.join(sockets, "k2.sock")
+    biggest = max(os.path.getsize(p) for p in small)
+    budget = str(2 * biggest + (biggest >> 1))
+    keeper2 = start_keeper(args.wl, sock2, small[:2], dev, budget)
+    try:
+        result["handouts"] = handouts(small, sock2, dev, args.handouts, args.wl)
+        result["handouts"]["budget"] = int(budget)
+    finally:
+        stop_keeper(keeper2)
+    print(f"handouts: {result['handouts']['served_by_keeper']} of {args.handouts} served by the keeper, samples over budget {result['handouts']['samples_over_budget']}", flush=True)
+    result["memory_after"] = back_to(baseline, dev, 64 << 20)
+    print(f"device memory after the keepers stopped: {result['memory_after']}", flush=True)
+    with open(os.path.join(args.out, "keeper.json"), "w") as f:
+        json.dump(result, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

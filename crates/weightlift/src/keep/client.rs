@@ -1,0 +1,252 @@
+//! The loading process's side: ask the keeper for a load's files, and build the load from its memory.
+
+use std::os::fd::{AsFd, OwnedFd};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rayon::prelude::*;
+use weightlift_cuda::DeviceBuffer;
+use weightlift_format::TensorEntry;
+use weightlift_io::{HostBuffer, IoReport, OpenFile, ReadEngineUsed};
+
+use super::memory::{Imported, ViewLease};
+use super::stamp::Stamp;
+use super::wire::{self, PROTO, Reply, Request};
+use crate::device::Device;
+use crate::engine::Engine;
+use crate::path::LoadOpts;
+use crate::placement;
+use crate::report::{PathUsed, Report};
+use crate::settings::{KeeperMode, KeeperSocket};
+use crate::tensor::{DeviceTensor, TensorData};
+
+/// How long a keeper may take to answer before the load goes its own way.
+const ANSWER_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Checks that the keeper at the other end runs as this user.
+pub(crate) fn check_keeper_user(conn: &OwnedFd) -> Result<(), String> {
+    let uid = wire::peer_uid(conn).map_err(|e| e.to_string())?;
+    let mine = rustix::process::getuid().as_raw();
+    if uid != mine {
+        return Err(format!("it runs as uid {uid}, not as this user (uid {mine}); not used"));
+    }
+    Ok(())
+}
+
+/// Why a load was not served by a keeper: `None` where no keeper was asked at all (the setting is off, or the load
+/// is of a kind keepers do not serve), else the reason for the report.
+pub(crate) type NotServed = Option<String>;
+
+/// Serves the load of `entries` (of `files`, opened by the engine) from a keeper, if the settings name one and it
+/// keeps every file; otherwise says why not.
+pub(crate) fn ask(
+    engine: &Engine,
+    files: &[Arc<OpenFile>],
+    entries: &[&TensorEntry],
+    device: Device,
+    opts: &LoadOpts<'_>,
+) -> Result<(Vec<TensorData>, Report), NotServed> {
+    let settings = engine.settings();
+    if opts.faults.is_some() || files.is_empty() {
+        return Err(None);
+    }
+    let socket: PathBuf = match &settings.keeper.value {
+        KeeperSocket::Off => return Err(None),
+        KeeperSocket::Path(p) => p.clone(),
+        KeeperSocket::Auto => match (device, super::default_socket(device)) {
+            (Device::PinnedCpu, _) | (_, Err(_)) => return Err(None),
+            (_, Ok(p)) if !p.exists() => return Err(None),
+            (_, Ok(p)) => p,
+        },
+    };
+    let at = |why: String| Some(format!("keeper at {}: {why}", socket.display()));
+    if device == Device::PinnedCpu {
+        return Err(at("it serves cuda:N and cpu loads, not cpu:pinned".into()));
+    }
+    if opts.checks.is_some() {
+        return Err(at("not asked: the load checks checksums as the files are read".into()));
+    }
+    let mut fds = Vec::with_capacity(files.len());
+    for f in files {
+        match f.local() {
+            Some(file) if f.object().is_none() => fds.push(file.as_fd()),
+            _ => return Err(at(format!("{} is an object; keepers keep local files", f.path.display()))),
+        }
+    }
+    if fds.len() > wire::MAX_FDS {
+        return Err(at(format!("{} files; a keeper serves loads of at most {}", fds.len(), wire::MAX_FDS)));
+    }
+    for (f, fd) in files.iter().zip(&fds) {
+        match Stamp::of(fd) {
+            Ok(s) if s.len == f.len => {}
+            Ok(s) => {
+                return Err(at(format!("{} is {} bytes now, {} when opened", f.path.display(), s.len, f.len)));
+            }
+            Err(e) => return Err(at(format!("{}: {e}", f.path.display()))),
+        }
+    }
+    if let Some(e) = entries.iter().find(|e| e.file >= files.len() || e.end() > files[e.file].len) {
+        return Err(at(format!("tensor {} lies outside its file", e.name)));
+    }
+    let start = Instant::now();
+    let gpu = match device {
+        Device::Cuda(n) => Some(engine.gpu(n).map_err(|e| at(e.to_string()))?),
+        _ => None,
+    };
+    let uuid = match &gpu {
+        Some(g) => Some(weightlift_cuda::vmm::gpu_uuid(g).map_err(|e| at(e.to_string()))?),
+        None => None,
+    };
+    let conn = wire::connect(&socket).map_err(|e| at(e.to_string()))?;
+    let _ = rustix::net::sockopt::set_socket_timeout(&conn, rustix::net::sockopt::Timeout::Recv, Some(ANSWER_TIMEOUT));
+    check_keeper_user(&conn).map_err(at)?;
+    let get = Request::Get { proto: PROTO, device: device.to_string(), uuid, files: fds.len(), keep: true };
+    wire::send(conn.as_fd(), &get, &fds).map_err(|e| at(e.to_string()))?;
+    let (reply, got) = wire::recv::<Reply>(conn.as_fd()).map_err(|e| at(format!("no answer ({e})")))?;
+    let sizes = match reply {
+        Reply::Hit { sizes, .. } if sizes.len() == files.len() && got.len() == files.len() => sizes,
+        Reply::Hit { .. } => return Err(at("its answer does not match the files asked for".into())),
+        Reply::Miss { reason, .. } | Reply::Error { reason, .. } => return Err(at(reason)),
+        Reply::Status { .. } => return Err(at("it answered another question".into())),
+    };
+    if let Some(i) = (0..files.len()).find(|&i| sizes[i] < files[i].len) {
+        return Err(at(format!(
+            "it keeps {} bytes of the {}-byte {}",
+            sizes[i],
+            files[i].len,
+            files[i].path.display()
+        )));
+    }
+    let view = settings.keeper_mode.value == KeeperMode::View && gpu.is_some();
+    let imported: Vec<Arc<Imported>> = got
+        .iter()
+        .zip(&sizes)
+        .map(|(fd, &size)| Imported::map(gpu.as_ref(), fd, size, view).map(Arc::new))
+        .collect::<crate::error::Result<_>>()
+        .map_err(|e| at(format!("mapping its memory: {e}")))?;
+    drop(got);
+    let bytes: u64 = entries.iter().map(|e| e.nbytes).sum();
+    let (datas, what) = match &gpu {
+        Some(g) if view => {
+            let lease = Arc::new(ViewLease::new(imported.clone(), conn));
+            let blocks: Vec<Arc<DeviceBuffer>> = imported
+                .iter()
+                .map(|m| {
+                    let len = match &**m {
+                        Imported::Cuda(c) => c.len() as usize,
+                        Imported::Host(h) => h.len,
+                    };
+                    // SAFETY: the mapping is device memory of this context, `len` bytes, alive as long as `lease`.
+                    Arc::new(unsafe { DeviceBuffer::external(g, m.device_ptr(), len, Box::new(lease.clone())) })
+                })
+                .collect();
+            let datas = entries
+                .iter()
+                .map(|e| {
+                    TensorData::Device(DeviceTensor { block: blocks[e.file].clone(), offset: e.offset, len: e.nbytes })
+                })
+                .collect();
+            (datas, "views of its memory, mapped read-only (nothing copied)".to_string())
+        }
+        Some(g) => {
+            let datas = copy_on_device(engine, g, &imported, entries, opts).map_err(|e| at(e.to_string()))?;
+            drop(imported);
+            drop(conn); // the copy is done: the leases end
+            (
+                datas,
+                format!("copied device to device into {}", opts.device_alloc.map_or("the pool".into(), |a| a.name())),
+            )
+        }
+        None => {
+            let datas = copy_on_host(engine, &imported, entries).map_err(|e| at(e.to_string()))?;
+            drop(imported);
+            drop(conn);
+            (datas, "copied from its shared memory".to_string())
+        }
+    };
+    if let Some(p) = opts.progress {
+        p.fetch_add(bytes, std::sync::atomic::Ordering::Relaxed);
+    }
+    let secs = start.elapsed().as_secs_f64();
+    let note = format!("served by the keeper at {}: {what}", socket.display());
+    let io = IoReport::blank(ReadEngineUsed::Pread, String::new());
+    let mut report = engine.report(device, Vec::new(), entries.len(), bytes, io);
+    report.path = PathUsed::Keeper;
+    report.path_reason = note.clone();
+    report.keeper = Some(note);
+    report.seconds = secs;
+    report.gpu = gpu.as_ref().map(|g| g.info().clone());
+    if gpu.is_some() && !view {
+        report.device_memory = Some(opts.device_alloc.map_or("pool".into(), |a| a.name()));
+    }
+    Ok((datas, report))
+}
+
+/// The load's blocks, placed as a load from files places them, each copied from the kept memory.
+fn copy_on_device(
+    engine: &Engine,
+    gpu: &weightlift_cuda::Gpu,
+    imported: &[Arc<Imported>],
+    entries: &[&TensorEntry],
+    opts: &LoadOpts<'_>,
+) -> crate::error::Result<Vec<TensorData>> {
+    let _restore = weightlift_cuda::ContextRestore::save();
+    gpu.bind()?;
+    let placement = placement::pack_aligned(entries, opts.tensor_align);
+    let stream = gpu.stream(engine.io().lanes())?;
+    let mut blocks = Vec::with_capacity(placement.blocks.len());
+    for b in &placement.blocks {
+        let buf = match opts.device_alloc {
+            Some(a) if b.len > 0 => a.alloc(gpu, b.len as usize)?,
+            _ => DeviceBuffer::alloc(gpu, b.len as usize, &stream)?,
+        };
+        blocks.push(buf);
+    }
+    if let Some(a) = opts.device_alloc {
+        // SAFETY: the allocator promises its stream lives in this context.
+        unsafe { weightlift_cuda::wait_for_stream(gpu, &stream, a.ready_stream()) }?;
+    }
+    for (b, buf) in placement.blocks.iter().zip(&blocks) {
+        if b.len == 0 {
+            continue;
+        }
+        let src = imported[b.file].device_ptr() + b.start;
+        // SAFETY: the block is `b.len` bytes of this context's memory; the source lies inside the mapped file (the
+        // caller checked every tensor against the file's length, and a block spans tensors of one file); both live
+        // until the synchronisation below.
+        unsafe {
+            weightlift_cuda::vmm::copy_device_to_device(gpu, buf.device_ptr(), src, b.len as usize, stream.cu_stream())
+        }?;
+    }
+    stream.synchronize().map_err(|error| weightlift_cuda::CudaError::Driver {
+        device: gpu.ordinal(),
+        call: "cuStreamSynchronize",
+        error,
+    })?;
+    let blocks: Vec<Arc<DeviceBuffer>> = blocks.into_iter().map(Arc::new).collect();
+    Ok(placement
+        .tensors
+        .iter()
+        .zip(entries)
+        .map(|(&(b, offset), t)| TensorData::Device(DeviceTensor { block: blocks[b].clone(), offset, len: t.nbytes }))
+        .collect())
+}
+
+/// Each tensor copied out of the kept memfds, in parallel.
+fn copy_on_host(
+    engine: &Engine,
+    imported: &[Arc<Imported>],
+    entries: &[&TensorEntry],
+) -> crate::error::Result<Vec<TensorData>> {
+    let mut bufs: Vec<HostBuffer> = entries
+        .iter()
+        .map(|e| HostBuffer::new(e.nbytes as usize, Some(engine.host_cache())))
+        .collect::<std::result::Result<_, _>>()?;
+    bufs.par_iter_mut().zip(entries.par_iter()).for_each(|(buf, e)| {
+        if let Imported::Host(map) = &*imported[e.file] {
+            buf.copy_from_slice(&map.bytes()[e.offset as usize..e.end() as usize]);
+        }
+    });
+    Ok(bufs.into_iter().map(TensorData::Host).collect())
+}

@@ -1,0 +1,497 @@
+//! The keeper process's side: a listening socket, a thread per connection, one loader thread, the registry.
+
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, mpsc};
+use std::thread::JoinHandle;
+
+use weightlift_cuda::Gpu;
+use weightlift_io::OpenFile;
+
+use super::memory::{Filling, Kept};
+use super::registry::{Found, Registry};
+use super::stamp::Stamp;
+use super::wire::{self, PROTO, Reply, Request, WireError};
+use crate::device::Device;
+use crate::engine::Engine;
+use crate::engine::read::{ByteRange, Dests, ReadRequest, Sources};
+use crate::error::{Error, Result};
+use crate::settings::Settings;
+
+/// How a keeper is started.
+#[derive(Clone, Debug)]
+pub struct KeeperConfig {
+    /// The device it keeps files on: `cuda:N`, or `cpu` (host memory, for host loads).
+    pub device: Device,
+    /// Its socket (default: [`super::default_socket`] of the device).
+    pub socket: Option<PathBuf>,
+    /// Memory it may hold, in bytes (default: 80 % of the device's free memory when it starts; for `cpu`, half of
+    /// the memory available).
+    pub budget: Option<u64>,
+    /// Settings of the engine it reads files with.
+    pub settings: Settings,
+}
+
+struct Job {
+    stamp: Stamp,
+    fd: OwnedFd,
+    path: String,
+}
+
+struct Shared {
+    device: Device,
+    uuid: Option<String>,
+    gpu: Option<(Gpu, u64)>,
+    reg: Mutex<Registry<Kept>>,
+    /// Signalled whenever a load ends (for [`Keeper::wait_idle`]).
+    idle: Condvar,
+    stop: AtomicBool,
+    jobs: Mutex<Option<mpsc::Sender<Job>>>,
+    served: AtomicU64,
+    failed: AtomicU64,
+    uid: u32,
+}
+
+/// A running keeper (see the module documentation). Stops when dropped: it stops accepting, finishes the load in
+/// progress, frees what it keeps (memory a client still maps stays until that client unmaps it) and removes its
+/// socket.
+pub struct Keeper {
+    shared: Arc<Shared>,
+    socket: PathBuf,
+    acceptor: Option<JoinHandle<()>>,
+    loader: Option<JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for Keeper {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Keeper({} at {})", self.shared.device, self.socket.display())
+    }
+}
+
+/// What a keeper holds, as its status gives it.
+pub type Status = Reply;
+
+fn mem_available() -> u64 {
+    std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("MemAvailable:"))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+        })
+        .map_or(0, |kib| kib * 1024)
+}
+
+impl Keeper {
+    /// Starts a keeper: opens the device, binds the socket (refusing one another keeper listens on, reclaiming a
+    /// stale one) and starts serving on threads of its own.
+    pub fn start(config: KeeperConfig) -> Result<Keeper> {
+        let (gpu, uuid) = match config.device {
+            Device::Cuda(n) => {
+                let gpu = Gpu::open(n)?;
+                let granularity = weightlift_cuda::vmm::shareable_granularity(&gpu).map_err(|why| {
+                    Error::InvalidArgument(format!("cuda:{n} cannot keep memory for other processes: {why}"))
+                })?;
+                let uuid = weightlift_cuda::vmm::gpu_uuid(&gpu)?;
+                (Some((gpu, granularity)), Some(uuid))
+            }
+            Device::Cpu => (None, None),
+            Device::PinnedCpu => {
+                return Err(Error::InvalidArgument("a keeper keeps on cuda:N or cpu, not cpu:pinned".into()));
+            }
+        };
+        let budget = match (config.budget, &gpu) {
+            (Some(b), _) => b,
+            (None, Some((g, _))) => g.mem_info()?.0 / 10 * 8,
+            (None, None) => mem_available() / 2,
+        };
+        let socket = match config.socket {
+            Some(p) => p,
+            None => super::default_socket(config.device)?,
+        };
+        let listener = super::bind(&socket)?;
+        let engine = Engine::new(config.settings)?;
+        let (tx, rx) = mpsc::channel::<Job>();
+        let shared = Arc::new(Shared {
+            device: config.device,
+            uuid,
+            gpu,
+            reg: Mutex::new(Registry::new(budget)),
+            idle: Condvar::new(),
+            stop: AtomicBool::new(false),
+            jobs: Mutex::new(Some(tx)),
+            served: AtomicU64::new(0),
+            failed: AtomicU64::new(0),
+            uid: rustix::process::getuid().as_raw(),
+        });
+        let loader = {
+            let shared = shared.clone();
+            std::thread::Builder::new()
+                .name("weightlift-keep-load".into())
+                .spawn(move || {
+                    for job in rx {
+                        shared.load(&engine, job);
+                    }
+                })
+                .map_err(|e| Error::InvalidArgument(format!("starting the keeper's loader: {e}")))?
+        };
+        let acceptor = {
+            let shared = shared.clone();
+            std::thread::Builder::new()
+                .name("weightlift-keep".into())
+                .spawn(move || accept_loop(shared, listener))
+                .map_err(|e| Error::InvalidArgument(format!("starting the keeper: {e}")))?
+        };
+        tracing::info!(device = %config.device, socket = %socket.display(), budget, "keeper started");
+        Ok(Keeper { shared, socket, acceptor: Some(acceptor), loader: Some(loader) })
+    }
+
+    /// The socket it listens on.
+    pub fn socket(&self) -> &Path {
+        &self.socket
+    }
+
+    /// Its budget in bytes.
+    pub fn budget(&self) -> u64 {
+        self.shared.lock().budget()
+    }
+
+    /// Starts keeping the files `paths` (loaded in the background, in order; [`Keeper::wait_idle`] waits for them).
+    /// A file it keeps already is left as it is; a file that does not fit the budget is an error naming it.
+    pub fn keep(&self, paths: &[PathBuf]) -> Result<()> {
+        for p in paths {
+            let f = std::fs::File::open(p)
+                .map_err(|cause| Error::Io(weightlift_io::IoError::Open { path: p.clone(), cause }))?;
+            let fd: OwnedFd = f.into();
+            if !Stamp::is_regular(&fd).unwrap_or(false) {
+                return Err(Error::InvalidArgument(format!("{}: not a regular file", p.display())));
+            }
+            let stamp = Stamp::of(&fd).map_err(|e| Error::InvalidArgument(format!("{}: {e}", p.display())))?;
+            self.shared
+                .enqueue(stamp, fd, p.display().to_string())
+                .map_err(|why| Error::InvalidArgument(format!("{}: {why}", p.display())))?;
+        }
+        Ok(())
+    }
+
+    /// Waits until no load is in progress.
+    pub fn wait_idle(&self) {
+        let mut reg = self.shared.lock();
+        while reg.loading() > 0 {
+            reg = self.shared.idle.wait(reg).unwrap_or_else(|p| p.into_inner());
+        }
+    }
+
+    /// What it holds now.
+    pub fn status(&self) -> Status {
+        self.shared.status()
+    }
+
+    /// Stops it (as dropping it does), once its loads in progress have ended.
+    pub fn stop(mut self) {
+        self.shutdown();
+    }
+
+    fn shutdown(&mut self) {
+        self.shared.stop.store(true, Ordering::SeqCst);
+        // The acceptor blocks in accept: a connection of our own wakes it to see the flag.
+        let _ = wire::connect(&self.socket);
+        if let Some(a) = self.acceptor.take() {
+            let _ = a.join();
+        }
+        self.shared.jobs.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(l) = self.loader.take() {
+            let _ = l.join();
+        }
+        let freed = self.shared.lock().clear();
+        drop(freed);
+        let _ = std::fs::remove_file(&self.socket);
+        tracing::info!(socket = %self.socket.display(), "keeper stopped");
+    }
+}
+
+impl Drop for Keeper {
+    fn drop(&mut self) {
+        if self.acceptor.is_some() {
+            self.shutdown();
+        }
+    }
+}
+
+fn accept_loop(shared: Arc<Shared>, listener: OwnedFd) {
+    loop {
+        let conn = match rustix::net::accept_with(&listener, rustix::net::SocketFlags::CLOEXEC) {
+            Ok(c) => c,
+            Err(rustix::io::Errno::INTR) | Err(rustix::io::Errno::CONNABORTED) => continue,
+            Err(e) => {
+                tracing::warn!("keeper: accept failed: {e}");
+                std::thread::sleep(std::time::Duration::from_millis(50));
+                continue;
+            }
+        };
+        if shared.stop.load(Ordering::SeqCst) {
+            return;
+        }
+        let s = shared.clone();
+        let spawned = std::thread::Builder::new().name("weightlift-keep-conn".into()).spawn(move || s.serve(conn));
+        if let Err(e) = spawned {
+            tracing::warn!("keeper: no thread for a connection: {e}");
+        }
+    }
+}
+
+fn miss(code: &str, reason: String) -> Reply {
+    Reply::Miss { proto: PROTO, code: code.into(), reason }
+}
+
+impl Shared {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Registry<Kept>> {
+        self.reg.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn bytes_for(&self, len: u64) -> u64 {
+        match &self.gpu {
+            Some((_, g)) => len.max(1).div_ceil(*g) * g,
+            None => len,
+        }
+    }
+
+    fn status(&self) -> Reply {
+        let reg = self.lock();
+        Reply::Status {
+            proto: PROTO,
+            device: self.device.to_string(),
+            budget: reg.budget(),
+            used: reg.used(),
+            entries: reg.status(|s| s.len),
+            served: self.served.load(Ordering::Relaxed),
+            failed: self.failed.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Reserves room for `stamp` and queues its load; `Ok(false)` if it is held already.
+    fn enqueue(&self, stamp: Stamp, fd: OwnedFd, path: String) -> std::result::Result<bool, String> {
+        let evicted = {
+            let mut reg = self.lock();
+            match reg.find(&stamp) {
+                Found::Ready(_) | Found::Loading => return Ok(false),
+                Found::Absent { .. } => {}
+            }
+            reg.begin(stamp, self.bytes_for(stamp.len), path.clone())?
+        };
+        drop(evicted); // freed outside the lock
+        let sent =
+            self.jobs.lock().unwrap_or_else(|p| p.into_inner()).as_ref().map(|tx| tx.send(Job { stamp, fd, path }));
+        if !matches!(sent, Some(Ok(()))) {
+            let _ = self.lock().finish(&stamp, None);
+            return Err("the keeper is stopping".into());
+        }
+        Ok(true)
+    }
+
+    /// Reads a file into new memory and publishes it, unless it changed while being read.
+    fn load(&self, engine: &Engine, job: Job) {
+        let t = std::time::Instant::now();
+        let kept = self.fill(engine, &job);
+        let ok = kept.is_ok();
+        match &kept {
+            Ok(_) => tracing::info!(
+                path = %job.path,
+                bytes = job.stamp.len,
+                secs = t.elapsed().as_secs_f64(),
+                "keeper: kept"
+            ),
+            Err(e) => {
+                self.failed.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(path = %job.path, "keeper: not kept: {e}");
+            }
+        }
+        let dropped = self.lock().finish(&job.stamp, kept.ok().map(Arc::new));
+        drop(dropped);
+        if !ok {
+            tracing::debug!("keeper: load failed");
+        }
+        self.idle.notify_all();
+    }
+
+    fn fill(&self, engine: &Engine, job: &Job) -> Result<Kept> {
+        let gpu = self.gpu.as_ref().map(|(g, gr)| (g, *gr));
+        let filling = Filling::create(gpu, job.stamp.len)?;
+        let ordinal = match self.device {
+            Device::Cuda(n) => n,
+            _ => 0,
+        };
+        if job.stamp.len > 0 {
+            // The client's descriptor, reopened through /proc: the same inode, whatever its path names now.
+            let path = PathBuf::from(format!("/proc/self/fd/{}", job.fd.as_raw_fd()));
+            let file = Arc::new(OpenFile::open(&path, true)?);
+            let files = [file];
+            let ranges = [ByteRange::new(0, 0, job.stamp.len, 0)];
+            let dests = [filling.dest(ordinal)];
+            let req = ReadRequest::new(Sources::Open(&files), &ranges, Dests::Memory(&dests));
+            // SAFETY: the destination is the new memory, `filling.bytes()` long, which nothing else can reach
+            // until it is published below.
+            unsafe { engine.read(&req) }?;
+            if let Some((g, _)) = &self.gpu {
+                g.synchronize()?;
+            }
+        }
+        let after = Stamp::of(&job.fd).map_err(|e| Error::InvalidArgument(format!("{}: {e}", job.path)))?;
+        if after != job.stamp {
+            return Err(Error::InvalidArgument(format!("{} changed while the keeper read it", job.path)));
+        }
+        filling.seal()
+    }
+
+    fn serve(self: Arc<Self>, conn: OwnedFd) {
+        match wire::peer_uid(&conn) {
+            Ok(uid) if uid == self.uid => {}
+            Ok(uid) => {
+                let reason = format!("refused: uid {uid} is not the keeper's user (uid {})", self.uid);
+                tracing::warn!("keeper: {reason}");
+                // Its request is read (and its descriptors closed) first: a socket closed with a frame unread resets
+                // the connection, and the client would not see why.
+                let _ = rustix::net::sockopt::set_socket_timeout(
+                    &conn,
+                    rustix::net::sockopt::Timeout::Recv,
+                    Some(std::time::Duration::from_secs(1)),
+                );
+                let _ = wire::recv::<serde_json::Value>(conn.as_fd());
+                let _ = wire::send(conn.as_fd(), &Reply::Error { proto: PROTO, reason }, &[]);
+                return;
+            }
+            Err(e) => {
+                tracing::warn!("keeper: {e}");
+                return;
+            }
+        }
+        let mut leases: Vec<Stamp> = Vec::new();
+        loop {
+            let (req, fds) = match wire::recv::<Request>(conn.as_fd()) {
+                Ok(r) => r,
+                Err(WireError::Closed) => break,
+                Err(e) => {
+                    let _ = wire::send(conn.as_fd(), &Reply::Error { proto: PROTO, reason: e.to_string() }, &[]);
+                    break;
+                }
+            };
+            let reply = match req {
+                Request::Status { proto } if proto == PROTO && fds.is_empty() => Ok((self.status(), Vec::new())),
+                Request::Get { proto, device, uuid, files, keep } if proto == PROTO && files == fds.len() => {
+                    self.get(&device, uuid.as_deref(), fds, keep, &mut leases)
+                }
+                Request::Status { proto } | Request::Get { proto, .. } if proto != PROTO => {
+                    Err(format!("protocol {proto} asked; this keeper speaks {PROTO}"))
+                }
+                _ => Err("the frame carries a different number of descriptors than it declares".into()),
+            };
+            match reply {
+                Ok((r, out)) => {
+                    let borrowed: Vec<_> = out.iter().map(|f| f.as_fd()).collect();
+                    if let Err(e) = wire::send(conn.as_fd(), &r, &borrowed) {
+                        tracing::debug!("keeper: reply not sent: {e}");
+                        break;
+                    }
+                }
+                Err(reason) => {
+                    let _ = wire::send(conn.as_fd(), &Reply::Error { proto: PROTO, reason }, &[]);
+                    break;
+                }
+            }
+        }
+        // The connection ended (or went bad): its handouts are given back.
+        let freed: Vec<_> = {
+            let mut reg = self.lock();
+            leases.iter().filter_map(|s| reg.release(s)).collect()
+        };
+        drop(freed);
+    }
+
+    /// Serves a Get: every file kept → a hit with one descriptor each (leased until the connection ends);
+    /// otherwise a miss, and (with `keep`) the files not kept queued for loading.
+    fn get(
+        &self,
+        device: &str,
+        uuid: Option<&str>,
+        fds: Vec<OwnedFd>,
+        keep: bool,
+        leases: &mut Vec<Stamp>,
+    ) -> std::result::Result<(Reply, Vec<OwnedFd>), String> {
+        let mine = self.device.to_string();
+        if device != mine || (uuid.is_some() && self.uuid.is_some() && uuid != self.uuid.as_deref()) {
+            let theirs = uuid.map_or(String::new(), |u| format!(" ({u})"));
+            let ours = self.uuid.as_ref().map_or(String::new(), |u| format!(" ({u})"));
+            return Ok((
+                miss("other_device", format!("the keeper keeps on {mine}{ours}, the load is onto {device}{theirs}")),
+                Vec::new(),
+            ));
+        }
+        let mut stamps = Vec::with_capacity(fds.len());
+        for fd in &fds {
+            if !Stamp::is_regular(fd).unwrap_or(false) {
+                return Err("a descriptor that is not a regular file".into());
+            }
+            stamps.push(Stamp::of(fd).map_err(|e| format!("fstat: {e}"))?);
+        }
+        let paths: Vec<String> = fds
+            .iter()
+            .map(|fd| {
+                std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd()))
+                    .map_or_else(|_| "?".into(), |p| p.display().to_string())
+            })
+            .collect();
+        let mut reg = self.lock();
+        let found: Vec<Found<Kept>> =
+            stamps.iter().zip(&paths).map(|(s, p)| reg.find_at(s, Some(p.as_str()))).collect();
+        if found.iter().all(|f| matches!(f, Found::Ready(_))) {
+            for s in &stamps {
+                reg.lease(s);
+            }
+            drop(reg);
+            leases.extend_from_slice(&stamps);
+            let kept: Vec<Arc<Kept>> =
+                found.into_iter().filter_map(|f| if let Found::Ready(m) = f { Some(m) } else { None }).collect();
+            let _restore = weightlift_cuda::ContextRestore::save();
+            if let Some((g, _)) = &self.gpu {
+                g.bind().map_err(|e| e.to_string())?;
+            }
+            let mut out = Vec::with_capacity(kept.len());
+            for k in &kept {
+                match k.handout() {
+                    Ok(fd) => out.push(fd),
+                    Err(e) => return Ok((miss("failed", format!("exporting kept memory: {e}")), Vec::new())),
+                }
+            }
+            self.served.fetch_add(1, Ordering::Relaxed);
+            return Ok((Reply::Hit { proto: PROTO, sizes: kept.iter().map(|k| k.bytes()).collect() }, out));
+        }
+        let changed = found.iter().any(|f| matches!(f, Found::Absent { changed: true }));
+        let loading = found.iter().any(|f| matches!(f, Found::Loading));
+        drop(reg);
+        let absent: Vec<usize> = (0..found.len()).filter(|&i| matches!(found[i], Found::Absent { .. })).collect();
+        let total = stamps.len();
+        if keep && !absent.is_empty() {
+            let mut fds: Vec<Option<OwnedFd>> = fds.into_iter().map(Some).collect();
+            for &i in &absent {
+                let fd = fds[i].take().expect("each descriptor is taken once");
+                if let Err(why) = self.enqueue(stamps[i], fd, paths[i].clone()) {
+                    return Ok((miss("over_budget", format!("{}: {why}", paths[i])), Vec::new()));
+                }
+            }
+            let what = if changed { "changed since it was kept" } else { "not kept" };
+            return Ok((
+                miss(
+                    if changed { "changed" } else { "not_kept" },
+                    format!("{} of {total} file(s) {what}; the keeper is loading them now", absent.len()),
+                ),
+                Vec::new(),
+            ));
+        }
+        if loading && absent.is_empty() {
+            return Ok((miss("loading", "the keeper is still loading it".into()), Vec::new()));
+        }
+        let what = if changed { "changed" } else { "not_kept" };
+        Ok((miss(what, format!("{} of {total} file(s) not kept", absent.len())), Vec::new()))
+    }
+}

@@ -1,0 +1,478 @@
+//! The keeper on the CPU (host memory kept in sealed memfds, the same protocol, registry and leases as on a GPU):
+//! what it serves equals the file byte for byte, a changed file is never served, the budget holds, handouts end
+//! with their connections, a bad frame or a foreign user is refused, and a load it cannot serve reads the files
+//! as usual with the reason in its report.
+
+use std::io::Write;
+use std::os::fd::AsFd;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use weightlift::format::synth::{self, Container, Layout, Spec};
+use weightlift::keep::wire::{self, PROTO, Reply, Request};
+use weightlift::keep::{Keeper, KeeperConfig};
+use weightlift::{Device, Engine, KeeperSocket, LoadOpts, Loaded, PathUsed, Settings};
+
+fn generate(dir: &Path, name: &str, seed: u64, size: u64) -> PathBuf {
+    generate_as(dir, name, seed, size, Layout::Llama)
+}
+
+fn generate_as(dir: &Path, name: &str, seed: u64, size: u64, layout: Layout) -> PathBuf {
+    let path = dir.join(name);
+    synth::generate(&path, &Spec { layout, container: Container::Safetensors, size, seed, align: None }).unwrap();
+    path
+}
+
+/// Runs test `name` of this binary in a process of its own (for what is process-wide: descriptors, the
+/// environment), with `env` set; the test's body runs only there (it returns at once without
+/// `WEIGHTLIFT_KEEPER_TEST_CHILD`).
+fn in_own_process(name: &str, env: &[(&str, &std::ffi::OsStr)]) {
+    let mut cmd = std::process::Command::new(std::env::current_exe().unwrap());
+    cmd.args(["--exact", name, "--nocapture", "--test-threads=1"]).env("WEIGHTLIFT_KEEPER_TEST_CHILD", "1");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success() && text.contains("1 passed"), "{text}");
+}
+
+fn is_child() -> bool {
+    std::env::var_os("WEIGHTLIFT_KEEPER_TEST_CHILD").is_some()
+}
+
+/// A private folder for sockets (the keeper refuses folders others may enter).
+fn socket_dir() -> tempfile::TempDir {
+    let d = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(d.path(), std::os::unix::fs::PermissionsExt::from_mode(0o700)).unwrap();
+    d
+}
+
+fn keeper(socket: &Path, budget: u64) -> Keeper {
+    Keeper::start(KeeperConfig {
+        device: Device::Cpu,
+        socket: Some(socket.to_path_buf()),
+        budget: Some(budget),
+        settings: Settings::default().keeper(KeeperSocket::Off),
+    })
+    .unwrap()
+}
+
+fn engine(socket: &Path) -> Engine {
+    Engine::new(Settings::default().keeper(KeeperSocket::Path(socket.to_path_buf()))).unwrap()
+}
+
+fn load(engine: &Engine, paths: &[PathBuf]) -> (Loaded, weightlift::format::TensorIndex) {
+    let index = weightlift::format::open(paths, None).unwrap();
+    let loaded = engine.load(&index, Device::Cpu, &LoadOpts::default()).unwrap();
+    (loaded, index)
+}
+
+/// Every tensor byte against the file, read with plain reads.
+fn check_bytes(loaded: &Loaded, index: &weightlift::format::TensorIndex) {
+    weightlift::verify::compare_with_file(index, |i, off, out| loaded.tensors[i].data.read_back(off, out)).unwrap();
+}
+
+fn status(k: &Keeper) -> (u64, Vec<weightlift::keep::EntryStatus>) {
+    match k.status() {
+        Reply::Status { used, entries, .. } => (used, entries),
+        other => panic!("status answered {other:?}"),
+    }
+}
+
+fn open_fds() -> usize {
+    std::fs::read_dir("/proc/self/fd").unwrap().count()
+}
+
+#[test]
+fn a_kept_checkpoint_is_served_byte_exact_and_a_load_it_misses_is_kept_for_the_next() {
+    let dir = tempfile::tempdir().unwrap();
+    let sockets = socket_dir();
+    let socket = sockets.path().join("k.sock");
+    let a = generate(dir.path(), "a.safetensors", 1, 3 << 20);
+    let b = generate_as(dir.path(), "b.safetensors", 2, 2 << 20, Layout::ManySmall { tensors: Some(40) });
+    let k = keeper(&socket, 1 << 30);
+    k.keep(std::slice::from_ref(&a)).unwrap();
+    k.wait_idle();
+    let e = engine(&socket);
+    let (loaded, index) = load(&e, std::slice::from_ref(&a));
+    assert_eq!(loaded.report.path, PathUsed::Keeper, "{:?}", loaded.report.keeper);
+    assert!(loaded.report.keeper.as_deref().unwrap().contains("served by the keeper"));
+    check_bytes(&loaded, &index);
+    // Two files, one not kept: read from the files, the reason said, and the keeper loads the missing one.
+    let (loaded, index) = load(&e, &[a.clone(), b.clone()]);
+    assert_ne!(loaded.report.path, PathUsed::Keeper);
+    let why = loaded.report.keeper.clone().unwrap();
+    assert!(why.contains("1 of 2 file(s) not kept") && why.contains("loading them now"), "{why}");
+    check_bytes(&loaded, &index);
+    k.wait_idle();
+    let (loaded, index) = load(&e, &[a.clone(), b.clone()]);
+    assert_eq!(loaded.report.path, PathUsed::Keeper, "{:?}", loaded.report.keeper);
+    check_bytes(&loaded, &index);
+    let (used, entries) = status(&k);
+    assert_eq!(entries.len(), 2);
+    assert!(entries.iter().all(|e| e.state == "ready" && e.leases == 0), "copies end their leases: {entries:?}");
+    assert_eq!(used, std::fs::metadata(&a).unwrap().len() + std::fs::metadata(&b).unwrap().len());
+    drop(k);
+    assert!(!socket.exists(), "a stopped keeper removes its socket");
+    // The keeper gone: a normal load, and the reason.
+    let (loaded, index) = load(&e, &[a, b]);
+    assert_ne!(loaded.report.path, PathUsed::Keeper);
+    assert!(loaded.report.keeper.as_deref().unwrap().contains("connect"), "{:?}", loaded.report.keeper);
+    check_bytes(&loaded, &index);
+}
+
+#[test]
+fn a_changed_file_is_never_served() {
+    let dir = tempfile::tempdir().unwrap();
+    let sockets = socket_dir();
+    let socket = sockets.path().join("k.sock");
+    let a = generate(dir.path(), "a.safetensors", 1, 2 << 20);
+    let k = keeper(&socket, 1 << 30);
+    k.keep(std::slice::from_ref(&a)).unwrap();
+    k.wait_idle();
+    let e = engine(&socket);
+    assert_eq!(load(&e, std::slice::from_ref(&a)).0.report.path, PathUsed::Keeper);
+
+    // 1. Rewritten in place, same length, its modification time forged back: the change time gives it away.
+    let meta = std::fs::metadata(&a).unwrap();
+    let len = meta.len();
+    {
+        let mut f = std::fs::OpenOptions::new().write(true).open(&a).unwrap();
+        use std::io::{Seek, SeekFrom};
+        f.seek(SeekFrom::Start(len - 4096)).unwrap();
+        f.write_all(&[0x5a; 4096]).unwrap();
+        f.sync_all().unwrap();
+        f.set_modified(meta.modified().unwrap()).unwrap();
+    }
+    assert_eq!(std::fs::metadata(&a).unwrap().modified().unwrap(), meta.modified().unwrap());
+    let (loaded, index) = load(&e, std::slice::from_ref(&a));
+    assert_ne!(loaded.report.path, PathUsed::Keeper);
+    assert!(loaded.report.keeper.as_deref().unwrap().contains("changed"), "{:?}", loaded.report.keeper);
+    check_bytes(&loaded, &index);
+    k.wait_idle();
+    let (loaded, index) = load(&e, std::slice::from_ref(&a));
+    assert_eq!(loaded.report.path, PathUsed::Keeper, "the new contents are kept: {:?}", loaded.report.keeper);
+    check_bytes(&loaded, &index);
+
+    // 2. Replaced by a rename (another inode, another tensor layout): never the old bytes.
+    let tmp = generate(dir.path(), "a.tmp", 7, 3 << 20);
+    std::fs::rename(&tmp, &a).unwrap();
+    let (loaded, index) = load(&e, std::slice::from_ref(&a));
+    assert_ne!(loaded.report.path, PathUsed::Keeper);
+    check_bytes(&loaded, &index);
+    k.wait_idle();
+    let (loaded, index) = load(&e, std::slice::from_ref(&a));
+    assert_eq!(loaded.report.path, PathUsed::Keeper);
+    check_bytes(&loaded, &index);
+    let (_, entries) = status(&k);
+    assert_eq!(entries.len(), 1, "old versions are freed: {entries:?}");
+
+    // 3. Truncated: its checkpoint no longer parses the same, so the load fails as without a keeper, or is read.
+    std::fs::OpenOptions::new().write(true).open(&a).unwrap().set_len(len / 2).unwrap();
+    let index = weightlift::format::open(std::slice::from_ref(&a), None);
+    if let Ok(index) = index {
+        let loaded = e.load(&index, Device::Cpu, &LoadOpts::default());
+        assert!(loaded.is_err() || loaded.unwrap().report.path != PathUsed::Keeper);
+    }
+}
+
+#[test]
+fn the_budget_holds_least_recently_used_first_and_a_file_over_it_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let sockets = socket_dir();
+    let socket = sockets.path().join("k.sock");
+    let files: Vec<PathBuf> = (0..3).map(|i| generate(dir.path(), &format!("{i}.safetensors"), i, 2 << 20)).collect();
+    let len = std::fs::metadata(&files[0]).unwrap().len();
+    let big = generate(dir.path(), "big.safetensors", 9, 8 << 20);
+    let k = keeper(&socket, 2 * len + len / 2);
+    let e = engine(&socket);
+    for f in &files[..2] {
+        load(&e, std::slice::from_ref(f));
+        k.wait_idle();
+    }
+    assert_eq!(load(&e, std::slice::from_ref(&files[0])).0.report.path, PathUsed::Keeper); // 1 is now older
+    load(&e, std::slice::from_ref(&files[2]));
+    k.wait_idle();
+    let (used, entries) = status(&k);
+    assert!(used <= k.budget());
+    let paths: Vec<&str> = entries.iter().map(|e| e.path.as_str()).collect();
+    assert!(!paths.iter().any(|p| p.ends_with("/1.safetensors")), "the least recently used goes: {paths:?}");
+    assert_eq!(load(&e, std::slice::from_ref(&files[0])).0.report.path, PathUsed::Keeper);
+    assert_eq!(load(&e, std::slice::from_ref(&files[2])).0.report.path, PathUsed::Keeper);
+    let (loaded, index) = load(&e, std::slice::from_ref(&big));
+    assert!(loaded.report.keeper.as_deref().unwrap().contains("budget"), "{:?}", loaded.report.keeper);
+    check_bytes(&loaded, &index);
+    assert!(k.keep(std::slice::from_ref(&big)).unwrap_err().to_string().contains("budget"));
+    // 200 mixed loads of four files, two fitting at once: always within the budget, every byte right.
+    let all: Vec<PathBuf> = files.iter().cloned().chain([big.clone()]).collect();
+    for i in 0..200usize {
+        let f = &all[(i * 7 + i / 3) % all.len()];
+        let (loaded, index) = load(&e, std::slice::from_ref(f));
+        if i % 20 == 0 {
+            check_bytes(&loaded, &index);
+        }
+        assert!(status(&k).0 <= k.budget());
+        if i % 5 == 0 {
+            k.wait_idle();
+        }
+    }
+    k.wait_idle();
+    let (used, _) = status(&k);
+    assert!(used <= k.budget());
+}
+
+/// A Get by hand: the descriptors of `paths`, the reply and what came with it.
+fn get(socket: &Path, paths: &[PathBuf], keep: bool) -> (std::os::fd::OwnedFd, Reply, Vec<std::os::fd::OwnedFd>) {
+    let conn = wire::connect(socket).unwrap();
+    let files: Vec<std::fs::File> = paths.iter().map(|p| std::fs::File::open(p).unwrap()).collect();
+    let fds: Vec<_> = files.iter().map(|f| f.as_fd()).collect();
+    let req = Request::Get { proto: PROTO, device: "cpu".into(), uuid: None, files: fds.len(), keep };
+    wire::send(conn.as_fd(), &req, &fds).unwrap();
+    let (reply, got) = wire::recv::<Reply>(conn.as_fd()).unwrap();
+    (conn, reply, got)
+}
+
+#[test]
+fn a_handout_is_leased_until_its_connection_ends_and_a_kept_memfd_cannot_be_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let sockets = socket_dir();
+    let socket = sockets.path().join("k.sock");
+    let a = generate(dir.path(), "a.safetensors", 3, 2 << 20);
+    let k = keeper(&socket, 1 << 30);
+    k.keep(std::slice::from_ref(&a)).unwrap();
+    k.wait_idle();
+    let (conn, reply, fds) = get(&socket, std::slice::from_ref(&a), false);
+    let Reply::Hit { sizes, .. } = reply else { panic!("{reply:?}") };
+    assert_eq!((sizes.len(), fds.len()), (1, 1));
+    assert_eq!(status(&k).1[0].leases, 1);
+    // The memory is the file's bytes, and sealed: no one can write it.
+    let mut held = std::fs::File::from(fds.into_iter().next().unwrap());
+    let mut bytes = Vec::new();
+    std::io::Read::read_to_end(&mut held, &mut bytes).unwrap();
+    assert!(bytes == std::fs::read(&a).unwrap());
+    assert!(held.write_all(b"x").is_err(), "a kept memfd is sealed against writes");
+    // A second client at the same time is served too.
+    let (conn2, reply2, _fds2) = get(&socket, std::slice::from_ref(&a), false);
+    assert!(matches!(reply2, Reply::Hit { .. }));
+    assert_eq!(status(&k).1[0].leases, 2);
+    // A client's end (its process killed closes the socket the same way) gives its leases back.
+    drop(conn);
+    drop(conn2);
+    let t = Instant::now();
+    while status(&k).1[0].leases > 0 {
+        assert!(t.elapsed() < Duration::from_secs(5), "leases not given back");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+#[test]
+fn bad_frames_are_refused_and_leak_no_descriptor() {
+    in_own_process("bad_frames_child", &[]);
+}
+
+/// Counts this process's descriptors, so runs alone (see above).
+#[test]
+fn bad_frames_child() {
+    if !is_child() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let sockets = socket_dir();
+    let socket = sockets.path().join("k.sock");
+    let a = generate(dir.path(), "a.safetensors", 4, 1 << 20);
+    let k = keeper(&socket, 1 << 30);
+    let before = open_fds();
+    let f = std::fs::File::open(&a).unwrap();
+    let cases: Vec<(Vec<u8>, usize)> = vec![
+        (b"not json".to_vec(), 0),
+        (b"{\"op\":\"get\"}".to_vec(), 1),
+        (
+            serde_json::to_vec(&Request::Get { proto: PROTO, device: "cpu".into(), uuid: None, files: 2, keep: true })
+                .unwrap(),
+            1,
+        ),
+        (
+            serde_json::to_vec(&Request::Get { proto: 99, device: "cpu".into(), uuid: None, files: 1, keep: true })
+                .unwrap(),
+            1,
+        ),
+        (serde_json::to_vec(&Request::Status { proto: PROTO }).unwrap(), 1),
+        (vec![b' '; wire::MAX_FRAME + 10], 0),
+    ];
+    for (frame, nfds) in cases {
+        let conn = wire::connect(&socket).unwrap();
+        let fds: Vec<_> = std::iter::repeat_n(f.as_fd(), nfds).collect();
+        let mut space = vec![std::mem::MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(2))];
+        let mut control = rustix::net::SendAncillaryBuffer::new(&mut space);
+        if nfds > 0 {
+            assert!(control.push(rustix::net::SendAncillaryMessage::ScmRights(&fds)));
+        }
+        rustix::net::sendmsg(&conn, &[std::io::IoSlice::new(&frame)], &mut control, rustix::net::SendFlags::empty())
+            .unwrap();
+        let (reply, _) = wire::recv::<Reply>(conn.as_fd()).unwrap();
+        let Reply::Error { reason, .. } = &reply else {
+            panic!("{reply:?} for {:?}", String::from_utf8_lossy(&frame[..frame.len().min(80)]))
+        };
+        assert!(!reason.is_empty());
+        // The keeper drops the connection after an error.
+        assert!(matches!(wire::recv::<Reply>(conn.as_fd()), Err(wire::WireError::Closed)));
+    }
+    // A descriptor that is not a regular file.
+    let (r, _w) = std::io::pipe().unwrap();
+    let conn = wire::connect(&socket).unwrap();
+    let req = Request::Get { proto: PROTO, device: "cpu".into(), uuid: None, files: 1, keep: true };
+    wire::send(conn.as_fd(), &req, &[r.as_fd()]).unwrap();
+    assert!(matches!(wire::recv::<Reply>(conn.as_fd()).unwrap().0, Reply::Error { .. }));
+    drop((conn, r, f));
+    // Another device: a miss that says so.
+    let conn = wire::connect(&socket).unwrap();
+    let f = std::fs::File::open(&a).unwrap();
+    let req = Request::Get { proto: PROTO, device: "cuda:0".into(), uuid: None, files: 1, keep: true };
+    wire::send(conn.as_fd(), &req, &[f.as_fd()]).unwrap();
+    let (reply, _) = wire::recv::<Reply>(conn.as_fd()).unwrap();
+    assert!(matches!(&reply, Reply::Miss { code, .. } if code == "other_device"), "{reply:?}");
+    drop((conn, f));
+    std::thread::sleep(Duration::from_millis(100)); // connection threads finish
+    assert_eq!(open_fds(), before, "descriptors leaked");
+    assert_eq!(status(&k).1.len(), 0, "nothing was kept from refused frames");
+}
+
+#[test]
+fn sockets_are_private_stale_ones_reclaimed_and_a_second_keeper_refused() {
+    let sockets = socket_dir();
+    let socket = sockets.path().join("k.sock");
+    // A folder others may enter is refused.
+    let open_dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(open_dir.path(), std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let err = Keeper::start(KeeperConfig {
+        device: Device::Cpu,
+        socket: Some(open_dir.path().join("k.sock")),
+        budget: Some(1 << 20),
+        settings: Settings::default(),
+    })
+    .unwrap_err();
+    assert!(err.to_string().contains("0700"), "{err}");
+    // A stale socket (nothing listening) is reclaimed; a live one refused.
+    let stale = std::os::unix::net::UnixListener::bind(&socket).unwrap();
+    drop(stale);
+    assert!(socket.exists());
+    let k = keeper(&socket, 1 << 20);
+    let err = Keeper::start(KeeperConfig {
+        device: Device::Cpu,
+        socket: Some(socket.clone()),
+        budget: Some(1 << 20),
+        settings: Settings::default(),
+    })
+    .unwrap_err();
+    assert!(err.to_string().contains("another keeper"), "{err}");
+    drop(k);
+    // A keeper of another user is refused by the client; needs root to make one (skipped otherwise).
+    if rustix::process::getuid().is_root() {
+        foreign_user_is_refused();
+    } else {
+        eprintln!("skipped: the foreign-user check needs root to run a client as another user");
+    }
+}
+
+/// A client running as `nobody` (by python3, which has SOCK_SEQPACKET) is refused by the keeper's peer check.
+fn foreign_user_is_refused() {
+    use std::os::unix::process::CommandExt;
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(dir.path(), std::os::unix::fs::PermissionsExt::from_mode(0o700)).unwrap();
+    let socket = dir.path().join("k.sock");
+    let k = keeper(&socket, 1 << 20);
+    // Let `nobody` reach the socket (the folder's mode is the first guard; this checks the second).
+    std::fs::set_permissions(dir.path(), std::os::unix::fs::PermissionsExt::from_mode(0o711)).unwrap();
+    std::fs::set_permissions(&socket, std::os::unix::fs::PermissionsExt::from_mode(0o777)).unwrap();
+    let script = format!(
+        "import socket,json; s=socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET); s.connect({:?}); \
+         s.send(json.dumps({{'op':'status','proto':{PROTO}}}).encode()); print(s.recv(65536).decode())",
+        socket.display().to_string()
+    );
+    let out = match std::process::Command::new("python3").arg("-c").arg(&script).uid(65534).gid(65534).output() {
+        Ok(o) => o,
+        Err(e) => {
+            eprintln!("skipped: python3 as nobody: {e}");
+            return;
+        }
+    };
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("\"op\":\"error\"") && text.contains("uid 65534"),
+        "{text} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    drop(k);
+}
+
+#[test]
+fn two_clients_at_once_are_both_served_right() {
+    let dir = tempfile::tempdir().unwrap();
+    let sockets = socket_dir();
+    let socket = sockets.path().join("k.sock");
+    let a = generate(dir.path(), "a.safetensors", 5, 4 << 20);
+    let k = keeper(&socket, 1 << 30);
+    k.keep(std::slice::from_ref(&a)).unwrap();
+    k.wait_idle();
+    let e = Arc::new(engine(&socket));
+    let threads: Vec<_> = (0..4)
+        .map(|_| {
+            let (e, a) = (e.clone(), a.clone());
+            std::thread::spawn(move || {
+                for _ in 0..10 {
+                    let (loaded, index) = load(&e, std::slice::from_ref(&a));
+                    assert_eq!(loaded.report.path, PathUsed::Keeper);
+                    check_bytes(&loaded, &index);
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    let Reply::Status { served, .. } = k.status() else { unreachable!() };
+    assert_eq!(served, 40);
+}
+
+#[test]
+fn no_keeper_asked_when_off_and_auto_finds_none_quietly() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = generate(dir.path(), "a.safetensors", 6, 1 << 20);
+    let e = Engine::new(Settings::default().keeper(KeeperSocket::Off)).unwrap();
+    let (loaded, _) = load(&e, std::slice::from_ref(&a));
+    assert_eq!(loaded.report.keeper, None);
+    // `auto` looks at the default socket, under XDG_RUNTIME_DIR: set in a process of its own (setting the variable
+    // here would race the other tests' threads).
+    let run = socket_dir();
+    in_own_process("auto_child", &[("XDG_RUNTIME_DIR", run.path().as_os_str()), ("KEEPER_TEST_FILE", a.as_os_str())]);
+}
+
+/// Run by the test above in a process of its own.
+#[test]
+fn auto_child() {
+    if !is_child() {
+        return;
+    }
+    let a = PathBuf::from(std::env::var_os("KEEPER_TEST_FILE").unwrap());
+    let run = PathBuf::from(std::env::var_os("XDG_RUNTIME_DIR").unwrap());
+    let e = Engine::new(Settings::default()).unwrap();
+    let (loaded, index) = load(&e, std::slice::from_ref(&a));
+    assert_eq!(loaded.report.keeper, None, "no keeper running: nothing to say");
+    check_bytes(&loaded, &index);
+    // One started at the default socket is found.
+    let k = Keeper::start(KeeperConfig {
+        device: Device::Cpu,
+        socket: None,
+        budget: Some(1 << 30),
+        settings: Settings::default(),
+    })
+    .unwrap();
+    assert!(k.socket().starts_with(&run), "{}", k.socket().display());
+    k.keep(std::slice::from_ref(&a)).unwrap();
+    k.wait_idle();
+    let (loaded, index) = load(&e, std::slice::from_ref(&a));
+    assert_eq!(loaded.report.path, PathUsed::Keeper, "{:?}", loaded.report.keeper);
+    check_bytes(&loaded, &index);
+}
