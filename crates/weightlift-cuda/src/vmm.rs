@@ -107,6 +107,8 @@ struct Mapping {
     gpu: Gpu,
     va: sys::CUdeviceptr,
     len: usize,
+    /// Whether the device's access is read-only (asked for, and granted by the driver).
+    read_only: bool,
 }
 
 impl Mapping {
@@ -129,19 +131,27 @@ impl Mapping {
             unsafe { sys::cuMemAddressFree(va, len) };
             return Err(CudaError::driver(dev, "cuMemMap")(e));
         }
-        let m = Mapping { gpu: gpu.clone(), va, len };
-        // SAFETY: a plain C struct; zeros then the fields set below.
-        let mut access: sys::CUmemAccessDesc = unsafe { std::mem::zeroed() };
-        access.location.type_ = sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
-        access.location.id = dev as i32;
-        access.flags = if read_only {
-            sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READ
-        } else {
-            sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+        let mut m = Mapping { gpu: gpu.clone(), va, len, read_only };
+        let access = |flags| {
+            // SAFETY: a plain C struct; zeros then the fields set below.
+            let mut a: sys::CUmemAccessDesc = unsafe { std::mem::zeroed() };
+            a.location.type_ = sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
+            a.location.id = dev as i32;
+            a.flags = flags;
+            // SAFETY: the range is mapped (dropping `m` unmaps it on failure).
+            unsafe { sys::cuMemSetAccess(va, len, &a, 1) }.result()
         };
-        // SAFETY: the range is mapped (dropping `m` unmaps it on failure).
-        unsafe { sys::cuMemSetAccess(va, len, &access, 1) }
-            .result()
+        if read_only {
+            match access(sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READ) {
+                Ok(()) => return Ok(m),
+                // A driver that grants device memory no read-only access: read-write, read-only by contract.
+                Err(e) => {
+                    tracing::debug!("cuda:{dev}: a read-only mapping was refused ({e}); mapped read-write");
+                    m.read_only = false;
+                }
+            }
+        }
+        access(sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE)
             .map_err(CudaError::driver(dev, "cuMemSetAccess"))?;
         Ok(m)
     }
@@ -313,6 +323,11 @@ impl ImportedMemory {
     /// Whether it has no bytes.
     pub fn is_empty(&self) -> bool {
         self.map.len == 0
+    }
+
+    /// Whether the mapping is read-only for the device (asked for and granted; else writes are not prevented).
+    pub fn is_read_only(&self) -> bool {
+        self.map.read_only
     }
 }
 

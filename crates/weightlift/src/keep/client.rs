@@ -147,7 +147,13 @@ pub(crate) fn ask(
                     TensorData::Device(DeviceTensor { block: blocks[e.file].clone(), offset: e.offset, len: e.nbytes })
                 })
                 .collect();
-            (datas, "views of its memory, mapped read-only (nothing copied)".to_string())
+            let enforced = imported.iter().all(|m| matches!(&**m, Imported::Cuda(c) if c.is_read_only()));
+            let how = if enforced {
+                "mapped read-only"
+            } else {
+                "read-only by contract (the driver refused a read-only mapping)"
+            };
+            (datas, format!("views of its memory, {how}; nothing copied"))
         }
         Some(g) => {
             let datas = copy_on_device(engine, g, &imported, entries, opts).map_err(|e| at(e.to_string()))?;
