@@ -62,10 +62,29 @@ def child(path: str, device: str, check: bool) -> dict:
     return out
 
 
-def run_child(path: str, device: str, env: dict, check: bool = False) -> dict:
+def child_model(folder: str, device: str) -> dict:
+    """One fresh process's weightlift.transformers.from_pretrained of a model folder, timed."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    import weightlift
+    import weightlift.transformers as wt
+
+    torch.zeros(1, device=device)
+    t = time.perf_counter()
+    model = wt.from_pretrained(AutoModelForCausalLM, folder, device=device)
+    torch.cuda.synchronize()
+    secs = time.perf_counter() - t
+    rep = weightlift.last_report() or {}
+    params = sum(p.numel() for p in model.parameters())
+    return {"secs": secs, "backend": rep.get("backend"), "keeper": rep.get("keeper"), "parameters": params}
+
+
+def run_child(path: str, device: str, env: dict, check: bool = False, model: bool = False) -> dict:
     e = dict(os.environ, **env)
     p = subprocess.run(
-        [sys.executable, os.path.abspath(__file__), "--child", path, "--device", device] + (["--check"] if check else []),
+        [sys.executable, os.path.abspath(__file__), "--child-model" if model else "--child", path, "--device", device]
+        + (["--check"] if check else []),
         env=e,
         capture_output=True,
         text=True,
@@ -158,10 +177,14 @@ def main() -> int:
     ap.add_argument("--handouts", type=int, default=1000)
     ap.add_argument("--device", default="cuda:0")
     ap.add_argument("--child")
+    ap.add_argument("--child-model")
     ap.add_argument("--check", action="store_true")
     args = ap.parse_args()
     if args.child:
         print(json.dumps(child(args.child, args.device, args.check)))
+        return 0
+    if args.child_model:
+        print(json.dumps(child_model(args.child_model, args.device)))
         return 0
     if not args.out or not args.wl:
         ap.error("OUT and --wl are needed")
@@ -203,6 +226,32 @@ def main() -> int:
         "goal_copy": 20.0,
     }
     print(f"copy {result['ratios']['copy_vs_page_cache']:.1f}x the page cache (goal 20x); view {result['cases']['keeper-view']['best_secs'] * 1e3:.1f} ms", flush=True)
+    # from_pretrained of a Llama saved by transformers (1.1 GB in 400 MB shards), from the page cache and kept.
+    try:
+        from wlbench.files import save_random_llama
+
+        folder = os.path.join(args.dir, "keeper-llama")
+        if not os.path.exists(os.path.join(folder, "model.safetensors.index.json")):
+            save_random_llama(folder, small=False, device=dev)
+        shards = sorted(os.path.join(folder, f) for f in os.listdir(folder) if f.endswith(".safetensors"))
+        subprocess.run(["cat", *shards], stdout=subprocess.DEVNULL, check=True)
+        fp: dict = {"folder": folder, "shards": len(shards), "bytes": sum(os.path.getsize(f) for f in shards)}
+        fp["page-cache"] = [run_child(folder, dev, {"WEIGHTLIFT_KEEPER": "off"}, model=True) for _ in range(args.runs)]
+        sock3 = os.path.join(sockets, "k3.sock")
+        keeper3 = start_keeper(args.wl, sock3, shards, dev)
+        try:
+            fp["keeper-copy"] = [run_child(folder, dev, {"WEIGHTLIFT_KEEPER": sock3}, model=True) for _ in range(args.runs)]
+        finally:
+            stop_keeper(keeper3)
+        best = {k: min(r["secs"] for r in fp[k]) for k in ("page-cache", "keeper-copy")}
+        fp["best_secs"] = best
+        fp["ratio"] = best["page-cache"] / best["keeper-copy"]
+        fp["goal"] = 5.0
+        result["from_pretrained"] = fp
+        print(f"from_pretrained: page cache {best['page-cache']:.3f} s, kept {best['keeper-copy']:.3f} s: {fp['ratio']:.2f}x (goal 5x); {fp['keeper-copy'][0]['keeper']}", flush=True)
+    except Exception as e:  # noqa: BLE001 - recorded, the rest still runs
+        result["from_pretrained"] = {"error": repr(e)[-2000:]}
+        print(f"from_pretrained: failed: {e!r}"[:2000], flush=True)
     # Mixed handouts under a budget two of three files fit.
     small = []
     for i in range(3):

@@ -40,8 +40,12 @@ def private(tmp_path):
 
 _CHILD = """
 import json, sys, weightlift, safetensors.torch as st, torch
-path, device = sys.argv[1], sys.argv[2]
-sd = weightlift.load_file(path, device=device)
+path, device, how = sys.argv[1], sys.argv[2], sys.argv[3]
+if how == "safe_open":
+    with weightlift.safe_open(path, framework="pt", device=device) as f:
+        sd = {k: f.get_tensor(k) for k in sorted(f.keys(), reverse=True)}
+else:
+    sd = weightlift.load_file(path, device=device)
 ref = st.load_file(path)
 same = all(sd[k].dtype == ref[k].dtype and sd[k].shape == ref[k].shape and torch.equal(sd[k].cpu(), ref[k]) for k in ref)
 rep = weightlift.last_report()
@@ -49,9 +53,9 @@ print(json.dumps({"same": same and sorted(sd) == sorted(ref), "backend": rep["ba
 """
 
 
-def _load_elsewhere(path, device: str, **env: str) -> dict:
+def _load_elsewhere(path, device: str, how: str = "load_file", **env: str) -> dict:
     p = subprocess.run(
-        [sys.executable, "-c", _CHILD, str(path), device],
+        [sys.executable, "-c", _CHILD, str(path), device, how],
         env=dict(os.environ, **env),
         capture_output=True,
         text=True,
@@ -76,6 +80,9 @@ def test_a_keeper_started_from_python_serves_another_process_byte_exact(tmp_path
             assert got["same"], got
             assert got["backend"] == "keeper" and got["keeper"].startswith("served by the keeper"), got
         assert weightlift.keeper_status(sock)["served"] >= 1
+        # safe_open's get_tensor takes a kept checkpoint from the keeper too (in any key order).
+        got = _load_elsewhere(path, device, "safe_open", WEIGHTLIFT_KEEPER=str(sock))
+        assert got["same"] and got["backend"] == "keeper", got
         # A file it does not keep: read from the file, the reason said, and kept for the next process.
         other = tmp_path / "o.safetensors"
         _checkpoint(other, 2)
@@ -133,3 +140,35 @@ def test_bad_arguments_are_refused_with_their_names(private):
     k.stop()
     with pytest.raises(weightlift.InvalidArgumentError, match="stopped"):
         k.status()
+
+
+_HOLDER = """
+import json, os, socket, sys, time
+path, sock = sys.argv[1], sys.argv[2]
+s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+s.connect(sock)
+fd = os.open(path, os.O_RDONLY)
+req = {"op": "get", "proto": 1, "device": "cpu", "uuid": None, "files": 1, "keep": False}
+socket.send_fds(s, [json.dumps(req).encode()], [fd])
+msg, fds, _, _ = socket.recv_fds(s, 65536, 4)
+print(json.loads(msg)["op"], len(fds), flush=True)
+time.sleep(600)  # holds its handout until killed
+"""
+
+
+def test_a_client_killed_while_holding_a_handout_gives_its_lease_back(tmp_path, private):
+    path = tmp_path / "m.safetensors"
+    _checkpoint(path, 4)
+    sock = private / "k.sock"
+    with weightlift.keep([path], device="cpu", socket=sock) as k:
+        p = subprocess.Popen([sys.executable, "-c", _HOLDER, str(path), str(sock)], stdout=subprocess.PIPE, text=True)
+        try:
+            assert p.stdout.readline().split() == ["hit", "1"]
+            assert k.status()["entries"][0]["leases"] == 1
+        finally:
+            p.kill()
+            p.wait()
+        deadline = time.time() + 10
+        while k.status()["entries"][0]["leases"] and time.time() < deadline:
+            time.sleep(0.02)
+        assert k.status()["entries"][0]["leases"] == 0

@@ -235,6 +235,8 @@ class safe_open:
         self._infos = {i.name: i for i in self._ckpt.tensors}
         self._engine = engine or _core.shared_engine()
         self._stream: "_native.NativeStream | None" = None
+        # Tensors a keeper served (taken out as they are asked for); False where it served none.
+        self._kept: "dict | bool | None" = None
         self._taken: set[str] = set()
         self._stats: "dict | None" = None
 
@@ -246,6 +248,7 @@ class safe_open:
 
     def close(self) -> None:
         """Stops the read-ahead; what was read ahead and not taken is freed (and counted in :meth:`stream_stats`)."""
+        self._kept = None  # what a keeper served and was not taken goes with the handle
         if self._stream is not None:
             self._stats = self._stream.close()
             self._stream = None
@@ -287,12 +290,32 @@ class safe_open:
         info = self._info(name)
         if name in self._taken:
             return self._out(_load_tensors(self._ckpt, [name], self._device, self._engine)[name])
-        if self._stream is None:
+        if not self._kept and self._stream is None:
             _core.check_cuda(self._device)
-            self._stream = self._ckpt.stream(self._engine, self._device)
-        buf = self._stream.take(name)
+            if self._kept is None:
+                self._kept = self._from_keeper()
+            if not self._kept:
+                self._stream = self._ckpt.stream(self._engine, self._device)
+        if self._kept:
+            tensor = self._kept.pop(name)
+        else:
+            tensor = _core.info_tensor(self._stream.take(name), info)
         self._taken.add(name)
-        return self._out(_core.info_tensor(buf, info))
+        return self._out(tensor)
+
+    def _from_keeper(self) -> "dict | bool":
+        """Every tensor from a keeper (`weightlift keep`), where one keeps the checkpoint's files and the checkpoint
+        fits the read-ahead a stream would allow itself (``prefetch_bytes``); False otherwise (then it streams)."""
+        engine = self._engine or _core.shared_engine()
+        limit = int(engine.settings()["prefetch_bytes"]["value"])
+        if sum(i.nbytes for i in self._infos.values()) > limit:
+            return False
+        alloc, stream = _core.device_allocator(engine, self._device)
+        buffers = self._ckpt.load_kept(engine, self._device, alloc, stream)
+        if buffers is None:
+            return False
+        ordered = self._ckpt.tensors
+        return {i.name: t for i, t in zip(ordered, _core.info_tensors(buffers, ordered))}
 
     @_upstream_errors
     def get_tensors(self, names: "Sequence[str] | None" = None) -> dict[str, "torch.Tensor"]:

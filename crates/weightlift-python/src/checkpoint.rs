@@ -276,6 +276,48 @@ impl Checkpoint {
         Ok(loaded.tensors.into_iter().map(|t| NativeBuffer::new(t.data)).collect())
     }
 
+    /// Every tensor from a keeper only (see `weightlift keep`), as `load` would give them, or None where the
+    /// engine's settings name no keeper or it does not keep every file (the reason is then the last report's
+    /// `keeper`, where one was asked). `allocator` and `stream` as for `load`.
+    #[pyo3(signature = (engine, device, allocator=None, stream=0))]
+    fn load_kept(
+        &self,
+        py: Python<'_>,
+        engine: &NativeEngine,
+        device: &str,
+        allocator: Option<Py<PyAny>>,
+        stream: usize,
+    ) -> PyResult<Option<Vec<NativeBuffer>>> {
+        let _cuda = crate::bridge::keep_callers_context();
+        let device = parse_device(device)?;
+        if self.pack.is_some() || self.faults()?.is_some() {
+            return Ok(None);
+        }
+        let which: Vec<usize> = (0..self.index.tensors.len()).collect();
+        let torch = match (allocator, device) {
+            (Some(a), Device::Cuda(_)) => Some(TorchAllocator::new(a, stream)),
+            _ => None,
+        };
+        let torch_ref = torch.as_ref();
+        let (index, engine) = (self.index.clone(), engine.engine.clone());
+        let got = interruptible(py, move |cancel| {
+            let opts = LoadOpts {
+                cancel: Some(cancel),
+                device_alloc: torch_ref.map(|t| t as &dyn weightlift::cuda::DeviceAllocator),
+                ..LoadOpts::default()
+            };
+            engine.load_kept(&index, &which, device, &opts)
+        })?;
+        let got = got.map_err(|e| torch.as_ref().and_then(TorchAllocator::take_failure).unwrap_or_else(|| to_py(e)))?;
+        match got {
+            Ok(loaded) => {
+                remember(loaded.report.to_json());
+                Ok(Some(loaded.tensors.into_iter().map(|t| NativeBuffer::new(t.data)).collect()))
+            }
+            Err(_) => Ok(None),
+        }
+    }
+
     /// Rows `[start, stop)` of the named tensor (its first dimension), read alone.
     fn rows(
         &self,

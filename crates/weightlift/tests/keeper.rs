@@ -334,7 +334,11 @@ fn bad_frames_child() {
     let (reply, _) = wire::recv::<Reply>(conn.as_fd()).unwrap();
     assert!(matches!(&reply, Reply::Miss { code, .. } if code == "other_device"), "{reply:?}");
     drop((conn, f));
-    std::thread::sleep(Duration::from_millis(100)); // connection threads finish
+    // The connection threads finish (and close what they hold) on their own time: wait up to 10 s.
+    let t = Instant::now();
+    while open_fds() != before && t.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
     assert_eq!(open_fds(), before, "descriptors leaked");
     assert_eq!(status(&k).1.len(), 0, "nothing was kept from refused frames");
 }

@@ -81,6 +81,41 @@ impl Engine {
         Ok(Loaded { tensors, report })
     }
 
+    /// The tensors of `index` at positions `which` from a keeper (`weightlift keep`) only: `Ok(Err(why))` where the
+    /// settings name none (`why` is `None`) or it does not serve them (a normal load then reads them; `why` says
+    /// why, for reports). For loads that would rather stream a checkpoint a keeper does not hold (`safe_open`).
+    pub fn load_kept(
+        &self,
+        index: &TensorIndex,
+        which: &[usize],
+        device: Device,
+        opts: &LoadOpts<'_>,
+    ) -> Result<std::result::Result<Loaded, Option<String>>> {
+        let _restore = weightlift_cuda::ContextRestore::save(); // the caller's thread keeps its device
+        let start = Instant::now();
+        let entries: Vec<&TensorEntry> = which
+            .iter()
+            .map(|&i| index.tensors.get(i).ok_or_else(|| Error::InvalidArgument(format!("no tensor at position {i}"))))
+            .collect::<Result<_>>()?;
+        if index.files.iter().any(|f| weightlift_remote::is_url(&f.path.to_string_lossy())) {
+            return Ok(Err(None));
+        }
+        let files = self.open_files_writing(&index.files, &whole_files(index, which))?;
+        Ok(match crate::keep::ask(self, &files, &entries, device, opts) {
+            Ok((datas, mut report)) => {
+                let tensors = entries
+                    .iter()
+                    .zip(datas)
+                    .map(|(t, data)| Tensor { name: t.name.clone(), dtype: t.dtype, shape: t.shape.clone(), data })
+                    .collect();
+                report.files = index.files.iter().map(|f| f.path.clone()).collect();
+                report.seconds = start.elapsed().as_secs_f64();
+                Ok(Loaded { tensors, report })
+            }
+            Err(why) => Err(why),
+        })
+    }
+
     /// Host destinations (plain or pinned), filled by the lanes (buffered reads land in place).
     fn load_host(
         &self,
