@@ -248,7 +248,7 @@ class safe_open:
 
     def close(self) -> None:
         """Stops the read-ahead; what was read ahead and not taken is freed (and counted in :meth:`stream_stats`)."""
-        self._kept = None  # what a keeper served and was not taken goes with the handle
+        self._kept = False  # what a keeper served and was not taken goes with the handle; later takes stream
         if self._stream is not None:
             self._stats = self._stream.close()
             self._stream = None

@@ -257,8 +257,9 @@ impl SharedMemory {
 
 impl Drop for SharedMemory {
     fn drop(&mut self) {
-        // The mapping goes first (its own Drop runs after this body), then the handle: release only drops this
-        // process's reference, so memory another process still maps stays until it unmaps.
+        // The handle is released here, the mapping unmapped after this body (fields drop last): the driver frees
+        // the memory once it is both released and unmapped everywhere, so memory another process still maps stays
+        // until that process unmaps it.
         let _restore = ContextRestore::save();
         let _ = self.map.gpu.bind();
         // SAFETY: the handle was created by `create` and is released once.

@@ -1,7 +1,7 @@
 //! `weightlift.keep`: a keeper running in this process (on threads of its own), for the loads of other processes.
 
 use std::path::PathBuf;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use pyo3::prelude::*;
 use weightlift::keep::{Keeper, KeeperConfig};
@@ -13,15 +13,17 @@ use crate::report::json_to_py;
 /// A keeper of this process (see `weightlift.keep`).
 #[pyclass(module = "weightlift._native", frozen)]
 pub(crate) struct NativeKeeper {
-    keeper: Mutex<Option<Keeper>>,
+    /// Taken out by `stop`; each call clones it and lets the lock go before it releases the GIL (a call waiting in
+    /// `wait` must not hold what another thread, holding the GIL, waits for).
+    keeper: Mutex<Option<Arc<Keeper>>>,
     socket: PathBuf,
 }
 
 impl NativeKeeper {
     fn with<T>(&self, f: impl FnOnce(&Keeper) -> PyResult<T>) -> PyResult<T> {
-        let k = self.keeper.lock().unwrap_or_else(|p| p.into_inner());
-        match k.as_ref() {
-            Some(k) => f(k),
+        let k = self.keeper.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        match k {
+            Some(k) => f(&k),
             None => Err(invalid_argument("the keeper was stopped")),
         }
     }
@@ -43,7 +45,7 @@ impl NativeKeeper {
         let settings = weightlift::Settings::from_env().map_err(to_py)?.keeper(weightlift::KeeperSocket::Off);
         let keeper = py.detach(|| Keeper::start(KeeperConfig { device, socket, budget, settings })).map_err(to_py)?;
         let socket = keeper.socket().to_path_buf();
-        Ok(NativeKeeper { keeper: Mutex::new(Some(keeper)), socket })
+        Ok(NativeKeeper { keeper: Mutex::new(Some(Arc::new(keeper))), socket })
     }
 
     /// Its socket.
@@ -76,8 +78,12 @@ impl NativeKeeper {
     fn stop(&self, py: Python<'_>) {
         let _cuda = crate::bridge::keep_callers_context();
         let k = self.keeper.lock().unwrap_or_else(|p| p.into_inner()).take();
+        // Another thread's call may hold a clone for a moment: the last one dropped stops it (Keeper's Drop).
         if let Some(k) = k {
-            py.detach(|| k.stop());
+            py.detach(|| match Arc::try_unwrap(k) {
+                Ok(k) => k.stop(),
+                Err(shared) => drop(shared),
+            });
         }
     }
 

@@ -1,6 +1,6 @@
 //! The loading process's side: ask the keeper for a load's files, and build the load from its memory.
 
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::AsFd;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -21,18 +21,9 @@ use crate::report::{PathUsed, Report};
 use crate::settings::{KeeperMode, KeeperSocket};
 use crate::tensor::{DeviceTensor, TensorData};
 
-/// How long a keeper may take to answer before the load goes its own way.
-const ANSWER_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// Checks that the keeper at the other end runs as this user.
-pub(crate) fn check_keeper_user(conn: &OwnedFd) -> Result<(), String> {
-    let uid = wire::peer_uid(conn).map_err(|e| e.to_string())?;
-    let mine = rustix::process::getuid().as_raw();
-    if uid != mine {
-        return Err(format!("it runs as uid {uid}, not as this user (uid {mine}); not used"));
-    }
-    Ok(())
-}
+/// How long a keeper may take to take the connection and to answer before the load goes its own way (it answers
+/// from memory: a keeper stopped or hung costs the load this much, once).
+const ANSWER_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Why a load was not served by a keeper: `None` where no keeper was asked at all (the setting is off, or the load
 /// is of a kind keepers do not serve), else the reason for the report.
@@ -54,7 +45,7 @@ pub(crate) fn ask(
     let socket: PathBuf = match &settings.keeper.value {
         KeeperSocket::Off => return Err(None),
         KeeperSocket::Path(p) => p.clone(),
-        KeeperSocket::Auto => match (device, super::default_socket(device)) {
+        KeeperSocket::Auto => match (device, super::socket::default_socket(device)) {
             (Device::PinnedCpu, _) | (_, Err(_)) => return Err(None),
             (_, Ok(p)) if !p.exists() => return Err(None),
             (_, Ok(p)) => p,
@@ -77,9 +68,10 @@ pub(crate) fn ask(
     if fds.len() > wire::MAX_FDS {
         return Err(at(format!("{} files; a keeper serves loads of at most {}", fds.len(), wire::MAX_FDS)));
     }
+    let mut mine = Vec::with_capacity(fds.len());
     for (f, fd) in files.iter().zip(&fds) {
         match Stamp::of(fd) {
-            Ok(s) if s.len == f.len => {}
+            Ok(s) if s.len == f.len => mine.push(s),
             Ok(s) => {
                 return Err(at(format!("{} is {} bytes now, {} when opened", f.path.display(), s.len, f.len)));
             }
@@ -98,14 +90,18 @@ pub(crate) fn ask(
         Some(g) => Some(weightlift_cuda::vmm::gpu_uuid(g).map_err(|e| at(e.to_string()))?),
         None => None,
     };
-    let conn = wire::connect(&socket).map_err(|e| at(e.to_string()))?;
-    let _ = rustix::net::sockopt::set_socket_timeout(&conn, rustix::net::sockopt::Timeout::Recv, Some(ANSWER_TIMEOUT));
-    check_keeper_user(&conn).map_err(at)?;
+    let conn = wire::connect_within(&socket, ANSWER_TIMEOUT).map_err(|e| at(e.to_string()))?;
+    wire::check_keeper_user(&conn).map_err(at)?;
     let get = Request::Get { proto: PROTO, device: device.to_string(), uuid, files: fds.len(), keep: true };
     wire::send(conn.as_fd(), &get, &fds).map_err(|e| at(e.to_string()))?;
     let (reply, got) = wire::recv::<Reply>(conn.as_fd()).map_err(|e| at(format!("no answer ({e})")))?;
     let sizes = match reply {
-        Reply::Hit { sizes, .. } if sizes.len() == files.len() && got.len() == files.len() => sizes,
+        Reply::Hit { sizes, stamps, .. } if sizes.len() == files.len() && got.len() == files.len() => {
+            if let Some(i) = (0..files.len()).find(|&i| stamps.get(i) != Some(&mine[i])) {
+                return Err(at(format!("{} changed as it was asked for", files[i].path.display())));
+            }
+            sizes
+        }
         Reply::Hit { .. } => return Err(at("its answer does not match the files asked for".into())),
         Reply::Miss { reason, .. } | Reply::Error { reason, .. } => return Err(at(reason)),
         Reply::Status { .. } => return Err(at("it answered another question".into())),
@@ -118,11 +114,14 @@ pub(crate) fn ask(
             files[i].path.display()
         )));
     }
-    let view = settings.keeper_mode.value == KeeperMode::View && gpu.is_some();
+    // Views only where every tensor starts where the load's alignment asks (else the tensors are copied).
+    let aligned = opts.tensor_align.is_none_or(|a| entries.iter().all(|e| e.offset.is_multiple_of(a)));
+    let view = settings.keeper_mode.value == KeeperMode::View && gpu.is_some() && aligned;
+    // Mapped read-only either way: a copy only reads it.
     let imported: Vec<Arc<Imported>> = got
         .iter()
         .zip(&sizes)
-        .map(|(fd, &size)| Imported::map(gpu.as_ref(), fd, size, view).map(Arc::new))
+        .map(|(fd, &size)| Imported::map(gpu.as_ref(), fd, size, true).map(Arc::new))
         .collect::<crate::error::Result<_>>()
         .map_err(|e| at(format!("mapping its memory: {e}")))?;
     drop(got);

@@ -49,6 +49,24 @@ pub enum Found<M> {
     },
 }
 
+/// Why [`Registry::begin`] made no room.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Refused {
+    /// An entry of that stamp is held already (loading, or stale with leases).
+    Held,
+    /// It does not fit the budget, even with every evictable entry gone (why, in a sentence).
+    OverBudget(String),
+}
+
+impl std::fmt::Display for Refused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Refused::Held => f.write_str("an entry of this file is held already"),
+            Refused::OverBudget(why) => f.write_str(why),
+        }
+    }
+}
+
 /// The entries and the budget.
 #[derive(Debug)]
 pub struct Registry<M> {
@@ -100,20 +118,8 @@ impl<M> Registry<M> {
     /// Looks `stamp` up (a ready entry counts as used now). Entries of the same file with other contents become
     /// stale: removed if unleased, else kept only until their leases end.
     pub fn find(&mut self, stamp: &Stamp) -> Found<M> {
-        self.find_at(stamp, None)
-    }
-
-    /// [`Registry::find`], where the file is now at `path`: entries first asked for by that path that are another
-    /// file (it was replaced, by a rename say) become stale too. Paths only free memory early; what is served is
-    /// decided by the stamp alone.
-    pub fn find_at(&mut self, stamp: &Stamp, path: Option<&str>) -> Found<M> {
         self.tick += 1;
-        let stale: Vec<Stamp> = self
-            .entries
-            .iter()
-            .filter(|(k, e)| *k != stamp && (k.same_file(stamp) || path.is_some_and(|p| e.path == p)))
-            .map(|(k, _)| *k)
-            .collect();
+        let stale: Vec<Stamp> = self.entries.keys().filter(|k| k.same_file(stamp) && *k != stamp).copied().collect();
         let changed = !stale.is_empty();
         for k in stale {
             self.retire(&k);
@@ -145,20 +151,43 @@ impl<M> Registry<M> {
         Some(e)
     }
 
+    /// Retires every ready entry whose memory `dead` says is of a file gone (its last name removed, say): never
+    /// served again, and freed now unless leased. Returns the memory freed, for the caller to drop.
+    pub fn retire_where(&mut self, dead: impl Fn(&M) -> bool) -> Vec<Arc<M>> {
+        let gone: Vec<Stamp> = self
+            .entries
+            .iter()
+            .filter(|(_, e)| !e.stale && matches!(&e.state, State::Ready(m) if dead(m)))
+            .map(|(k, _)| *k)
+            .collect();
+        let mut freed = Vec::new();
+        for k in gone {
+            if let Some(e) = self.entries.get_mut(&k) {
+                e.stale = true;
+                if e.leases == 0
+                    && let Some(Entry { state: State::Ready(m), .. }) = self.remove(&k)
+                {
+                    freed.push(m);
+                }
+            }
+        }
+        freed
+    }
+
     /// Reserves `bytes` for a new entry of `stamp`, now loading, evicting least recently used unleased ready
     /// entries as needed; what it evicted is returned (for the caller to drop outside its lock). Refused, evicting
     /// nothing, when even every evictable entry would not make room, or when `stamp` is held already.
-    pub fn begin(&mut self, stamp: Stamp, bytes: u64, path: String) -> Result<Vec<Arc<M>>, String> {
+    pub fn begin(&mut self, stamp: Stamp, bytes: u64, path: String) -> Result<Vec<Arc<M>>, Refused> {
         if self.entries.contains_key(&stamp) {
-            return Err("it is held already".into());
+            return Err(Refused::Held);
         }
         let pinned: u64 =
             self.entries.values().filter(|e| e.leases > 0 || matches!(e.state, State::Loading)).map(|e| e.bytes).sum();
         if pinned.saturating_add(bytes) > self.budget {
-            return Err(format!(
+            return Err(Refused::OverBudget(format!(
                 "{bytes} bytes do not fit the keeper's budget of {} bytes ({pinned} held by loads in progress and handouts)",
                 self.budget
-            ));
+            )));
         }
         let mut evicted = Vec::new();
         while self.used + bytes > self.budget {
@@ -265,7 +294,7 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
-    fn stamp(ino: u64, version: i128) -> Stamp {
+    fn stamp(ino: u64, version: i64) -> Stamp {
         Stamp { dev: 1, ino, len: 100, mtime_ns: version, ctime_ns: version }
     }
 
@@ -298,22 +327,22 @@ mod tests {
         let evicted = r.begin(stamp(9, 0), 100, "9".into()).unwrap();
         assert_eq!(evicted.iter().map(|m| **m).collect::<Vec<_>>(), vec![2]);
         let err = r.begin(stamp(10, 0), 250, "10".into()).unwrap_err();
-        assert!(err.contains("budget"), "{err}");
+        assert!(err.to_string().contains("budget"), "{err}");
         assert_eq!(r.len(), 3, "a refused reservation evicts nothing");
     }
 
     #[derive(Clone, Debug)]
     enum Step {
-        Find(u64, i128),
-        Begin(u64, i128, u64),
-        Finish(u64, i128, bool),
-        Lease(u64, i128),
-        Release(u64, i128),
+        Find(u64, i64),
+        Begin(u64, i64, u64),
+        Finish(u64, i64, bool),
+        Lease(u64, i64),
+        Release(u64, i64),
     }
 
     fn step() -> impl Strategy<Value = Step> {
         let f = 0u64..6;
-        let v = 0i128..3;
+        let v = 0i64..3;
         prop_oneof![
             (f.clone(), v.clone()).prop_map(|(a, b)| Step::Find(a, b)),
             (f.clone(), v.clone(), 1u64..400).prop_map(|(a, b, n)| Step::Begin(a, b, n)),
@@ -325,7 +354,7 @@ mod tests {
 
     /// Memory that counts its drops.
     #[derive(Debug)]
-    struct Tracked(u64, i128, Arc<std::sync::atomic::AtomicUsize>);
+    struct Tracked(u64, i64, Arc<std::sync::atomic::AtomicUsize>);
 
     impl Drop for Tracked {
         fn drop(&mut self) {

@@ -10,9 +10,9 @@ use weightlift_cuda::Gpu;
 use weightlift_io::OpenFile;
 
 use super::memory::{Filling, Kept};
-use super::registry::{Found, Registry};
+use super::registry::{Found, Refused, Registry};
 use super::stamp::Stamp;
-use super::wire::{self, PROTO, Reply, Request, WireError};
+use super::wire::{self, PROTO, Reply, Request, Status, WireError};
 use crate::device::Device;
 use crate::engine::Engine;
 use crate::engine::read::{ByteRange, Dests, ReadRequest, Sources};
@@ -33,6 +33,20 @@ pub struct KeeperConfig {
     pub settings: Settings,
 }
 
+/// A kept file: its memory, and the descriptor it was read through (a file whose last name is removed, replaced by
+/// a rename say, is retired: no one can open it again).
+#[derive(Debug)]
+pub(crate) struct Held {
+    memory: Kept,
+    file: OwnedFd,
+}
+
+impl Held {
+    fn is_gone(&self) -> bool {
+        rustix::fs::fstat(&self.file).map_or(true, |st| st.st_nlink == 0)
+    }
+}
+
 struct Job {
     stamp: Stamp,
     fd: OwnedFd,
@@ -43,7 +57,10 @@ struct Shared {
     device: Device,
     uuid: Option<String>,
     gpu: Option<(Gpu, u64)>,
-    reg: Mutex<Registry<Kept>>,
+    reg: Mutex<Registry<Held>>,
+    socket: PathBuf,
+    /// The listening socket, shut down to wake the acceptor when stopping.
+    listener: Arc<OwnedFd>,
     /// Signalled whenever a load ends (for [`Keeper::wait_idle`]).
     idle: Condvar,
     stop: AtomicBool,
@@ -68,9 +85,6 @@ impl std::fmt::Debug for Keeper {
         write!(f, "Keeper({} at {})", self.shared.device, self.socket.display())
     }
 }
-
-/// What a keeper holds, as its status gives it.
-pub type Status = Reply;
 
 fn mem_available() -> u64 {
     std::fs::read_to_string("/proc/meminfo")
@@ -108,9 +122,9 @@ impl Keeper {
         };
         let socket = match config.socket {
             Some(p) => p,
-            None => super::default_socket(config.device)?,
+            None => super::socket::default_socket(config.device)?,
         };
-        let listener = super::bind(&socket)?;
+        let listener = Arc::new(super::socket::bind(&socket)?);
         let engine = Engine::new(config.settings)?;
         let (tx, rx) = mpsc::channel::<Job>();
         let shared = Arc::new(Shared {
@@ -118,6 +132,8 @@ impl Keeper {
             uuid,
             gpu,
             reg: Mutex::new(Registry::new(budget)),
+            socket: socket.clone(),
+            listener: listener.clone(),
             idle: Condvar::new(),
             stop: AtomicBool::new(false),
             jobs: Mutex::new(Some(tx)),
@@ -131,7 +147,22 @@ impl Keeper {
                 .name("weightlift-keep-load".into())
                 .spawn(move || {
                     for job in rx {
-                        shared.load(&engine, job);
+                        if shared.stop.load(Ordering::SeqCst) {
+                            // Stopping: what is queued is not read.
+                            let dropped = shared.lock().finish(&job.stamp, None);
+                            drop(dropped);
+                            shared.idle.notify_all();
+                            continue;
+                        }
+                        let stamp = job.stamp;
+                        let panicked =
+                            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| shared.load(&engine, job)));
+                        if panicked.is_err() {
+                            tracing::warn!("keeper: a load panicked (a bug); its file is not kept");
+                            let dropped = shared.lock().finish(&stamp, None);
+                            drop(dropped);
+                            shared.idle.notify_all();
+                        }
                     }
                 })
                 .map_err(|e| Error::InvalidArgument(format!("starting the keeper's loader: {e}")))?
@@ -140,7 +171,7 @@ impl Keeper {
             let shared = shared.clone();
             std::thread::Builder::new()
                 .name("weightlift-keep".into())
-                .spawn(move || accept_loop(shared, listener))
+                .spawn(move || accept_loop(shared))
                 .map_err(|e| Error::InvalidArgument(format!("starting the keeper: {e}")))?
         };
         tracing::info!(device = %config.device, socket = %socket.display(), budget, "keeper started");
@@ -195,8 +226,11 @@ impl Keeper {
 
     fn shutdown(&mut self) {
         self.shared.stop.store(true, Ordering::SeqCst);
-        // The acceptor blocks in accept: a connection of our own wakes it to see the flag.
+        // The acceptor blocks in accept: a connection of our own wakes it to see the flag (it removes the socket's
+        // name while it still listens, so no keeper started meanwhile loses its own), and shutting the socket down
+        // wakes it where the name is gone already.
         let _ = wire::connect(&self.socket);
+        let _ = rustix::net::shutdown(&*self.shared.listener, rustix::net::Shutdown::Read);
         if let Some(a) = self.acceptor.take() {
             let _ = a.join();
         }
@@ -206,7 +240,6 @@ impl Keeper {
         }
         let freed = self.shared.lock().clear();
         drop(freed);
-        let _ = std::fs::remove_file(&self.socket);
         tracing::info!(socket = %self.socket.display(), "keeper stopped");
     }
 }
@@ -219,10 +252,18 @@ impl Drop for Keeper {
     }
 }
 
-fn accept_loop(shared: Arc<Shared>, listener: OwnedFd) {
+fn accept_loop(shared: Arc<Shared>) {
+    let stopping = || {
+        if shared.stop.load(Ordering::SeqCst) {
+            let _ = std::fs::remove_file(&shared.socket);
+            return true;
+        }
+        false
+    };
     loop {
-        let conn = match rustix::net::accept_with(&listener, rustix::net::SocketFlags::CLOEXEC) {
+        let conn = match rustix::net::accept_with(&*shared.listener, rustix::net::SocketFlags::CLOEXEC) {
             Ok(c) => c,
+            Err(_) if stopping() => return,
             Err(rustix::io::Errno::INTR) | Err(rustix::io::Errno::CONNABORTED) => continue,
             Err(e) => {
                 tracing::warn!("keeper: accept failed: {e}");
@@ -230,7 +271,7 @@ fn accept_loop(shared: Arc<Shared>, listener: OwnedFd) {
                 continue;
             }
         };
-        if shared.stop.load(Ordering::SeqCst) {
+        if stopping() {
             return;
         }
         let s = shared.clone();
@@ -246,7 +287,7 @@ fn miss(code: &str, reason: String) -> Reply {
 }
 
 impl Shared {
-    fn lock(&self) -> std::sync::MutexGuard<'_, Registry<Kept>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Registry<Held>> {
         self.reg.lock().unwrap_or_else(|p| p.into_inner())
     }
 
@@ -278,7 +319,11 @@ impl Shared {
                 Found::Ready(_) | Found::Loading => return Ok(false),
                 Found::Absent { .. } => {}
             }
-            reg.begin(stamp, self.bytes_for(stamp.len), path.clone())?
+            match reg.begin(stamp, self.bytes_for(stamp.len), path.clone()) {
+                Ok(evicted) => evicted,
+                Err(Refused::Held) => return Ok(false),
+                Err(Refused::OverBudget(why)) => return Err(why),
+            }
         };
         drop(evicted); // freed outside the lock
         let sent =
@@ -307,7 +352,8 @@ impl Shared {
                 tracing::warn!(path = %job.path, "keeper: not kept: {e}");
             }
         }
-        let dropped = self.lock().finish(&job.stamp, kept.ok().map(Arc::new));
+        let held = kept.ok().map(|memory| Arc::new(Held { memory, file: job.fd }));
+        let dropped = self.lock().finish(&job.stamp, held);
         drop(dropped);
         if !ok {
             tracing::debug!("keeper: load failed");
@@ -316,6 +362,23 @@ impl Shared {
     }
 
     fn fill(&self, engine: &Engine, job: &Job) -> Result<Kept> {
+        let changed = || Error::InvalidArgument(format!("{} changed while the keeper read it", job.path));
+        // File times come from a clock that advances in ticks (up to 10 ms): a write in the tick of the stamp
+        // would leave it as it is. Reading starts two ticks after the file's last change, from a stamp taken then,
+        // so that any later write shows in the stamp checked after the read.
+        let newest = job.stamp.mtime_ns.max(job.stamp.ctime_ns);
+        let now =
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as i64);
+        let wait = newest + 20_000_000 - now;
+        if wait > 1_000_000_000 {
+            return Err(Error::InvalidArgument(format!("{}: its times lie in the future; not kept", job.path)));
+        }
+        if wait > 0 {
+            std::thread::sleep(std::time::Duration::from_nanos(wait as u64));
+            if Stamp::of(&job.fd).ok() != Some(job.stamp) {
+                return Err(changed());
+            }
+        }
         let gpu = self.gpu.as_ref().map(|(g, gr)| (g, *gr));
         let filling = Filling::create(gpu, job.stamp.len)?;
         let ordinal = match self.device {
@@ -339,7 +402,7 @@ impl Shared {
         }
         let after = Stamp::of(&job.fd).map_err(|e| Error::InvalidArgument(format!("{}: {e}", job.path)))?;
         if after != job.stamp {
-            return Err(Error::InvalidArgument(format!("{} changed while the keeper read it", job.path)));
+            return Err(changed());
         }
         filling.seal()
     }
@@ -442,15 +505,16 @@ impl Shared {
             })
             .collect();
         let mut reg = self.lock();
-        let found: Vec<Found<Kept>> =
-            stamps.iter().zip(&paths).map(|(s, p)| reg.find_at(s, Some(p.as_str()))).collect();
+        let gone = reg.retire_where(Held::is_gone);
+        let found: Vec<Found<Held>> = stamps.iter().map(|s| reg.find(s)).collect();
         if found.iter().all(|f| matches!(f, Found::Ready(_))) {
             for s in &stamps {
                 reg.lease(s);
             }
             drop(reg);
+            drop(gone);
             leases.extend_from_slice(&stamps);
-            let kept: Vec<Arc<Kept>> =
+            let kept: Vec<Arc<Held>> =
                 found.into_iter().filter_map(|f| if let Found::Ready(m) = f { Some(m) } else { None }).collect();
             let _restore = weightlift_cuda::ContextRestore::save();
             if let Some((g, _)) = &self.gpu {
@@ -458,17 +522,19 @@ impl Shared {
             }
             let mut out = Vec::with_capacity(kept.len());
             for k in &kept {
-                match k.handout() {
+                match k.memory.handout() {
                     Ok(fd) => out.push(fd),
                     Err(e) => return Ok((miss("failed", format!("exporting kept memory: {e}")), Vec::new())),
                 }
             }
             self.served.fetch_add(1, Ordering::Relaxed);
-            return Ok((Reply::Hit { proto: PROTO, sizes: kept.iter().map(|k| k.bytes()).collect() }, out));
+            let sizes = kept.iter().map(|k| k.memory.bytes()).collect();
+            return Ok((Reply::Hit { proto: PROTO, sizes, stamps }, out));
         }
         let changed = found.iter().any(|f| matches!(f, Found::Absent { changed: true }));
         let loading = found.iter().any(|f| matches!(f, Found::Loading));
         drop(reg);
+        drop(gone);
         let absent: Vec<usize> = (0..found.len()).filter(|&i| matches!(found[i], Found::Absent { .. })).collect();
         let total = stamps.len();
         if keep && !absent.is_empty() {

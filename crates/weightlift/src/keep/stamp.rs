@@ -17,16 +17,17 @@ pub struct Stamp {
     /// The length in bytes.
     pub len: u64,
     /// Modification time, in nanoseconds since the epoch.
-    pub mtime_ns: i128,
+    pub mtime_ns: i64,
     /// Status change time, in nanoseconds since the epoch.
-    pub ctime_ns: i128,
+    pub ctime_ns: i64,
 }
 
 impl Stamp {
     /// The identity of the open file `fd`.
     pub fn of(fd: impl AsFd) -> std::io::Result<Stamp> {
         let st = rustix::fs::fstat(fd)?;
-        let ns = |s: i64, n: u64| i128::from(s) * 1_000_000_000 + i128::from(n);
+        // i64 nanoseconds reach the year 2262 (and JSON has no 128-bit integers).
+        let ns = |s: i64, n: u64| s.saturating_mul(1_000_000_000).saturating_add(n as i64);
         Ok(Stamp {
             dev: st.st_dev,
             ino: st.st_ino,

@@ -73,6 +73,8 @@ pub enum Reply {
         proto: u32,
         /// Each file's memory size in bytes (the descriptor's mapping length).
         sizes: Vec<u64>,
+        /// Each file's identity as the keeper read it (the client checks it against its own descriptor's).
+        stamps: Vec<super::stamp::Stamp>,
     },
     /// Not served; the client loads as usual.
     Miss {
@@ -109,6 +111,9 @@ pub enum Reply {
     },
 }
 
+/// What a keeper holds, as its status gives it (a [`Reply::Status`]).
+pub type Status = Reply;
+
 /// A wire failure: the peer is gone, or sent something that is not a frame of this protocol.
 #[derive(Debug, thiserror::Error)]
 pub enum WireError {
@@ -136,6 +141,19 @@ pub fn seqpacket() -> Result<OwnedFd, WireError> {
 /// Connects to the keeper at `path`.
 pub fn connect(path: &Path) -> Result<OwnedFd, WireError> {
     let fd = seqpacket()?;
+    let addr = SocketAddrUnix::new(path).map_err(io("socket address"))?;
+    rustix::net::connect(&fd, &addr).map_err(io("connect"))?;
+    Ok(fd)
+}
+
+/// Connects to the keeper at `path`, waiting at most `timeout` for it to take the connection (a keeper stopped with
+/// its backlog full would hold `connect` forever); answers are then awaited at most `timeout` too.
+pub fn connect_within(path: &Path, timeout: std::time::Duration) -> Result<OwnedFd, WireError> {
+    use rustix::net::sockopt::{Timeout, set_socket_timeout};
+    let fd = seqpacket()?;
+    // Linux applies the send timeout to a Unix socket's blocking connect.
+    set_socket_timeout(&fd, Timeout::Send, Some(timeout)).map_err(io("SO_SNDTIMEO"))?;
+    set_socket_timeout(&fd, Timeout::Recv, Some(timeout)).map_err(io("SO_RCVTIMEO"))?;
     let addr = SocketAddrUnix::new(path).map_err(io("socket address"))?;
     rustix::net::connect(&fd, &addr).map_err(io("connect"))?;
     Ok(fd)
@@ -203,4 +221,14 @@ pub fn recv<T: for<'de> Deserialize<'de>>(sock: BorrowedFd<'_>) -> Result<(T, Ve
 pub fn peer_uid(sock: impl AsFd) -> Result<u32, WireError> {
     let cred = rustix::net::sockopt::socket_peercred(sock).map_err(io("SO_PEERCRED"))?;
     Ok(cred.uid.as_raw())
+}
+
+/// Checks that the keeper at the other end runs as this user.
+pub(crate) fn check_keeper_user(conn: &OwnedFd) -> Result<(), String> {
+    let uid = peer_uid(conn).map_err(|e| e.to_string())?;
+    let mine = rustix::process::getuid().as_raw();
+    if uid != mine {
+        return Err(format!("it runs as uid {uid}, not as this user (uid {mine}); not used"));
+    }
+    Ok(())
 }
