@@ -228,11 +228,12 @@ def main() -> int:
     print(f"copy {result['ratios']['copy_vs_page_cache']:.1f}x the page cache (goal 20x); view {result['cases']['keeper-view']['best_secs'] * 1e3:.1f} ms", flush=True)
     # from_pretrained of a Llama saved by transformers (1.1 GB in 400 MB shards), from the page cache and kept.
     try:
-        from wlbench.files import save_random_llama
-
         folder = os.path.join(args.dir, "keeper-llama")
         if not os.path.exists(os.path.join(folder, "model.safetensors.index.json")):
-            save_random_llama(folder, small=False, device=dev)
+            # In a process of its own: this one never starts CUDA, so that the device's free memory measured at the
+            # end is the keepers' and the clients', not this process's.
+            code = f"import sys; sys.path.insert(0, {BENCH!r}); from wlbench.files import save_random_llama; save_random_llama({folder!r}, False, {dev!r})"
+            subprocess.run([sys.executable, "-c", code], check=True)
         shards = sorted(os.path.join(folder, f) for f in os.listdir(folder) if f.endswith(".safetensors"))
         subprocess.run(["cat", *shards], stdout=subprocess.DEVNULL, check=True)
         fp: dict = {"folder": folder, "shards": len(shards), "bytes": sum(os.path.getsize(f) for f in shards)}

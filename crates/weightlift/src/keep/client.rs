@@ -188,7 +188,8 @@ pub(crate) fn ask(
     Ok((datas, report))
 }
 
-/// The load's blocks, placed as a load from files places them, each copied from the kept memory.
+/// The load's blocks, placed as a load from files places them (each at a 256-byte multiple), all in one allocation
+/// (a fresh process pays per allocation: one for the load, not one per block), each copied from the kept memory.
 fn copy_on_device(
     engine: &Engine,
     gpu: &weightlift_cuda::Gpu,
@@ -200,28 +201,37 @@ fn copy_on_device(
     gpu.bind()?;
     let placement = placement::pack_aligned(entries, opts.tensor_align);
     let stream = gpu.stream(engine.io().lanes())?;
-    let mut blocks = Vec::with_capacity(placement.blocks.len());
+    let mut starts = Vec::with_capacity(placement.blocks.len());
+    let mut total = 0u64;
     for b in &placement.blocks {
-        let buf = match opts.device_alloc {
-            Some(a) if b.len > 0 => a.alloc(gpu, b.len as usize)?,
-            _ => DeviceBuffer::alloc(gpu, b.len as usize, &stream)?,
-        };
-        blocks.push(buf);
+        total = total.next_multiple_of(placement::DEVICE_ALIGN);
+        starts.push(total);
+        total += b.len;
     }
+    let buf = match opts.device_alloc {
+        Some(a) if total > 0 => a.alloc(gpu, total as usize)?,
+        _ => DeviceBuffer::alloc(gpu, total as usize, &stream)?,
+    };
     if let Some(a) = opts.device_alloc {
         // SAFETY: the allocator promises its stream lives in this context.
         unsafe { weightlift_cuda::wait_for_stream(gpu, &stream, a.ready_stream()) }?;
     }
-    for (b, buf) in placement.blocks.iter().zip(&blocks) {
+    for (b, &start) in placement.blocks.iter().zip(&starts) {
         if b.len == 0 {
             continue;
         }
         let src = imported[b.file].device_ptr() + b.start;
-        // SAFETY: the block is `b.len` bytes of this context's memory; the source lies inside the mapped file (the
-        // caller checked every tensor against the file's length, and a block spans tensors of one file); both live
-        // until the synchronisation below.
+        // SAFETY: the block's range lies inside the allocation (`total` covers every block); the source lies inside
+        // the mapped file (the caller checked every tensor against the file's length, and a block spans tensors of
+        // one file); both live until the synchronisation below.
         unsafe {
-            weightlift_cuda::vmm::copy_device_to_device(gpu, buf.device_ptr(), src, b.len as usize, stream.cu_stream())
+            weightlift_cuda::vmm::copy_device_to_device(
+                gpu,
+                buf.device_ptr() + start,
+                src,
+                b.len as usize,
+                stream.cu_stream(),
+            )
         }?;
     }
     stream.synchronize().map_err(|error| weightlift_cuda::CudaError::Driver {
@@ -229,12 +239,14 @@ fn copy_on_device(
         call: "cuStreamSynchronize",
         error,
     })?;
-    let blocks: Vec<Arc<DeviceBuffer>> = blocks.into_iter().map(Arc::new).collect();
+    let buf = Arc::new(buf);
     Ok(placement
         .tensors
         .iter()
         .zip(entries)
-        .map(|(&(b, offset), t)| TensorData::Device(DeviceTensor { block: blocks[b].clone(), offset, len: t.nbytes }))
+        .map(|(&(b, offset), t)| {
+            TensorData::Device(DeviceTensor { block: buf.clone(), offset: starts[b] + offset, len: t.nbytes })
+        })
         .collect())
 }
 
