@@ -283,7 +283,18 @@ fn bad_frames_child() {
     let socket = sockets.path().join("k.sock");
     let a = generate(dir.path(), "a.safetensors", 4, 1 << 20);
     let k = keeper(&socket, 1 << 30);
-    let before = open_fds();
+    // The count once the keeper has served a request and settled (its threads open what they need as they start).
+    status(&k);
+    drop(weightlift::keep::status(&socket).unwrap());
+    let mut before = open_fds();
+    loop {
+        std::thread::sleep(Duration::from_millis(100));
+        let now = open_fds();
+        if now == before {
+            break;
+        }
+        before = now;
+    }
     let f = std::fs::File::open(&a).unwrap();
     let cases: Vec<(Vec<u8>, usize)> = vec![
         (b"not json".to_vec(), 0),
@@ -320,12 +331,12 @@ fn bad_frames_child() {
         assert!(matches!(wire::recv::<Reply>(conn.as_fd()), Err(wire::WireError::Closed)));
     }
     // A descriptor that is not a regular file.
-    let (r, _w) = std::io::pipe().unwrap();
+    let (r, w) = std::io::pipe().unwrap();
     let conn = wire::connect(&socket).unwrap();
     let req = Request::Get { proto: PROTO, device: "cpu".into(), uuid: None, files: 1, keep: true };
     wire::send(conn.as_fd(), &req, &[r.as_fd()]).unwrap();
     assert!(matches!(wire::recv::<Reply>(conn.as_fd()).unwrap().0, Reply::Error { .. }));
-    drop((conn, r, f));
+    drop((conn, r, w, f));
     // Another device: a miss that says so.
     let conn = wire::connect(&socket).unwrap();
     let f = std::fs::File::open(&a).unwrap();

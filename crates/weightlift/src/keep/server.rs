@@ -367,8 +367,7 @@ impl Shared {
         // would leave it as it is. Reading starts two ticks after the file's last change, from a stamp taken then,
         // so that any later write shows in the stamp checked after the read.
         let newest = job.stamp.mtime_ns.max(job.stamp.ctime_ns);
-        let now =
-            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as i64);
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as i64);
         let wait = newest + 20_000_000 - now;
         if wait > 1_000_000_000 {
             return Err(Error::InvalidArgument(format!("{}: its times lie in the future; not kept", job.path)));
