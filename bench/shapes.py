@@ -89,7 +89,12 @@ def parse_args(argv: Optional[list] = None) -> argparse.Namespace:
                     help="how cold runs empty the page cache")
     ap.add_argument("--make-upstream", metavar="PATH", help="write (or reuse) a llama-shaped bf16 checkpoint here")
     ap.add_argument("--size", default="4GiB", help="with --make-upstream: at least this many tensor bytes")
-    ap.add_argument("--make-only", action="store_true", help="with --make-upstream: write the file and stop")
+    ap.add_argument("--make-only", action="store_true",
+                    help="with --make-upstream or --make-sharded: write the checkpoint and stop")
+    ap.add_argument("--make-sharded", metavar="DIR",
+                    help="write (or reuse) in DIR a Llama of random bf16 weights of at least --size tensor bytes, in "
+                         "shards of --shard-size, by transformers' save_pretrained (a multi-file checkpoint; on "
+                         "--device where it is a GPU, else the CPU), and measure its index")
     ap.add_argument("--weightlift-bin", help="the weightlift binary for the cli case (default: found nearby/PATH)")
     ap.add_argument("--shard-size", default="1GB", help="save_pretrained max_shard_size for the sharded case")
     ap.add_argument("--seed", type=int, default=0, help="random data and random key order")

@@ -276,3 +276,36 @@ def test_tuned_peer_rows_run_where_their_authors_advise_and_record_what_they_cho
     assert run.results[0]["chose"] == {"strategy": "sync_buffered"}
     assert seen_env == ["sync_buffered"] * 2
     assert "RUNAI_STREAMER_FS_STRATEGY" not in os.environ
+
+
+def test_a_sharded_checkpoint_runs_with_every_shard_copied_and_measured(tmp_path: Path) -> None:
+    """A multi-file checkpoint (save_pretrained's shards and index, written by --make-sharded): the tmpfs copy holds
+    every shard, the ceilings read every shard (not the index), and each load is checked against the shards."""
+    pytest.importorskip("transformers")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    folder = tmp_path / "llama"
+    cmd = [sys.executable, str(ROOT / "bench" / "shapes.py"), "--make-sharded", str(folder), "--size", "6MB",
+           "--shard-size", "1MB", "--device", "cpu", "--runs", "1", "--cases", "warm,tmpfs",
+           "--methods", "weightlift.load_file,safetensors.load_file", "--shm-dir", str(tmp_path / "shm")]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    if [s for s in out["skipped"] if s["reason"].startswith("import weightlift failed")]:
+        pytest.skip("weightlift is not importable here")
+    shards = sorted(folder.glob("*.safetensors"))
+    assert len(shards) >= 3, shards
+    assert out["files"]["upstream"]["files"] == len(shards)
+    total = sum(s.stat().st_size for s in shards)
+    assert out["files"]["upstream"]["file_bytes"] == total
+    assert out["files"]["tmpfs"]["files"] == len(shards)
+    for k in ("page_cache_dd1", "page_cache_read16", "tmpfs_read16"):
+        assert out["ceilings"][k]["bytes"] == total, (k, out["ceilings"][k])
+    got = {(r["method"], r["case"]) for r in out["results"]}
+    assert {("weightlift.load_file", "warm"), ("safetensors.load_file", "tmpfs")} <= got, got
+    assert all(r["verified"] is True for r in out["results"])
+    assert not (tmp_path / "shm").exists() or not list((tmp_path / "shm").iterdir()), "tmpfs copies are removed"
+    # Made once: a second --make-sharded --make-only reuses it.
+    again = subprocess.run(cmd[:2] + ["--make-sharded", str(folder), "--size", "6MB", "--shard-size", "1MB",
+                                      "--device", "cpu", "--make-only"], capture_output=True, text=True, env=env,
+                           timeout=600)
+    assert again.returncode == 0 and "reusing" in again.stderr, again.stderr

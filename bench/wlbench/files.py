@@ -5,6 +5,7 @@ transformers' ``save_pretrained`` (shards and index). Each is reused while its s
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import shutil
@@ -133,6 +134,62 @@ def llama_config(ckpt: Checkpoint) -> Any:
         tie_word_embeddings="lm_head.weight" not in shapes)
 
 
+def sized_llama_config(size: int) -> Any:
+    """A Llama config of width 5120 (MLP 13824, 40 heads, vocabulary 32000) with as many layers as give at least
+    `size` bf16 tensor bytes (48 layers: 31.1 GB); below 1 GB, width 256 and MLP 688 (a check of a script)."""
+    from transformers import LlamaConfig
+
+    h, i, heads, v = (5120, 13824, 40, 32000) if size >= 1 << 30 else (256, 688, 4, 1000)
+    per_layer = 2 * (4 * h * h + 3 * h * i + 2 * h)
+    fixed = 2 * (2 * v * h + h)
+    layers = max(1, -(-(size - fixed) // per_layer))
+    return LlamaConfig(hidden_size=h, intermediate_size=i, num_hidden_layers=layers, num_attention_heads=heads,
+                       num_key_value_heads=heads, vocab_size=v, tie_word_embeddings=False)
+
+
+def save_sized_llama(folder: str, size: int, device: str, shard_size: str) -> str:
+    """A Llama of random bf16 weights (seeded) of at least `size` tensor bytes (:func:`sized_llama_config`), made in
+    bf16 on `device` where it is a GPU (else the CPU) and saved by transformers' ``save_pretrained`` in shards of
+    `shard_size` with their index, published whole (written beside `folder`, then renamed); reused while its config
+    and shard size match. Nothing of `size` bytes is written twice (no single-file source), so a disk of twice the
+    checkpoint is not needed. Returns the index's path (a one-shard model has none: an error)."""
+    import torch
+    from transformers import LlamaForCausalLM
+
+    cfg = sized_llama_config(size)
+    index = os.path.join(folder, "model.safetensors.index.json")
+    stamp = json.dumps({"config": cfg.to_dict(), "shard_size": shard_size, "seed": 7}, sort_keys=True, default=str)
+    stamp_file = os.path.join(folder, "made.json")
+    if os.path.exists(index) and os.path.exists(stamp_file) and open(stamp_file).read() == stamp:
+        log(f"reusing {folder}")
+        return index
+    t0 = time.perf_counter()
+    torch.manual_seed(7)
+    where = device if device.startswith("cuda") else "cpu"
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)
+    try:
+        with torch.device(where):
+            model = LlamaForCausalLM(cfg)
+    finally:
+        torch.set_default_dtype(old)
+    tmp = folder.rstrip("/") + ".tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp, max_shard_size=shard_size)
+    del model
+    if where.startswith("cuda"):
+        torch.cuda.empty_cache()
+    if not os.path.exists(os.path.join(tmp, "model.safetensors.index.json")):
+        raise ValueError(f"save_pretrained wrote one shard in {tmp}: give a smaller --shard-size")
+    with open(os.path.join(tmp, "made.json"), "w") as f:
+        f.write(stamp)
+    shutil.rmtree(folder, ignore_errors=True)
+    os.replace(tmp, folder)
+    log(f"wrote {folder} with save_pretrained: {cfg.num_hidden_layers} layers of width {cfg.hidden_size}, "
+        f"{time.perf_counter() - t0:.1f} s")
+    return index
+
+
 def make_sharded(source: Checkpoint, out_dir: str, shard_size: str) -> str:
     """The checkpoint's tensors written by transformers' save_pretrained (shards and index); reused while the
     source file is unchanged."""
@@ -162,6 +219,15 @@ def make_sharded(source: Checkpoint, out_dir: str, shard_size: str) -> str:
     return index
 
 
+def copy_checkpoint_to(ckpt: Checkpoint, directory: str, made: list) -> str:
+    """The checkpoint copied into `directory` (a multi-file one: its index and every shard); what a loader is given
+    there."""
+    for f in ckpt.files:
+        if f != ckpt.path:
+            copy_to(f, directory, made)
+    return copy_to(ckpt.path, directory, made)
+
+
 def copy_to(src: str, directory: str, made: list) -> str:
     os.makedirs(directory, exist_ok=True)
     dst = os.path.join(directory, os.path.basename(src))
@@ -185,14 +251,15 @@ def prepare_files(args: argparse.Namespace, families: list, ckpt: Checkpoint) ->
     pt = None
     torch_load = method_named("torch.load(mmap=True) .to(device)")
     filters = args.methods.split(",") if args.methods else [""]
-    if any(w in torch_load.name for w in filters) and set(families) & {"cold", "warm", "tmpfs", "restart"}:
+    # A .pt copy of a single file only (torch.load takes one file; its row is skipped for shards).
+    if len(ckpt.files) == 1 and any(w in torch_load.name for w in filters) and set(families) & {"cold", "warm", "tmpfs", "restart"}:
         pt = ckpt.path + ".pt"
         make_pt(ckpt.path, pt)
     files = Files(Target("disk", ckpt, pt))
     if "tmpfs" in families:
         shm_ok = os.path.isdir(os.path.dirname(args.shm_dir.rstrip("/")) or "/")
         if args.shm_file or shm_ok:
-            shm = args.shm_file or copy_to(ckpt.path, args.shm_dir, files.made)
+            shm = args.shm_file or copy_checkpoint_to(ckpt, args.shm_dir, files.made)
             shm_pt = copy_to(pt, args.shm_dir, files.made) if pt and shm_ok else None
             files.tmpfs = Target("tmpfs", open_checkpoint(shm), shm_pt)
         else:

@@ -130,9 +130,17 @@ def bench(args: argparse.Namespace, families: list) -> dict:
         if args.make_only:
             out["made"] = open_checkpoint(args.make_upstream).describe()
             return out
+    if args.make_sharded:
+        from wlbench.files import save_sized_llama
+
+        index = save_sized_llama(args.make_sharded, parse_size(args.size), dev, args.shard_size)
+        if args.make_only:
+            out["made"] = open_checkpoint(index).describe()
+            return out
+        args.file = args.file or index
     path = args.file or args.make_upstream
     if not path:
-        raise SystemExit("give --file or --make-upstream")
+        raise SystemExit("give --file, --make-upstream or --make-sharded")
     ckpt = open_checkpoint(os.path.abspath(path))
     files = prepare_files(args, families, ckpt)
     out["files"] = {"upstream": ckpt.describe(), "pt": files.disk.pt,
