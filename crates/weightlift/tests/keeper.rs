@@ -105,6 +105,10 @@ fn a_kept_checkpoint_is_served_byte_exact_and_a_load_it_misses_is_kept_for_the_n
     assert_ne!(loaded.report.path, PathUsed::Keeper);
     let why = loaded.report.keeper.clone().unwrap();
     assert!(why.contains("1 of 2 file(s) not kept") && why.contains("loading them now"), "{why}");
+    // The keeper was asked to keep the missing file only once this load had read it (not beside it).
+    let (before_load, after_load) = why.split_once("; after the load: ").expect("asked after the load");
+    assert!(!before_load.contains("loading"), "{why}");
+    assert!(after_load.contains("loading them now"), "{why}");
     check_bytes(&loaded, &index);
     k.wait_idle();
     let (loaded, index) = load(&e, &[a.clone(), b.clone()]);

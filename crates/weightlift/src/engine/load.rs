@@ -57,7 +57,7 @@ impl Engine {
         };
         let files = self.open_files_writing(&index.files, &whole_files(index, which))?;
         // A keeper that keeps every file serves the load from its memory; otherwise its reason goes in the report.
-        let (datas, mut report) = match crate::keep::ask(self, &files, &entries, device, opts) {
+        let (datas, mut report) = match crate::keep::ask(self, &files, &entries, device, opts, false) {
             Ok(served) => served,
             Err(not_served) => {
                 let before = NetworkStats::before(&files);
@@ -67,7 +67,13 @@ impl Engine {
                 };
                 let (datas, mut report) = settle_copies(&files, loaded)?;
                 report.network = NetworkStats::of(&files, &before, Some(&report.io));
-                report.keeper = not_served;
+                report.keeper = not_served.why;
+                if let Some(socket) = not_served.keep_after {
+                    // Asked only now, so that the keeper reads what this load has just read instead of reading
+                    // beside it.
+                    let answer = crate::keep::keep_after(self, &socket, &files, device);
+                    report.keeper = Some(format!("{}; after the load: {answer}", report.keeper.unwrap_or_default()));
+                }
                 (datas, report)
             }
         };
@@ -101,7 +107,8 @@ impl Engine {
             return Ok(Err(None));
         }
         let files = self.open_files_writing(&index.files, &whole_files(index, which))?;
-        Ok(match crate::keep::ask(self, &files, &entries, device, opts) {
+        // Where the keeper does not serve them the caller reads them itself (a stream): the keeper may start now.
+        Ok(match crate::keep::ask(self, &files, &entries, device, opts, true) {
             Ok((datas, mut report)) => {
                 let tensors = entries
                     .iter()
@@ -112,7 +119,7 @@ impl Engine {
                 report.seconds = start.elapsed().as_secs_f64();
                 Ok(Loaded { tensors, report })
             }
-            Err(why) => Err(why),
+            Err(not_served) => Err(not_served.why),
         })
     }
 

@@ -25,19 +25,68 @@ use crate::tensor::{DeviceTensor, TensorData};
 /// from memory: a keeper stopped or hung costs the load this much, once).
 const ANSWER_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// Why a load was not served by a keeper: `None` where no keeper was asked at all (the setting is off, or the load
-/// is of a kind keepers do not serve), else the reason for the report.
-pub(crate) type NotServed = Option<String>;
+/// Why a load was not served by a keeper.
+#[derive(Debug, Default)]
+pub(crate) struct NotServed {
+    /// `None` where no keeper was asked at all (the setting is off, or the load is of a kind keepers do not serve),
+    /// else the reason for the report.
+    pub why: Option<String>,
+    /// The keeper to ask to keep the files once the load has read them ([`keep_after`]): where it did not keep
+    /// them and was not asked to load them yet.
+    pub keep_after: Option<PathBuf>,
+}
 
 /// Serves the load of `entries` (of `files`, opened by the engine) from a keeper, if the settings name one and it
-/// keeps every file; otherwise says why not.
+/// keeps every file; otherwise says why not. With `keep_now`, a keeper that does not keep them starts loading them
+/// at once; without, the caller asks it to once its own load has read them ([`keep_after`]): a cold load and the
+/// keeper's reading of the same files would otherwise share the disk.
 pub(crate) fn ask(
     engine: &Engine,
     files: &[Arc<OpenFile>],
     entries: &[&TensorEntry],
     device: Device,
     opts: &LoadOpts<'_>,
+    keep_now: bool,
 ) -> Result<(Vec<TensorData>, Report), NotServed> {
+    let mut keep_after = None;
+    ask_inner(engine, files, entries, device, opts, keep_now, &mut keep_after)
+        .map_err(|why| NotServed { why, keep_after })
+}
+
+/// Asks the keeper at `socket` to keep `files` (after a load that read them), and gives its answer for the report.
+pub(crate) fn keep_after(engine: &Engine, socket: &std::path::Path, files: &[Arc<OpenFile>], device: Device) -> String {
+    let run = || -> Result<String, String> {
+        let fds: Vec<_> = files.iter().filter_map(|f| f.local().map(|l| l.as_fd())).collect();
+        let uuid = match device {
+            Device::Cuda(n) => {
+                let g = engine.gpu(n).map_err(|e| e.to_string())?;
+                Some(weightlift_cuda::vmm::gpu_uuid(&g).map_err(|e| e.to_string())?)
+            }
+            _ => None,
+        };
+        let conn = wire::connect_within(socket, ANSWER_TIMEOUT).map_err(|e| e.to_string())?;
+        wire::check_keeper_user(&conn)?;
+        let get = Request::Get { proto: PROTO, device: device.to_string(), uuid, files: fds.len(), keep: true };
+        wire::send(conn.as_fd(), &get, &fds).map_err(|e| e.to_string())?;
+        let (reply, _) = wire::recv::<Reply>(conn.as_fd()).map_err(|e| format!("no answer ({e})"))?;
+        Ok(match reply {
+            Reply::Hit { .. } => "kept meanwhile".into(),
+            Reply::Miss { reason, .. } | Reply::Error { reason, .. } => reason,
+            Reply::Status { .. } => "it answered another question".into(),
+        })
+    };
+    run().unwrap_or_else(|e| format!("the keeper could not be asked to keep it: {e}"))
+}
+
+fn ask_inner(
+    engine: &Engine,
+    files: &[Arc<OpenFile>],
+    entries: &[&TensorEntry],
+    device: Device,
+    opts: &LoadOpts<'_>,
+    keep_now: bool,
+    keep_after: &mut Option<PathBuf>,
+) -> Result<(Vec<TensorData>, Report), Option<String>> {
     let settings = engine.settings();
     if opts.faults.is_some() || files.is_empty() {
         return Err(None);
@@ -92,7 +141,7 @@ pub(crate) fn ask(
     };
     let conn = wire::connect_within(&socket, ANSWER_TIMEOUT).map_err(|e| at(e.to_string()))?;
     wire::check_keeper_user(&conn).map_err(at)?;
-    let get = Request::Get { proto: PROTO, device: device.to_string(), uuid, files: fds.len(), keep: true };
+    let get = Request::Get { proto: PROTO, device: device.to_string(), uuid, files: fds.len(), keep: keep_now };
     wire::send(conn.as_fd(), &get, &fds).map_err(|e| at(e.to_string()))?;
     let (reply, got) = wire::recv::<Reply>(conn.as_fd()).map_err(|e| at(format!("no answer ({e})")))?;
     let sizes = match reply {
@@ -103,7 +152,13 @@ pub(crate) fn ask(
             sizes
         }
         Reply::Hit { .. } => return Err(at("its answer does not match the files asked for".into())),
-        Reply::Miss { reason, .. } | Reply::Error { reason, .. } => return Err(at(reason)),
+        Reply::Miss { reason, code, .. } => {
+            if !keep_now && (code == "not_kept" || code == "changed") {
+                *keep_after = Some(socket.clone());
+            }
+            return Err(at(reason));
+        }
+        Reply::Error { reason, .. } => return Err(at(reason)),
         Reply::Status { .. } => return Err(at("it answered another question".into())),
     };
     if let Some(i) = (0..files.len()).find(|&i| sizes[i] < files[i].len) {

@@ -556,7 +556,7 @@ impl Shared {
         if loading && absent.is_empty() {
             return Ok((miss("loading", "the keeper is still loading it".into()), Vec::new()));
         }
-        let what = if changed { "changed" } else { "not_kept" };
-        Ok((miss(what, format!("{} of {total} file(s) not kept", absent.len())), Vec::new()))
+        let (code, what) = if changed { ("changed", "changed since it was kept") } else { ("not_kept", "not kept") };
+        Ok((miss(code, format!("{} of {total} file(s) {what}", absent.len())), Vec::new()))
     }
 }
