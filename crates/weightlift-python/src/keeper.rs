@@ -51,6 +51,7 @@ impl NativeKeeper {
     /// Its socket.
     #[getter]
     fn socket(&self) -> PathBuf {
+        let _cuda = crate::bridge::keep_callers_context();
         self.socket.clone()
     }
 
@@ -62,6 +63,7 @@ impl NativeKeeper {
 
     /// Waits until no load is in progress.
     fn wait(&self, py: Python<'_>) -> PyResult<()> {
+        let _cuda = crate::bridge::keep_callers_context();
         self.with(|k| {
             py.detach(|| k.wait_idle());
             Ok(())
@@ -70,6 +72,7 @@ impl NativeKeeper {
 
     /// What it holds, as a dict.
     fn status(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        let _cuda = crate::bridge::keep_callers_context();
         let s = self.with(|k| Ok(k.status()))?;
         json_to_py(py, &serde_json::to_value(s).map_err(|e| invalid_argument(&e.to_string()))?)
     }
@@ -90,6 +93,7 @@ impl NativeKeeper {
     /// Whether it is running.
     #[getter]
     fn running(&self) -> bool {
+        let _cuda = crate::bridge::keep_callers_context();
         self.keeper.lock().unwrap_or_else(|p| p.into_inner()).is_some()
     }
 }
@@ -97,6 +101,7 @@ impl NativeKeeper {
 /// What the keeper at `socket` holds, as a dict.
 #[pyfunction]
 pub(crate) fn keeper_status(py: Python<'_>, socket: PathBuf) -> PyResult<Py<PyAny>> {
+    let _cuda = crate::bridge::keep_callers_context();
     let s = py.detach(|| weightlift::keep::status(&socket)).map_err(to_py)?;
     json_to_py(py, &serde_json::to_value(s).map_err(|e| invalid_argument(&e.to_string()))?)
 }
