@@ -40,10 +40,7 @@ impl Engine {
     ) -> Result<Loaded> {
         let _restore = weightlift_cuda::ContextRestore::save(); // the caller's thread keeps its device
         let start = Instant::now();
-        let entries: Vec<&TensorEntry> = which
-            .iter()
-            .map(|&i| index.tensors.get(i).ok_or_else(|| Error::InvalidArgument(format!("no tensor at position {i}"))))
-            .collect::<Result<_>>()?;
+        let entries = entries_at(index, which)?;
         // Checked whatever the destination (host loads ignore it), before any file or device is opened.
         if let Some(a) = opts.tensor_align.filter(|&a| !a.is_power_of_two() || a > placement::DEVICE_ALIGN) {
             return Err(Error::InvalidArgument(format!(
@@ -77,11 +74,7 @@ impl Engine {
                 (datas, report)
             }
         };
-        let tensors: Vec<Tensor> = entries
-            .iter()
-            .zip(datas)
-            .map(|(t, data)| Tensor { name: t.name.clone(), dtype: t.dtype, shape: t.shape.clone(), data })
-            .collect();
+        let tensors: Vec<Tensor> = entries.iter().zip(datas).map(|(t, data)| tensor_of(t, data)).collect();
         report.files = index.files.iter().map(|f| f.path.clone()).collect();
         report.seconds = start.elapsed().as_secs_f64();
         Ok(Loaded { tensors, report })
@@ -99,10 +92,7 @@ impl Engine {
     ) -> Result<std::result::Result<Loaded, Option<String>>> {
         let _restore = weightlift_cuda::ContextRestore::save(); // the caller's thread keeps its device
         let start = Instant::now();
-        let entries: Vec<&TensorEntry> = which
-            .iter()
-            .map(|&i| index.tensors.get(i).ok_or_else(|| Error::InvalidArgument(format!("no tensor at position {i}"))))
-            .collect::<Result<_>>()?;
+        let entries = entries_at(index, which)?;
         if index.files.iter().any(|f| weightlift_remote::is_url(&f.path.to_string_lossy())) {
             return Ok(Err(None));
         }
@@ -110,11 +100,7 @@ impl Engine {
         // Where the keeper does not serve them the caller reads them itself (a stream): the keeper may start now.
         Ok(match crate::keep::ask(self, &files, &entries, device, opts, true) {
             Ok((datas, mut report)) => {
-                let tensors = entries
-                    .iter()
-                    .zip(datas)
-                    .map(|(t, data)| Tensor { name: t.name.clone(), dtype: t.dtype, shape: t.shape.clone(), data })
-                    .collect();
+                let tensors = entries.iter().zip(datas).map(|(t, data)| tensor_of(t, data)).collect();
                 report.files = index.files.iter().map(|f| f.path.clone()).collect();
                 report.seconds = start.elapsed().as_secs_f64();
                 Ok(Loaded { tensors, report })
@@ -364,10 +350,7 @@ impl Engine {
         dests: &[RawDest],
     ) -> Result<CheckStats> {
         let start = Instant::now();
-        let entries: Vec<&TensorEntry> = which
-            .iter()
-            .map(|&i| index.tensors.get(i).ok_or_else(|| Error::InvalidArgument(format!("no tensor at position {i}"))))
-            .collect::<Result<_>>()?;
+        let entries = entries_at(index, which)?;
         if dests.len() != entries.len() {
             return Err(Error::InvalidArgument(format!("{} destinations for {} tensors", dests.len(), entries.len())));
         }
@@ -523,6 +506,19 @@ impl Drop for CloseOnDrop<'_> {
 }
 
 /// A byte range of host memory to fill.
+/// The entries of `index` at positions `which`, in that order; a position past its tensors is an error.
+fn entries_at<'a>(index: &'a TensorIndex, which: &[usize]) -> Result<Vec<&'a TensorEntry>> {
+    which
+        .iter()
+        .map(|&i| index.tensors.get(i).ok_or_else(|| Error::InvalidArgument(format!("no tensor at position {i}"))))
+        .collect()
+}
+
+/// A loaded tensor: its entry's name, type and shape with `data`.
+fn tensor_of(t: &TensorEntry, data: TensorData) -> Tensor {
+    Tensor { name: t.name.clone(), dtype: t.dtype, shape: t.shape.clone(), data }
+}
+
 fn host_range(d: &mut TensorData) -> (*mut u8, usize) {
     match d {
         TensorData::Host(b) => (b.as_mut_ptr(), b.len()),
