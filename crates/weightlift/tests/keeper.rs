@@ -98,7 +98,10 @@ fn a_kept_checkpoint_is_served_byte_exact_and_a_load_it_misses_is_kept_for_the_n
     let e = engine(&socket);
     let (loaded, index) = load(&e, std::slice::from_ref(&a));
     assert_eq!(loaded.report.path, PathUsed::Keeper, "{:?}", loaded.report.keeper);
-    assert!(loaded.report.keeper.as_deref().unwrap().contains("served by the keeper"));
+    let note = loaded.report.keeper.as_deref().unwrap();
+    assert!(note.contains("served by the keeper"), "{note}");
+    // Where the time went, step by step.
+    assert!(["device ", "asked ", "mapped ", "copied "].iter().all(|s| note.contains(s)), "{note}");
     check_bytes(&loaded, &index);
     // Two files, one not kept: read from the files, the reason said, and the keeper loads the missing one.
     let (loaded, index) = load(&e, &[a.clone(), b.clone()]);

@@ -139,6 +139,8 @@ fn ask_inner(
         Some(g) => Some(weightlift_cuda::vmm::gpu_uuid(g).map_err(|e| at(e.to_string()))?),
         None => None,
     };
+    let mut phases = Phases::new(start);
+    phases.mark("device");
     let conn = wire::connect_within(&socket, ANSWER_TIMEOUT).map_err(|e| at(e.to_string()))?;
     wire::check_keeper_user(&conn).map_err(at)?;
     let get = Request::Get { proto: PROTO, device: device.to_string(), uuid, files: fds.len(), keep: keep_now };
@@ -169,6 +171,7 @@ fn ask_inner(
             files[i].path.display()
         )));
     }
+    phases.mark("asked");
     // Views only where every tensor starts where the load's alignment asks (else the tensors are copied).
     let aligned = opts.tensor_align.is_none_or(|a| entries.iter().all(|e| e.offset.is_multiple_of(a)));
     let view = settings.keeper_mode.value == KeeperMode::View && gpu.is_some() && aligned;
@@ -180,6 +183,7 @@ fn ask_inner(
         .collect::<crate::error::Result<_>>()
         .map_err(|e| at(format!("mapping its memory: {e}")))?;
     drop(got);
+    phases.mark("mapped");
     let bytes: u64 = entries.iter().map(|e| e.nbytes).sum();
     let (datas, what) = match &gpu {
         Some(g) if view => {
@@ -210,7 +214,8 @@ fn ask_inner(
             (datas, format!("views of its memory, {how}; nothing copied"))
         }
         Some(g) => {
-            let datas = copy_on_device(engine, g, &imported, entries, opts).map_err(|e| at(e.to_string()))?;
+            let datas =
+                copy_on_device(engine, g, &imported, entries, opts, &mut phases).map_err(|e| at(e.to_string()))?;
             drop(imported);
             drop(conn); // the copy is done: the leases end
             (
@@ -220,6 +225,7 @@ fn ask_inner(
         }
         None => {
             let datas = copy_on_host(engine, &imported, entries).map_err(|e| at(e.to_string()))?;
+            phases.mark("copied");
             drop(imported);
             drop(conn);
             (datas, "copied from its shared memory".to_string())
@@ -229,7 +235,7 @@ fn ask_inner(
         p.fetch_add(bytes, std::sync::atomic::Ordering::Relaxed);
     }
     let secs = start.elapsed().as_secs_f64();
-    let note = format!("served by the keeper at {}: {what}", socket.display());
+    let note = format!("served by the keeper at {}: {what} ({phases})", socket.display());
     let io = IoReport::blank(ReadEngineUsed::Pread, String::new());
     let mut report = engine.report(device, Vec::new(), entries.len(), bytes, io);
     report.path = PathUsed::Keeper;
@@ -251,6 +257,7 @@ fn copy_on_device(
     imported: &[Arc<Imported>],
     entries: &[&TensorEntry],
     opts: &LoadOpts<'_>,
+    phases: &mut Phases,
 ) -> crate::error::Result<Vec<TensorData>> {
     let _restore = weightlift_cuda::ContextRestore::save();
     gpu.bind()?;
@@ -271,6 +278,7 @@ fn copy_on_device(
         // SAFETY: the allocator promises its stream lives in this context.
         unsafe { weightlift_cuda::wait_for_stream(gpu, &stream, a.ready_stream()) }?;
     }
+    phases.mark("allocated");
     for (b, &start) in placement.blocks.iter().zip(&starts) {
         if b.len == 0 {
             continue;
@@ -294,6 +302,7 @@ fn copy_on_device(
         call: "cuStreamSynchronize",
         error,
     })?;
+    phases.mark("copied");
     let buf = Arc::new(buf);
     Ok(placement
         .tensors
@@ -303,6 +312,34 @@ fn copy_on_device(
             TensorData::Device(DeviceTensor { block: buf.clone(), offset: starts[b] + offset, len: t.nbytes })
         })
         .collect())
+}
+
+/// Where a served load's time went, for its report: each step's time since the one before.
+struct Phases {
+    last: Instant,
+    steps: Vec<(&'static str, Duration)>,
+}
+
+impl Phases {
+    fn new(start: Instant) -> Self {
+        Phases { last: start, steps: Vec::new() }
+    }
+
+    /// Ends the step called `what` now.
+    fn mark(&mut self, what: &'static str) {
+        let now = Instant::now();
+        self.steps.push((what, now - self.last));
+        self.last = now;
+    }
+}
+
+impl std::fmt::Display for Phases {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        for (i, (what, d)) in self.steps.iter().enumerate() {
+            write!(f, "{}{what} {:.2} ms", if i == 0 { "" } else { ", " }, d.as_secs_f64() * 1e3)?;
+        }
+        Ok(())
+    }
 }
 
 /// Each tensor copied out of the kept memfds, in parallel.
