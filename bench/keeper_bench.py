@@ -11,7 +11,8 @@ engine's start included, as a restarted server meets it), best of --runs:
 Beside them, the floor of any copy mode on this GPU: a fresh process's allocation of the file's size from PyTorch's
 allocator and one device-to-device copy into it (and the copy alone), best of --runs. Each served load's report says
 where its time went (device, asked, mapped, allocated, copied). from_pretrained's calls record their load's own
-clock, so that what transformers takes beside the load is known.
+clock, so that what transformers takes beside the load is known. One more run of each case under cProfile lists
+the Python functions of most time of their own (``profiled_run``).
 
 Every case's tensors are checked after its clock stopped, in a separate run of the same case (dtype, shape and a
 checksum of every tensor against a plain read of the file: wlbench.checkpoint). Then, with a second keeper of a
@@ -39,17 +40,25 @@ sys.path.insert(0, BENCH)
 from wlbench.files import make_upstream, parse_size  # noqa: E402
 
 
-def child(path: str, device: str, check: bool) -> dict:
+def child(path: str, device: str, check: bool, profile: bool = False) -> dict:
     """One fresh process's first load_file: its time, its report's path and keeper line; checked if asked."""
     import torch
 
     import weightlift
 
     torch.zeros(1, device=device)  # the CUDA context, outside the clock (a server has it before it loads)
+    prof = None
+    if profile:
+        import cProfile
+
+        prof = cProfile.Profile()
+        prof.enable()
     t = time.perf_counter()
     sd = weightlift.load_file(path, device=device)
     torch.cuda.synchronize()
     secs = time.perf_counter() - t
+    if prof is not None:
+        prof.disable()
     rep = weightlift.last_report() or {}
     out = {
         "secs": secs,
@@ -58,6 +67,15 @@ def child(path: str, device: str, check: bool) -> dict:
         "report_secs": rep.get("seconds"),
         "bytes": rep.get("bytes"),
     }
+    if prof is not None:
+        # Where Python's side of the call goes (under the profiler, so slower than the timed runs): the functions
+        # of most time of their own.
+        import pstats
+
+        st = pstats.Stats(prof)
+        rows = sorted(st.stats.items(), key=lambda kv: -kv[1][2])[:15]  # type: ignore[attr-defined]
+        out["profile"] = [{"function": f"{os.path.basename(k[0])}:{k[1]}({k[2]})", "calls": v[1], "own_ms": v[2] * 1e3,
+                           "cumulative_ms": v[3] * 1e3} for k, v in rows]
     if check:
         from wlbench.checkpoint import open_checkpoint, reference, verify
 
@@ -111,11 +129,13 @@ def child_d2d(nbytes: int, device: str) -> dict:
     return {"alloc_and_copy_secs": first, "copy_secs": min(again), "bytes": nbytes}
 
 
-def run_child(path: str, device: str, env: dict, check: bool = False, model: bool = False, d2d: bool = False) -> dict:
+def run_child(path: str, device: str, env: dict, check: bool = False, model: bool = False, d2d: bool = False,
+              profile: bool = False) -> dict:
     e = dict(os.environ, **env)
     kind = "--child-d2d" if d2d else "--child-model" if model else "--child"
     p = subprocess.run(
-        [sys.executable, os.path.abspath(__file__), kind, path, "--device", device] + (["--check"] if check else []),
+        [sys.executable, os.path.abspath(__file__), kind, path, "--device", device] + (["--check"] if check else [])
+        + (["--profile"] if profile else []),
         env=e,
         capture_output=True,
         text=True,
@@ -211,9 +231,10 @@ def main() -> int:
     ap.add_argument("--child-model")
     ap.add_argument("--child-d2d", help="bytes")
     ap.add_argument("--check", action="store_true")
+    ap.add_argument("--profile", action="store_true")
     args = ap.parse_args()
     if args.child:
-        print(json.dumps(child(args.child, args.device, args.check)))
+        print(json.dumps(child(args.child, args.device, args.check, args.profile)))
         return 0
     if args.child_model:
         print(json.dumps(child_model(args.child_model, args.device)))
@@ -239,8 +260,10 @@ def main() -> int:
     def case(name: str, env: dict) -> None:
         runs = [run_child(path, dev, env) for _ in range(args.runs)]
         checked = run_child(path, dev, env, check=True)
+        profiled = run_child(path, dev, env, profile=True)
         best = min(r["secs"] for r in runs)
-        result["cases"][name] = {"best_secs": best, "gbps": result["file_bytes"] / best / 1e9, "runs": runs, "checked_run": checked}
+        result["cases"][name] = {"best_secs": best, "gbps": result["file_bytes"] / best / 1e9, "runs": runs, "checked_run": checked,
+                                 "profiled_run": profiled}
         print(f"{name}: best {best * 1e3:.1f} ms ({result['file_bytes'] / best / 1e9:.2f} GB/s); {runs[0]['backend']}: {runs[0]['keeper']}", flush=True)
 
     case("page-cache", {"WEIGHTLIFT_KEEPER": "off"})
