@@ -10,7 +10,7 @@ engine's start included, as a restarted server meets it), best of --runs:
 
 Beside them, the floor of any copy mode on this GPU: a fresh process's allocation of the file's size from PyTorch's
 allocator and one device-to-device copy into it (and the copy alone), best of --runs. Each served load's report says
-where its time went (device, asked, mapped, allocated, copied). from_pretrained's calls record their load's own
+where its time went (device, asked, mapped and allocated beside it, copied). from_pretrained's calls record their load's own
 clock, so that what transformers takes beside the load is known. One more run of each case under cProfile lists
 the Python functions of most time of their own (``profiled_run``).
 

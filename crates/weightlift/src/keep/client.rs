@@ -175,15 +175,39 @@ fn ask_inner(
     // Views only where every tensor starts where the load's alignment asks (else the tensors are copied).
     let aligned = opts.tensor_align.is_none_or(|a| entries.iter().all(|e| e.offset.is_multiple_of(a)));
     let view = settings.keeper_mode.value == KeeperMode::View && gpu.is_some() && aligned;
-    // Mapped read-only either way: a copy only reads it.
-    let imported: Vec<Arc<Imported>> = got
-        .iter()
-        .zip(&sizes)
-        .map(|(fd, &size)| Imported::map(gpu.as_ref(), fd, size, true).map(Arc::new))
-        .collect::<crate::error::Result<_>>()
-        .map_err(|e| at(format!("mapping its memory: {e}")))?;
+    // A copy's destination is allocated beside the mapping (a fresh process's allocation of a checkpoint's size
+    // takes about as long as mapping the keeper's memory): on a thread of its own, joined before the copy.
+    let plan = match &gpu {
+        Some(g) if !view => Some((g, CopyPlan::new(entries, opts.tensor_align))),
+        _ => None,
+    };
+    // The stream of the copy: the one after the lanes' own.
+    let lane = engine.io().lanes();
+    let alloc = opts.device_alloc;
+    let (mapped, dest) = std::thread::scope(|scope| {
+        let dest = plan.as_ref().map(|(g, p)| {
+            scope.spawn(move || {
+                let t = Instant::now();
+                allocate(g, p.total, alloc, lane).map(|b| (b, t.elapsed()))
+            })
+        });
+        // Mapped read-only either way: a copy only reads it.
+        let mapped: crate::error::Result<Vec<Arc<Imported>>> = got
+            .iter()
+            .zip(&sizes)
+            .map(|(fd, &size)| Imported::map(gpu.as_ref(), fd, size, true).map(Arc::new))
+            .collect();
+        let dest = dest.map(|h| {
+            h.join().unwrap_or_else(|_| Err(crate::error::Error::InvalidArgument("allocating panicked".into())))
+        });
+        (mapped, dest)
+    });
+    let imported = mapped.map_err(|e| at(format!("mapping its memory: {e}")))?;
     drop(got);
-    phases.mark("mapped");
+    match &dest {
+        Some(Ok((_, took))) => phases.mark_beside("mapped and allocated", "allocating", *took),
+        _ => phases.mark("mapped"),
+    }
     let bytes: u64 = entries.iter().map(|e| e.nbytes).sum();
     let (datas, what) = match &gpu {
         Some(g) if view => {
@@ -214,8 +238,12 @@ fn ask_inner(
             (datas, format!("views of its memory, {how}; nothing copied"))
         }
         Some(g) => {
-            let datas =
-                copy_on_device(engine, g, &imported, entries, opts, &mut phases).map_err(|e| at(e.to_string()))?;
+            let (Some((_, plan)), Some(dest)) = (plan, dest) else {
+                return Err(at("no copy was planned".into()));
+            };
+            let (dest, _) = dest.map_err(|e| at(e.to_string()))?;
+            let datas = copy_on_device(g, &imported, entries, plan, dest, lane, opts, &mut phases)
+                .map_err(|e| at(e.to_string()))?;
             drop(imported);
             drop(conn); // the copy is done: the leases end
             (
@@ -249,36 +277,64 @@ fn ask_inner(
     Ok((datas, report))
 }
 
-/// The load's blocks, placed as a load from files places them (each at a 256-byte multiple), all in one allocation
-/// (a fresh process pays per allocation: one for the load, not one per block), each copied from the kept memory.
+/// Where a copy puts the load's blocks: placed as a load from files places them (each at a 256-byte multiple), all
+/// in one allocation of `total` bytes (a fresh process pays per allocation: one for the load, not one per block).
+struct CopyPlan {
+    placement: placement::Placement,
+    starts: Vec<u64>,
+    total: u64,
+}
+
+impl CopyPlan {
+    fn new(entries: &[&TensorEntry], align: Option<u64>) -> CopyPlan {
+        let placement = placement::pack_aligned(entries, align);
+        let mut starts = Vec::with_capacity(placement.blocks.len());
+        let mut total = 0u64;
+        for b in &placement.blocks {
+            total = total.next_multiple_of(placement::DEVICE_ALIGN);
+            starts.push(total);
+            total += b.len;
+        }
+        CopyPlan { placement, starts, total }
+    }
+}
+
+/// A copy's destination: `total` bytes from the caller's allocator (the copy waits for its stream), or from the
+/// device's pool on the copy's stream (`gpu`'s stream `lane`).
+fn allocate(
+    gpu: &weightlift_cuda::Gpu,
+    total: u64,
+    alloc: Option<&dyn weightlift_cuda::DeviceAllocator>,
+    lane: usize,
+) -> crate::error::Result<DeviceBuffer> {
+    let _restore = weightlift_cuda::ContextRestore::save();
+    gpu.bind()?;
+    Ok(match alloc {
+        Some(a) if total > 0 => a.alloc(gpu, total as usize)?,
+        _ => DeviceBuffer::alloc(gpu, total as usize, &*gpu.stream(lane)?)?,
+    })
+}
+
+/// Copies each of the plan's blocks from the kept memory into `buf` (made by [`allocate`] for `plan`).
+#[allow(clippy::too_many_arguments)]
 fn copy_on_device(
-    engine: &Engine,
     gpu: &weightlift_cuda::Gpu,
     imported: &[Arc<Imported>],
     entries: &[&TensorEntry],
+    plan: CopyPlan,
+    buf: DeviceBuffer,
+    lane: usize,
     opts: &LoadOpts<'_>,
     phases: &mut Phases,
 ) -> crate::error::Result<Vec<TensorData>> {
     let _restore = weightlift_cuda::ContextRestore::save();
     gpu.bind()?;
-    let placement = placement::pack_aligned(entries, opts.tensor_align);
-    let stream = gpu.stream(engine.io().lanes())?;
-    let mut starts = Vec::with_capacity(placement.blocks.len());
-    let mut total = 0u64;
-    for b in &placement.blocks {
-        total = total.next_multiple_of(placement::DEVICE_ALIGN);
-        starts.push(total);
-        total += b.len;
-    }
-    let buf = match opts.device_alloc {
-        Some(a) if total > 0 => a.alloc(gpu, total as usize)?,
-        _ => DeviceBuffer::alloc(gpu, total as usize, &stream)?,
-    };
+    let stream = gpu.stream(lane)?;
     if let Some(a) = opts.device_alloc {
         // SAFETY: the allocator promises its stream lives in this context.
         unsafe { weightlift_cuda::wait_for_stream(gpu, &stream, a.ready_stream()) }?;
     }
-    phases.mark("allocated");
+    let CopyPlan { placement, starts, .. } = plan;
     for (b, &start) in placement.blocks.iter().zip(&starts) {
         if b.len == 0 {
             continue;
@@ -317,8 +373,12 @@ fn copy_on_device(
 /// Where a served load's time went, for its report: each step's time since the one before.
 struct Phases {
     last: Instant,
-    steps: Vec<(&'static str, Duration)>,
+    /// Each step, and what ran beside it on another thread.
+    steps: Vec<(&'static str, Duration, Option<Step>)>,
 }
+
+/// A step's name and time.
+type Step = (&'static str, Duration);
 
 impl Phases {
     fn new(start: Instant) -> Self {
@@ -328,15 +388,26 @@ impl Phases {
     /// Ends the step called `what` now.
     fn mark(&mut self, what: &'static str) {
         let now = Instant::now();
-        self.steps.push((what, now - self.last));
+        self.steps.push((what, now - self.last, None));
         self.last = now;
+    }
+
+    /// Ends the step called `what` now, `beside` (which took `took`) having run beside it.
+    fn mark_beside(&mut self, what: &'static str, beside: &'static str, took: Duration) {
+        self.mark(what);
+        if let Some(last) = self.steps.last_mut() {
+            last.2 = Some((beside, took));
+        }
     }
 }
 
 impl std::fmt::Display for Phases {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        for (i, (what, d)) in self.steps.iter().enumerate() {
+        for (i, (what, d, beside)) in self.steps.iter().enumerate() {
             write!(f, "{}{what} {:.2} ms", if i == 0 { "" } else { ", " }, d.as_secs_f64() * 1e3)?;
+            if let Some((b, took)) = beside {
+                write!(f, " ({b} {:.2} ms of it)", took.as_secs_f64() * 1e3)?;
+            }
         }
         Ok(())
     }
