@@ -177,6 +177,9 @@ impl Drop for Mapping {
 pub struct SharedMemory {
     map: Mapping,
     handle: sys::CUmemGenericAllocationHandle,
+    /// The descriptor exported first, duplicated for each later export (the driver's export costs far more than a
+    /// `dup`); closed when the memory is dropped.
+    exported: std::sync::Mutex<Option<OwnedFd>>,
 }
 
 // SAFETY: an address range and an allocation handle of a thread-safe context; the driver calls on them are
@@ -208,7 +211,7 @@ impl SharedMemory {
         }
         r.result().map_err(CudaError::driver(dev, "cuMemCreate"))?;
         match Mapping::map(gpu, handle, size as usize, false) {
-            Ok(map) => Ok(SharedMemory { map, handle }),
+            Ok(map) => Ok(SharedMemory { map, handle, exported: std::sync::Mutex::new(None) }),
             Err(e) => {
                 // SAFETY: created above and mapped nowhere.
                 unsafe { sys::cuMemRelease(handle) };
@@ -232,8 +235,28 @@ impl SharedMemory {
         self.map.len == 0
     }
 
-    /// A new file descriptor another process can map with [`ImportedMemory::import`] (send it over a Unix socket).
+    /// A new file descriptor another process can map with [`ImportedMemory::import`] (send it over a Unix socket):
+    /// the driver exports the memory once, and each call returns a duplicate of that descriptor.
     pub fn export(&self) -> Result<OwnedFd, CudaError> {
+        let mut exported = self.exported.lock().unwrap_or_else(|p| p.into_inner());
+        let fd = match &*exported {
+            Some(fd) => fd,
+            None => exported.insert(self.export_from_driver()?),
+        };
+        // SAFETY: `fd` is an open descriptor we own; F_DUPFD_CLOEXEC returns a new one (or -1).
+        let dup = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_DUPFD_CLOEXEC, 3) };
+        if dup < 0 {
+            let e = std::io::Error::last_os_error();
+            return Err(CudaError::Unavailable(format!(
+                "cuda:{}: duplicating the exported descriptor: {e}",
+                self.map.gpu.ordinal()
+            )));
+        }
+        // SAFETY: fcntl handed us a new descriptor we now own.
+        Ok(unsafe { OwnedFd::from_raw_fd(dup) })
+    }
+
+    fn export_from_driver(&self) -> Result<OwnedFd, CudaError> {
         let dev = self.map.gpu.ordinal();
         let mut fd: libc::c_int = -1;
         // SAFETY: for POSIX descriptors the driver writes an int through the pointer.
@@ -257,9 +280,9 @@ impl SharedMemory {
 
 impl Drop for SharedMemory {
     fn drop(&mut self) {
-        // The handle is released here, the mapping unmapped after this body (fields drop last): the driver frees
-        // the memory once it is both released and unmapped everywhere, so memory another process still maps stays
-        // until that process unmaps it.
+        // The handle is released here, the mapping unmapped and the exported descriptor closed after this body
+        // (fields drop last): the driver frees the memory once it is released, unmapped and no descriptor of it is
+        // open anywhere, so memory another process still maps stays until that process unmaps it.
         let _restore = ContextRestore::save();
         let _ = self.map.gpu.bind();
         // SAFETY: the handle was created by `create` and is released once.
