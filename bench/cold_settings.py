@@ -32,16 +32,22 @@ from wlbench.pagecache import cold_unavailable, drop_caches  # noqa: E402
 # name -> environment of the load (the CLI reads every setting from WEIGHTLIFT_*).
 SETTINGS = {
     "default": {},
-    "queue-depth-4": {"WEIGHTLIFT_QUEUE_DEPTH": "4"},
+    # A lane's reads in flight are capped by its staging slots (min(2 x queue depth, staging per lane / read size)):
+    # each depth comes with staging for that many 16 MiB cold reads per lane of 16 (1 GiB for 4, 2 GiB for 8).
+    "queue-depth-4": {"WEIGHTLIFT_QUEUE_DEPTH": "4", "WEIGHTLIFT_STAGING_BYTES": "1GiB"},
     "bypass": {"WEIGHTLIFT_PAGE_CACHE": "bypass"},
-    "bypass-queue-depth-4": {"WEIGHTLIFT_PAGE_CACHE": "bypass", "WEIGHTLIFT_QUEUE_DEPTH": "4"},
-    "bypass-queue-depth-8": {"WEIGHTLIFT_PAGE_CACHE": "bypass", "WEIGHTLIFT_QUEUE_DEPTH": "8"},
-    # Larger reads with far more in flight, as InstantTensor's 512 × 8 MiB: 16 lanes × 8 × 8 MiB = 1 GiB (staging
-    # raised to hold it), with O_DIRECT and buffered.
+    "bypass-queue-depth-4": {"WEIGHTLIFT_PAGE_CACHE": "bypass", "WEIGHTLIFT_QUEUE_DEPTH": "4",
+                             "WEIGHTLIFT_STAGING_BYTES": "1GiB"},
+    "bypass-queue-depth-8": {"WEIGHTLIFT_PAGE_CACHE": "bypass", "WEIGHTLIFT_QUEUE_DEPTH": "8",
+                             "WEIGHTLIFT_STAGING_BYTES": "2GiB"},
+    # Larger reads with far more in flight: cold reads are four chunks (32 MiB here), 4 slots a lane in 2 GiB of
+    # staging, with O_DIRECT and buffered.
     "bypass-8MiB-queue-depth-8": {"WEIGHTLIFT_PAGE_CACHE": "bypass", "WEIGHTLIFT_QUEUE_DEPTH": "8",
                                   "WEIGHTLIFT_CHUNK_BYTES": "8MiB", "WEIGHTLIFT_STAGING_BYTES": "2GiB"},
     "8MiB-queue-depth-8": {"WEIGHTLIFT_QUEUE_DEPTH": "8", "WEIGHTLIFT_CHUNK_BYTES": "8MiB",
                            "WEIGHTLIFT_STAGING_BYTES": "2GiB"},
+    # fastsafetensors 0.5.0's shape: 512 KiB O_DIRECT reads from one cursor in file order, two slots a lane.
+    "bypass-512KiB": {"WEIGHTLIFT_PAGE_CACHE": "bypass", "WEIGHTLIFT_CHUNK_BYTES": "128KiB"},
 }
 
 
