@@ -9,7 +9,9 @@ Case families (`--cases`, comma-separated; default: all):
   test are evicted with ``posix_fadvise(DONTNEED)``), from disk with the file read once just before, and from a
   copy on tmpfs (``--shm-file``, or a copy this script makes under ``--shm-dir`` and removes at exit). Methods:
   weightlift ``load_file``; weightlift ``safe_open`` + ``get_tensor`` per key in file order and in a random order
-  (fixed ``--seed``); and the peers where they apply: safetensors ``load_file`` and ``safe_open`` per key,
+  (fixed ``--seed``); weightlift's offer of safetensors 0.9's ``prefetch`` (iterated; shard by shard); and the peers
+  where they apply: safetensors ``load_file``, ``safe_open`` per key (a handle per shard when sharded) and 0.9's own
+  ``prefetch`` (its defaults, and 16 threads with ``backend="pread"``),
   ``torch.load(mmap=True)`` then ``.to(device)`` (on a ``.pt`` copy made here), KvikIO ``pread`` of the data
   region into one buffer, fastsafetensors (no GDS), Run:ai model streamer, InstantTensor, and ``np.fromfile``
   then ``.to(device)`` (raw bytes).

@@ -1,6 +1,7 @@
 """The methods a run times: each loads every tensor of a target onto a device and returns {name: tensor}, or
 RawBytes where it reads the file's bytes only (KvikIO, np.fromfile). weightlift's own (``load_file``, ``safe_open``
-per key in file and in random order) and the peers' (safetensors, ``torch.load``, KvikIO,
+per key in file and in random order, safetensors 0.9's ``prefetch`` as weightlift offers it) and the peers'
+(safetensors, its 0.9 ``prefetch`` at its defaults and at its best setting, ``torch.load``, KvikIO,
 fastsafetensors, the Run:ai model streamer, InstantTensor, ``np.fromfile``); each says why it does not apply where
 it does not (``needs``).
 
@@ -115,6 +116,40 @@ def _st_safe_open(order: str) -> Callable:
             return {k: handles[shard_of[k]].get_tensor(k) for k in names}
 
     return load
+
+
+def _prefetch(lib: str, threads: int = 8, backend: Optional[str] = None) -> Callable:
+    """safetensors 0.9's prefetch style: a handle's ``prefetch(device=...)`` loader for every tensor, iterated in the
+    order the bytes land; shard by shard for a sharded checkpoint. ``lib``: "weightlift" (its offer of the same API)
+    or "safetensors" (upstream, with ``threads`` and ``backend``)."""
+
+    def load(t: Target, dev: str, o: Options) -> dict:
+        if lib == "weightlift":
+            import weightlift
+
+            def opener(f: str) -> Any:
+                return weightlift.safe_open(f, framework="pt")
+        else:
+            from safetensors import safe_open
+
+            def opener(f: str) -> Any:
+                return safe_open(f, framework="pt", **({"backend": backend} if backend else {}))
+
+        out: dict = {}
+        for f in t.ckpt.files:
+            with opener(f) as h, h.prefetch(device=dev, threads=threads) as loader:
+                out.update(loader)
+        return out
+
+    return load
+
+
+def _upstream_prefetch(t: Target, dev: str) -> Optional[str]:
+    try:
+        from safetensors import PrefetchLoader  # noqa: F401 - present from safetensors 0.9 on
+    except ImportError as e:
+        return f"this safetensors has no prefetch: {e}"
+    return None
 
 
 def _torch_load(t: Target, dev: str, o: Options) -> dict:
@@ -300,6 +335,14 @@ def methods() -> list:
                _importable("safetensors"), note="one handle per shard when sharded"),
         Method("safetensors.safe_open get_tensor random-order", True, _st_safe_open("random"),
                _importable("safetensors"), note="one handle per shard when sharded"),
+        Method("weightlift.safe_open prefetch", False, _prefetch("weightlift"), _all(wl, _cuda_only),
+               note="safetensors 0.9's prefetch API, offered by weightlift; shard by shard when sharded"),
+        Method("safetensors.safe_open prefetch", True, _prefetch("safetensors"),
+               _all(_cuda_only, _importable("safetensors"), _upstream_prefetch),
+               note="safetensors 0.9's own prefetch at its defaults (8 threads); shard by shard when sharded"),
+        Method("safetensors.safe_open prefetch (16 threads, pread)", True, _prefetch("safetensors", 16, "pread"),
+               _all(_cuda_only, _importable("safetensors"), _upstream_prefetch),
+               note="tuned: its best setting in 2026-12-07-h100-peers; shard by shard when sharded"),
         Method("torch.load(mmap=True) .to(device)", True, _torch_load, _has_pt, files=lambda t: [t.pt],
                note="reads a torch.save copy of the same tensors"),
         Method("kvikio pread", True, _kvikio, _all(_importable("kvikio"), _cuda_driver, _one_file),
