@@ -243,17 +243,9 @@ impl SharedMemory {
             Some(fd) => fd,
             None => exported.insert(self.export_from_driver()?),
         };
-        // SAFETY: `fd` is an open descriptor we own; F_DUPFD_CLOEXEC returns a new one (or -1).
-        let dup = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_DUPFD_CLOEXEC, 3) };
-        if dup < 0 {
-            let e = std::io::Error::last_os_error();
-            return Err(CudaError::Unavailable(format!(
-                "cuda:{}: duplicating the exported descriptor: {e}",
-                self.map.gpu.ordinal()
-            )));
-        }
-        // SAFETY: fcntl handed us a new descriptor we now own.
-        Ok(unsafe { OwnedFd::from_raw_fd(dup) })
+        fd.try_clone().map_err(|e| {
+            CudaError::Unavailable(format!("cuda:{}: duplicating the exported descriptor: {e}", self.map.gpu.ordinal()))
+        })
     }
 
     fn export_from_driver(&self) -> Result<OwnedFd, CudaError> {

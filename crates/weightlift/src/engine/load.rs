@@ -505,7 +505,6 @@ impl Drop for CloseOnDrop<'_> {
     }
 }
 
-/// A byte range of host memory to fill.
 /// The entries of `index` at positions `which`, in that order; a position past its tensors is an error.
 fn entries_at<'a>(index: &'a TensorIndex, which: &[usize]) -> Result<Vec<&'a TensorEntry>> {
     which
@@ -519,6 +518,7 @@ fn tensor_of(t: &TensorEntry, data: TensorData) -> Tensor {
     Tensor { name: t.name.clone(), dtype: t.dtype, shape: t.shape.clone(), data }
 }
 
+/// A byte range of host memory to fill.
 fn host_range(d: &mut TensorData) -> (*mut u8, usize) {
     match d {
         TensorData::Host(b) => (b.as_mut_ptr(), b.len()),
