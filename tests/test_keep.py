@@ -40,22 +40,24 @@ def private(tmp_path):
 
 _CHILD = """
 import json, sys, weightlift, safetensors.torch as st, torch
-path, device, how = sys.argv[1], sys.argv[2], sys.argv[3]
+path, device, how, ref = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
 if how == "safe_open":
     with weightlift.safe_open(path, framework="pt", device=device) as f:
         sd = {k: f.get_tensor(k) for k in sorted(f.keys(), reverse=True)}
 else:
     sd = weightlift.load_file(path, device=device)
-ref = st.load_file(path)
+ref = st.load_file(ref)
 same = all(sd[k].dtype == ref[k].dtype and sd[k].shape == ref[k].shape and torch.equal(sd[k].cpu(), ref[k]) for k in ref)
 rep = weightlift.last_report()
 print(json.dumps({"same": same and sorted(sd) == sorted(ref), "backend": rep["backend"], "keeper": rep["keeper"]}))
 """
 
 
-def _load_elsewhere(path, device: str, how: str = "load_file", **env: str) -> dict:
+def _load_elsewhere(path, device: str, how: str = "load_file", ref=None, **env: str) -> dict:
+    """Loads ``path`` (a file or an object's URL) in a new process; ``same``: every tensor equals what safetensors
+    reads from the local file ``ref`` (default: ``path``)."""
     p = subprocess.run(
-        [sys.executable, "-c", _CHILD, str(path), device, how],
+        [sys.executable, "-c", _CHILD, str(path), device, how, str(ref if ref is not None else path)],
         env=dict(os.environ, **env),
         capture_output=True,
         text=True,
@@ -148,7 +150,7 @@ path, sock = sys.argv[1], sys.argv[2]
 s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
 s.connect(sock)
 fd = os.open(path, os.O_RDONLY)
-req = {"op": "get", "proto": 1, "device": "cpu", "uuid": None, "files": 1, "keep": False}
+req = {"op": "get", "proto": 2, "device": "cpu", "uuid": None, "inputs": ["file"], "keep": False}
 socket.send_fds(s, [json.dumps(req).encode()], [fd])
 msg, fds, _, _ = socket.recv_fds(s, 65536, 4)
 print(json.loads(msg)["op"], len(fds), flush=True)
@@ -172,3 +174,27 @@ def test_a_client_killed_while_holding_a_handout_gives_its_lease_back(tmp_path, 
         while k.status()["entries"][0]["leases"] and time.time() < deadline:
             time.sleep(0.02)
         assert k.status()["entries"][0]["leases"] == 0
+
+
+def test_an_object_is_kept_by_its_etag_and_served_to_another_process(tmp_path, private, s3):
+    """An object (S3, through s3s-fs) kept by URL from Python: another process's load_file of that URL is served by
+    the keeper; once the object is replaced, it is read from the bucket (never the old version) and the new one is
+    kept for the next load."""
+    local = tmp_path / "m.safetensors"
+    _checkpoint(local, 3)
+    (s3 / "m.safetensors").write_bytes(local.read_bytes())
+    url = "s3://bucket/m.safetensors"
+    sock = private / "k.sock"
+    with weightlift.keep([url], device="cpu", socket=sock, budget="1GiB") as k:
+        assert [(e["path"], e["state"]) for e in k.status()["entries"]] == [(url, "ready")]
+        got = _load_elsewhere(url, "cpu", ref=local, WEIGHTLIFT_KEEPER=str(sock))
+        assert got["same"] and got["backend"] == "keeper", got
+        _checkpoint(local, 4)
+        (s3 / "m.safetensors").write_bytes(local.read_bytes())
+        got = _load_elsewhere(url, "cpu", ref=local, WEIGHTLIFT_KEEPER=str(sock))
+        assert got["same"] and got["backend"] != "keeper", got
+        assert "changed since it was kept" in got["keeper"], got
+        k.wait()
+        got = _load_elsewhere(url, "cpu", ref=local, WEIGHTLIFT_KEEPER=str(sock))
+        assert got["same"] and got["backend"] == "keeper", got
+        assert [e["state"] for e in k.status()["entries"]] == ["ready"], k.status()

@@ -35,7 +35,7 @@ class Keeper:
         return self._native.running
 
     def keep(self, paths: Iterable[PathLike], wait: bool = True) -> None:
-        """Keeps the files ``paths`` too (``wait=False``: returns while they load)."""
+        """Keeps the files or objects (URLs) ``paths`` too (``wait=False``: returns while they load)."""
         self._native.keep([os.fspath(p) for p in paths])
         if wait:
             self._native.wait()
@@ -89,8 +89,8 @@ def keep(
     socket: "PathLike | None" = None,
     wait: bool = True,
 ) -> Keeper:
-    """Starts a keeper on ``device`` (``cuda:N``, or ``cpu``) in this process and keeps ``paths`` (files, or
-    folders of ``.safetensors``/``.gguf`` files) on it; later loads by other processes of files they ask for are
+    """Starts a keeper on ``device`` (``cuda:N``, or ``cpu``) in this process and keeps ``paths`` (files, folders
+    of ``.safetensors``/``.gguf`` files, or objects' URLs, kept at the ETag they have now) on it; later loads by other processes of files they ask for are
     kept too. ``budget`` (bytes, or text such as ``"40GiB"``) bounds its memory, least recently used files going
     first (default: 80 % of the device's free memory; ``cpu``: half of the available memory). ``socket``: where it
     listens (default: the device's, which loads with ``keeper="auto"`` look at). ``wait=True`` returns once

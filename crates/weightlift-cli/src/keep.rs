@@ -12,8 +12,9 @@ use crate::units;
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
-    /// Checkpoint files to load at once, or folders (their .safetensors and .gguf files); later loads of other
-    /// files are kept as they are asked for.
+    /// Checkpoint files to load at once, folders (their .safetensors and .gguf files), or objects' URLs
+    /// (s3://, gs://, https://; kept at the ETag they have now, fetched with this process's credentials); later
+    /// loads of others are kept as they are asked for.
     pub paths: Vec<PathBuf>,
     /// The device to keep on: cuda:N, or cpu (shared host memory, for host loads).
     #[arg(long, default_value = "cuda:0")]

@@ -1,7 +1,10 @@
 //! The keeper on the CPU (host memory kept in sealed memfds, the same protocol, registry and leases as on a GPU):
 //! what it serves equals the file byte for byte, a changed file is never served, the budget holds, handouts end
 //! with their connections, a bad frame or a foreign user is refused, and a load it cannot serve reads the files
-//! as usual with the reason in its report.
+//! as usual with the reason in its report. Objects (served by nginx, as a bucket) are kept by URL and ETag: a
+//! replaced object is never served from the keeper, and one the keeper cannot fetch is not fetched again per load.
+
+mod servers;
 
 use std::io::Write;
 use std::os::fd::AsFd;
@@ -10,7 +13,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use weightlift::format::synth::{self, Container, Layout, Spec};
-use weightlift::keep::wire::{self, PROTO, Reply, Request};
+use weightlift::keep::wire::{self, Input, PROTO, Reply, Request};
 use weightlift::keep::{Keeper, KeeperConfig};
 use weightlift::{Device, Engine, KeeperSocket, LoadOpts, Loaded, PathUsed, Settings};
 
@@ -235,7 +238,8 @@ fn get(socket: &Path, paths: &[PathBuf], keep: bool) -> (std::os::fd::OwnedFd, R
     let conn = wire::connect(socket).unwrap();
     let files: Vec<std::fs::File> = paths.iter().map(|p| std::fs::File::open(p).unwrap()).collect();
     let fds: Vec<_> = files.iter().map(|f| f.as_fd()).collect();
-    let req = Request::Get { proto: PROTO, device: "cpu".into(), uuid: None, files: fds.len(), keep };
+    let req =
+        Request::Get { proto: PROTO, device: "cpu".into(), uuid: None, inputs: vec![Input::File; fds.len()], keep };
     wire::send(conn.as_fd(), &req, &fds).unwrap();
     let (reply, got) = wire::recv::<Reply>(conn.as_fd()).unwrap();
     (conn, reply, got)
@@ -307,13 +311,25 @@ fn bad_frames_child() {
         (b"not json".to_vec(), 0),
         (b"{\"op\":\"get\"}".to_vec(), 1),
         (
-            serde_json::to_vec(&Request::Get { proto: PROTO, device: "cpu".into(), uuid: None, files: 2, keep: true })
-                .unwrap(),
+            serde_json::to_vec(&Request::Get {
+                proto: PROTO,
+                device: "cpu".into(),
+                uuid: None,
+                inputs: vec![Input::File; 2],
+                keep: true,
+            })
+            .unwrap(),
             1,
         ),
         (
-            serde_json::to_vec(&Request::Get { proto: 99, device: "cpu".into(), uuid: None, files: 1, keep: true })
-                .unwrap(),
+            serde_json::to_vec(&Request::Get {
+                proto: 99,
+                device: "cpu".into(),
+                uuid: None,
+                inputs: vec![Input::File],
+                keep: true,
+            })
+            .unwrap(),
             1,
         ),
         (serde_json::to_vec(&Request::Status { proto: PROTO }).unwrap(), 1),
@@ -340,14 +356,14 @@ fn bad_frames_child() {
     // A descriptor that is not a regular file.
     let (r, w) = std::io::pipe().unwrap();
     let conn = wire::connect(&socket).unwrap();
-    let req = Request::Get { proto: PROTO, device: "cpu".into(), uuid: None, files: 1, keep: true };
+    let req = Request::Get { proto: PROTO, device: "cpu".into(), uuid: None, inputs: vec![Input::File], keep: true };
     wire::send(conn.as_fd(), &req, &[r.as_fd()]).unwrap();
     assert!(matches!(wire::recv::<Reply>(conn.as_fd()).unwrap().0, Reply::Error { .. }));
     drop((conn, r, w, f));
     // Another device: a miss that says so.
     let conn = wire::connect(&socket).unwrap();
     let f = std::fs::File::open(&a).unwrap();
-    let req = Request::Get { proto: PROTO, device: "cuda:0".into(), uuid: None, files: 1, keep: true };
+    let req = Request::Get { proto: PROTO, device: "cuda:0".into(), uuid: None, inputs: vec![Input::File], keep: true };
     wire::send(conn.as_fd(), &req, &[f.as_fd()]).unwrap();
     let (reply, _) = wire::recv::<Reply>(conn.as_fd()).unwrap();
     assert!(matches!(&reply, Reply::Miss { code, .. } if code == "other_device"), "{reply:?}");
@@ -497,4 +513,145 @@ fn auto_child() {
     let (loaded, index) = load(&e, std::slice::from_ref(&a));
     assert_eq!(loaded.report.path, PathUsed::Keeper, "{:?}", loaded.report.keeper);
     check_bytes(&loaded, &index);
+}
+
+/// Small GETs (several per object) for the object tests; the keeper reads with the same settings (the request
+/// settings are process-wide).
+fn object_settings() -> Settings {
+    Settings::default().chunk_bytes(256 << 10).staging_bytes(4 << 20).remote_range_bytes(1 << 20)
+}
+
+fn load_url(engine: &Engine, url: &str) -> (Loaded, weightlift::format::TensorIndex) {
+    load(engine, &[PathBuf::from(url)])
+}
+
+/// Every tensor byte against the local file the object was made from.
+fn check_bytes_of(loaded: &Loaded, index: &weightlift::format::TensorIndex, local: &Path) {
+    let file = std::fs::read(local).unwrap();
+    assert_eq!(index.tensors.len(), loaded.tensors.len());
+    for (t, got) in index.tensors.iter().zip(&loaded.tensors) {
+        let mut out = vec![0u8; t.nbytes as usize];
+        got.data.read_back(0, &mut out).unwrap();
+        assert!(out[..] == file[t.offset as usize..(t.offset + t.nbytes) as usize], "{}: bytes differ", t.name);
+    }
+}
+
+#[test]
+fn an_object_is_kept_by_its_etag_and_a_replaced_one_is_never_served() {
+    let Some(bucket) = servers::nginx(true) else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let sockets = socket_dir();
+    let socket = sockets.path().join("k.sock");
+    let first = generate(dir.path(), "first.safetensors", 21, 3 << 20);
+    let second = generate(dir.path(), "second.safetensors", 22, 3 << 20);
+    let served = servers::put(&bucket.root, "m/model.safetensors", &first);
+    let url = format!("{}/m/model.safetensors", bucket.base());
+    let k = Keeper::start(KeeperConfig {
+        device: Device::Cpu,
+        socket: Some(socket.clone()),
+        budget: Some(1 << 30),
+        settings: object_settings().keeper(KeeperSocket::Off),
+    })
+    .unwrap();
+    let e = Engine::new(object_settings().keeper(KeeperSocket::Path(socket.clone()))).unwrap();
+    // Not kept yet: read from the bucket, and the keeper asked to keep it once the load has read it.
+    let (loaded, index) = load_url(&e, &url);
+    assert_ne!(loaded.report.path, PathUsed::Keeper);
+    let why = loaded.report.keeper.clone().unwrap();
+    assert!(why.contains("not kept") && why.contains("after the load") && why.contains("loading them now"), "{why}");
+    check_bytes_of(&loaded, &index, &first);
+    k.wait_idle();
+    let (_, entries) = status(&k);
+    assert_eq!(entries.len(), 1);
+    assert_eq!((entries[0].path.as_str(), entries[0].state.as_str()), (url.as_str(), "ready"));
+    // Kept: served from the keeper, the bucket asked only for what opening the object and parsing its header take.
+    let before = bucket.requests().len();
+    let (loaded, index) = load_url(&e, &url);
+    assert_eq!(loaded.report.path, PathUsed::Keeper, "{:?}", loaded.report.keeper);
+    check_bytes_of(&loaded, &index, &first);
+    let asked = bucket.requests()[before..].to_vec();
+    assert!(asked.len() <= 2 && asked.iter().all(|r| r.method == "GET" || r.method == "HEAD"), "{asked:?}");
+    // Replaced in the bucket (a new ETag: nginx's is the modification time and length): never served from the
+    // keeper; read from the bucket, and the new version kept for the next load.
+    std::fs::copy(&second, &served).unwrap();
+    let later = std::time::SystemTime::now() + Duration::from_secs(5);
+    std::fs::File::options().write(true).open(&served).unwrap().set_modified(later).unwrap();
+    let (loaded, index) = load_url(&e, &url);
+    assert_ne!(loaded.report.path, PathUsed::Keeper);
+    let why = loaded.report.keeper.clone().unwrap();
+    assert!(why.contains("changed since it was kept"), "{why}");
+    check_bytes_of(&loaded, &index, &second);
+    k.wait_idle();
+    let (loaded, index) = load_url(&e, &url);
+    assert_eq!(loaded.report.path, PathUsed::Keeper, "{:?}", loaded.report.keeper);
+    check_bytes_of(&loaded, &index, &second);
+    let (_, entries) = status(&k);
+    assert_eq!(entries.len(), 1, "the old version is gone: {entries:?}");
+    // Kept by name, as `weightlift keep URL` does: at the version the bucket has now.
+    let other = servers::put(&bucket.root, "m/other.safetensors", &first);
+    let other_url = format!("{}/m/other.safetensors", bucket.base());
+    k.keep(&[PathBuf::from(&other_url)]).unwrap();
+    k.wait_idle();
+    let (loaded, index) = load_url(&e, &other_url);
+    assert_eq!(loaded.report.path, PathUsed::Keeper, "{:?}", loaded.report.keeper);
+    check_bytes_of(&loaded, &index, &other);
+    // A URL that names nothing is an error naming it.
+    let err = k.keep(&[PathBuf::from(format!("{}/m/absent.safetensors", bucket.base()))]).unwrap_err().to_string();
+    assert!(err.contains("absent.safetensors"), "{err}");
+}
+
+#[test]
+fn an_object_the_keeper_cannot_fetch_is_not_fetched_again_for_each_load() {
+    let Some(bucket) = servers::nginx(true) else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let sockets = socket_dir();
+    let socket = sockets.path().join("k.sock");
+    let a = generate(dir.path(), "a.safetensors", 23, 1 << 20);
+    servers::put(&bucket.root, "a.safetensors", &a);
+    let url = format!("{}/a.safetensors", bucket.base());
+    let k = Keeper::start(KeeperConfig {
+        device: Device::Cpu,
+        socket: Some(socket.clone()),
+        budget: Some(1 << 30),
+        settings: object_settings().keeper(KeeperSocket::Off),
+    })
+    .unwrap();
+    // A client that names a version the bucket does not have (as one whose object was replaced since it opened it
+    // would): the keeper's fetch, conditional on that ETag, fails, and nothing is kept.
+    let object = weightlift::keep::stamp::ObjectStamp {
+        url: url.clone(),
+        etag: "\"not-this-version\"".into(),
+        len: std::fs::metadata(&a).unwrap().len(),
+    };
+    let ask = || {
+        let conn = wire::connect(&socket).unwrap();
+        let req = Request::Get {
+            proto: PROTO,
+            device: "cpu".into(),
+            uuid: None,
+            inputs: vec![Input::Object(object.clone())],
+            keep: true,
+        };
+        wire::send(conn.as_fd(), &req, &[]).unwrap();
+        wire::recv::<Reply>(conn.as_fd()).unwrap().0
+    };
+    let reply = ask();
+    assert!(matches!(&reply, Reply::Miss { code, .. } if code == "not_kept"), "{reply:?}");
+    k.wait_idle();
+    let Reply::Status { failed, entries, .. } = k.status() else { panic!() };
+    assert_eq!((failed, entries.len()), (1, 0));
+    let before = bucket.requests().len();
+    let reply = ask();
+    let Reply::Miss { code, reason, .. } = &reply else { panic!("{reply:?}") };
+    assert_eq!(code, "failed", "{reason}");
+    assert!(reason.contains("could not fetch") && reason.contains("a.safetensors"), "{reason}");
+    k.wait_idle();
+    assert_eq!(bucket.requests().len(), before, "fetched again");
+    // An object without an ETag (or a URL) in a request is refused as a bad frame.
+    let conn = wire::connect(&socket).unwrap();
+    let bad = weightlift::keep::stamp::ObjectStamp { url: url.clone(), etag: String::new(), len: 1 };
+    let req =
+        Request::Get { proto: PROTO, device: "cpu".into(), uuid: None, inputs: vec![Input::Object(bad)], keep: true };
+    wire::send(conn.as_fd(), &req, &[]).unwrap();
+    assert!(matches!(wire::recv::<Reply>(conn.as_fd()).unwrap().0, Reply::Error { .. }));
 }

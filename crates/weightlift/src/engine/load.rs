@@ -13,7 +13,7 @@ use super::{Engine, io_opts, settle_copies};
 use crate::checked::{Checks, CpuChecker, GpuChecker, HostDest, Layout, Watch};
 use crate::device::Device;
 use crate::error::{Error, Result};
-use crate::path::{DeviceRead, LoadOpts, PathKind};
+use crate::path::{DeviceRead, LoadOpts};
 use crate::placement;
 use crate::report::{CheckStats, NetworkStats, Report};
 use crate::tensor::{DeviceTensor, Loaded, RawDest, Tensor, TensorData};
@@ -181,14 +181,7 @@ impl Engine {
         let _restore = weightlift_cuda::ContextRestore::save(); // the caller's thread keeps its device
         gpu.bind()?;
         let path = self.gpu_path(n)?;
-        if let Some(object) = files.iter().find(|f| f.object().is_some()).filter(|_| path.kind != PathKind::Pipeline) {
-            return Err(Error::InvalidArgument(format!(
-                "{}: objects are read through the pinned pipeline; the {:?} path ({}) reads local files only",
-                object.path.display(),
-                path.kind,
-                path.reason
-            )));
-        }
+        path.refuse_objects(files)?;
         // Every lane's stream and the allocation's, made now: made by the lanes as they start, beside their pinning
         // and the allocation, 17 took 9.2 ms of a first load on the H100, against 0.7 ms made together before
         // (bench/results/2026-11-25-h100-zc at b3a4ec8). Nothing to do once made.

@@ -256,6 +256,7 @@ impl Engine {
         let _restore = weightlift_cuda::ContextRestore::save(); // the caller's thread keeps its device
         gpu.bind()?;
         let path = self.gpu_path(ordinal)?;
+        path.refuse_objects(files)?;
         let read = DeviceRead { gpu: &gpu, files, extents, dest_lens, targets, opts, observer: None };
         let outcome = path.imp.read(&self.io, &read, &mut || Ok(()))?;
         let bytes = extents.iter().map(|e| e.len).sum();

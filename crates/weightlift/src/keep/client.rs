@@ -1,6 +1,6 @@
 //! The loading process's side: ask the keeper for a load's files, and build the load from its memory.
 
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, BorrowedFd};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -11,8 +11,8 @@ use weightlift_format::TensorEntry;
 use weightlift_io::{HostBuffer, IoReport, OpenFile, ReadEngineUsed};
 
 use super::memory::{Imported, ViewLease};
-use super::stamp::Stamp;
-use super::wire::{self, PROTO, Reply, Request};
+use super::stamp::{Key, ObjectStamp, Stamp};
+use super::wire::{self, Input, PROTO, Reply, Request};
 use crate::device::Device;
 use crate::engine::Engine;
 use crate::path::LoadOpts;
@@ -53,10 +53,50 @@ pub(crate) fn ask(
         .map_err(|why| NotServed { why, keep_after })
 }
 
+/// What the keeper is asked for: each input of the load (a local file by its descriptor, an object by its URL and
+/// the ETag it was opened at), the descriptors to send, and the identity of each as this process sees it.
+struct Asked<'a> {
+    inputs: Vec<Input>,
+    fds: Vec<BorrowedFd<'a>>,
+    keys: Vec<Key>,
+}
+
+/// The inputs of a load of `files`, or why a keeper cannot serve it.
+fn asked(files: &[Arc<OpenFile>]) -> Result<Asked<'_>, String> {
+    let mut asked = Asked { inputs: Vec::new(), fds: Vec::new(), keys: Vec::new() };
+    for f in files {
+        match (f.local(), f.object()) {
+            (Some(file), _) => {
+                let stamp = Stamp::of(file).map_err(|e| format!("{}: {e}", f.path.display()))?;
+                if stamp.len != f.len {
+                    return Err(format!("{} is {} bytes now, {} when opened", f.path.display(), stamp.len, f.len));
+                }
+                asked.inputs.push(Input::File);
+                asked.fds.push(file.as_fd());
+                asked.keys.push(Key::File(stamp));
+            }
+            (None, Some(object)) => {
+                let Some(etag) = object.etag() else {
+                    let url = super::stamp::display_url(object.url());
+                    return Err(format!("{url} has no ETag; keepers keep objects by their ETag"));
+                };
+                let o = ObjectStamp { url: object.url().to_string(), etag: etag.to_string(), len: f.len };
+                asked.inputs.push(Input::Object(o.clone()));
+                asked.keys.push(Key::Object(o));
+            }
+            (None, None) => return Err(format!("{}: neither a file nor an object", f.path.display())),
+        }
+    }
+    if asked.fds.len() > wire::MAX_FDS {
+        return Err(format!("{} files; a keeper serves loads of at most {}", asked.fds.len(), wire::MAX_FDS));
+    }
+    Ok(asked)
+}
+
 /// Asks the keeper at `socket` to keep `files` (after a load that read them), and gives its answer for the report.
 pub(crate) fn keep_after(engine: &Engine, socket: &std::path::Path, files: &[Arc<OpenFile>], device: Device) -> String {
     let run = || -> Result<String, String> {
-        let fds: Vec<_> = files.iter().filter_map(|f| f.local().map(|l| l.as_fd())).collect();
+        let Asked { inputs, fds, .. } = asked(files)?;
         let uuid = match device {
             Device::Cuda(n) => {
                 let g = engine.gpu(n).map_err(|e| e.to_string())?;
@@ -66,7 +106,7 @@ pub(crate) fn keep_after(engine: &Engine, socket: &std::path::Path, files: &[Arc
         };
         let conn = wire::connect_within(socket, ANSWER_TIMEOUT).map_err(|e| e.to_string())?;
         wire::check_keeper_user(&conn)?;
-        let get = Request::Get { proto: PROTO, device: device.to_string(), uuid, files: fds.len(), keep: true };
+        let get = Request::Get { proto: PROTO, device: device.to_string(), uuid, inputs, keep: true };
         wire::send(conn.as_fd(), &get, &fds).map_err(|e| e.to_string())?;
         let (reply, _) = wire::recv::<Reply>(conn.as_fd()).map_err(|e| format!("no answer ({e})"))?;
         Ok(match reply {
@@ -107,26 +147,7 @@ fn ask_inner(
     if opts.checks.is_some() {
         return Err(at("not asked: the load checks checksums as the files are read".into()));
     }
-    let mut fds = Vec::with_capacity(files.len());
-    for f in files {
-        match f.local() {
-            Some(file) if f.object().is_none() => fds.push(file.as_fd()),
-            _ => return Err(at(format!("{} is an object; keepers keep local files", f.path.display()))),
-        }
-    }
-    if fds.len() > wire::MAX_FDS {
-        return Err(at(format!("{} files; a keeper serves loads of at most {}", fds.len(), wire::MAX_FDS)));
-    }
-    let mut mine = Vec::with_capacity(fds.len());
-    for (f, fd) in files.iter().zip(&fds) {
-        match Stamp::of(fd) {
-            Ok(s) if s.len == f.len => mine.push(s),
-            Ok(s) => {
-                return Err(at(format!("{} is {} bytes now, {} when opened", f.path.display(), s.len, f.len)));
-            }
-            Err(e) => return Err(at(format!("{}: {e}", f.path.display()))),
-        }
-    }
+    let Asked { inputs, fds, keys: mine } = asked(files).map_err(at)?;
     if let Some(e) = entries.iter().find(|e| e.file >= files.len() || e.end() > files[e.file].len) {
         return Err(at(format!("tensor {} lies outside its file", e.name)));
     }
@@ -143,7 +164,7 @@ fn ask_inner(
     phases.mark("device");
     let conn = wire::connect_within(&socket, ANSWER_TIMEOUT).map_err(|e| at(e.to_string()))?;
     wire::check_keeper_user(&conn).map_err(at)?;
-    let get = Request::Get { proto: PROTO, device: device.to_string(), uuid, files: fds.len(), keep: keep_now };
+    let get = Request::Get { proto: PROTO, device: device.to_string(), uuid, inputs, keep: keep_now };
     wire::send(conn.as_fd(), &get, &fds).map_err(|e| at(e.to_string()))?;
     let (reply, got) = wire::recv::<Reply>(conn.as_fd()).map_err(|e| at(format!("no answer ({e})")))?;
     let sizes = match reply {

@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use super::stamp::Stamp;
+use super::stamp::Key;
 use super::wire::EntryStatus;
 
 /// An entry's state.
@@ -73,7 +73,7 @@ pub struct Registry<M> {
     budget: u64,
     used: u64,
     tick: u64,
-    entries: HashMap<Stamp, Entry<M>>,
+    entries: HashMap<Key, Entry<M>>,
 }
 
 impl<M> Registry<M> {
@@ -111,15 +111,15 @@ impl<M> Registry<M> {
 
     /// The entry of `stamp`, if held.
     #[cfg(test)]
-    pub fn get(&self, stamp: &Stamp) -> Option<&Entry<M>> {
+    pub fn get(&self, stamp: &Key) -> Option<&Entry<M>> {
         self.entries.get(stamp)
     }
 
     /// Looks `stamp` up (a ready entry counts as used now). Entries of the same file with other contents become
     /// stale: removed if unleased, else kept only until their leases end.
-    pub fn find(&mut self, stamp: &Stamp) -> Found<M> {
+    pub fn find(&mut self, stamp: &Key) -> Found<M> {
         self.tick += 1;
-        let stale: Vec<Stamp> = self.entries.keys().filter(|k| k.same_file(stamp) && *k != stamp).copied().collect();
+        let stale: Vec<Key> = self.entries.keys().filter(|k| k.same_source(stamp) && *k != stamp).cloned().collect();
         let changed = !stale.is_empty();
         for k in stale {
             self.retire(&k);
@@ -137,7 +137,7 @@ impl<M> Registry<M> {
     }
 
     /// Marks an entry stale, removing it at once if nothing leases it.
-    fn retire(&mut self, stamp: &Stamp) {
+    fn retire(&mut self, stamp: &Key) {
         let Some(e) = self.entries.get_mut(stamp) else { return };
         e.stale = true;
         if e.leases == 0 && matches!(e.state, State::Ready(_)) {
@@ -145,7 +145,7 @@ impl<M> Registry<M> {
         }
     }
 
-    fn remove(&mut self, stamp: &Stamp) -> Option<Entry<M>> {
+    fn remove(&mut self, stamp: &Key) -> Option<Entry<M>> {
         let e = self.entries.remove(stamp)?;
         self.used -= e.bytes;
         Some(e)
@@ -154,11 +154,11 @@ impl<M> Registry<M> {
     /// Retires every ready entry whose memory `dead` says is of a file gone (its last name removed, say): never
     /// served again, and freed now unless leased. Returns the memory freed, for the caller to drop.
     pub fn retire_where(&mut self, dead: impl Fn(&M) -> bool) -> Vec<Arc<M>> {
-        let gone: Vec<Stamp> = self
+        let gone: Vec<Key> = self
             .entries
             .iter()
             .filter(|(_, e)| !e.stale && matches!(&e.state, State::Ready(m) if dead(m)))
-            .map(|(k, _)| *k)
+            .map(|(k, _)| k.clone())
             .collect();
         let mut freed = Vec::new();
         for k in gone {
@@ -177,7 +177,7 @@ impl<M> Registry<M> {
     /// Reserves `bytes` for a new entry of `stamp`, now loading, evicting least recently used unleased ready
     /// entries as needed; what it evicted is returned (for the caller to drop outside its lock). Refused, evicting
     /// nothing, when even every evictable entry would not make room, or when `stamp` is held already.
-    pub fn begin(&mut self, stamp: Stamp, bytes: u64, path: String) -> Result<Vec<Arc<M>>, Refused> {
+    pub fn begin(&mut self, stamp: Key, bytes: u64, path: String) -> Result<Vec<Arc<M>>, Refused> {
         if self.entries.contains_key(&stamp) {
             return Err(Refused::Held);
         }
@@ -196,7 +196,7 @@ impl<M> Registry<M> {
                 .iter()
                 .filter(|(_, e)| e.leases == 0 && matches!(e.state, State::Ready(_)))
                 .min_by_key(|(_, e)| e.last_used)
-                .map(|(k, _)| *k);
+                .map(|(k, _)| k.clone());
             let Some(k) = victim else { break };
             if let Some(Entry { state: State::Ready(m), .. }) = self.remove(&k) {
                 evicted.push(m);
@@ -212,7 +212,7 @@ impl<M> Registry<M> {
 
     /// Ends the load of `stamp`: ready with `memory`, or removed (its bytes returned to the budget) on `None`. An
     /// entry made stale while it loaded is removed too. Returns the memory not kept, for the caller to drop.
-    pub fn finish(&mut self, stamp: &Stamp, memory: Option<Arc<M>>) -> Option<Arc<M>> {
+    pub fn finish(&mut self, stamp: &Key, memory: Option<Arc<M>>) -> Option<Arc<M>> {
         let keep = match self.entries.get_mut(stamp) {
             Some(e) if !e.stale && matches!(e.state, State::Loading) => e,
             Some(e) if matches!(e.state, State::Loading) => {
@@ -235,14 +235,14 @@ impl<M> Registry<M> {
     }
 
     /// A handout of the ready entry `stamp` begins.
-    pub fn lease(&mut self, stamp: &Stamp) {
+    pub fn lease(&mut self, stamp: &Key) {
         if let Some(e) = self.entries.get_mut(stamp) {
             e.leases += 1;
         }
     }
 
     /// A handout of `stamp` ended; a stale entry whose last lease this was is removed and its memory returned.
-    pub fn release(&mut self, stamp: &Stamp) -> Option<Arc<M>> {
+    pub fn release(&mut self, stamp: &Key) -> Option<Arc<M>> {
         let e = self.entries.get_mut(stamp)?;
         e.leases = e.leases.saturating_sub(1);
         if e.leases == 0
@@ -255,13 +255,13 @@ impl<M> Registry<M> {
     }
 
     /// Every entry's status, most recently used first.
-    pub fn status(&self, len_of: impl Fn(&Stamp) -> u64) -> Vec<EntryStatus> {
-        let mut v: Vec<(&Stamp, &Entry<M>)> = self.entries.iter().collect();
+    pub fn status(&self) -> Vec<EntryStatus> {
+        let mut v: Vec<(&Key, &Entry<M>)> = self.entries.iter().collect();
         v.sort_by_key(|(_, e)| std::cmp::Reverse(e.last_used));
         v.into_iter()
             .map(|(k, e)| EntryStatus {
                 path: e.path.clone(),
-                len: len_of(k),
+                len: k.len(),
                 bytes: e.bytes,
                 state: if e.stale {
                     "stale".into()
@@ -292,17 +292,18 @@ impl<M> Registry<M> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::keep::stamp::Stamp;
     use proptest::prelude::*;
 
-    fn stamp(ino: u64, version: i64) -> Stamp {
-        Stamp { dev: 1, ino, len: 100, mtime_ns: version, ctime_ns: version }
+    fn stamp(ino: u64, version: i64) -> Key {
+        Key::File(Stamp { dev: 1, ino, len: 100, mtime_ns: version, ctime_ns: version })
     }
 
     #[test]
     fn a_changed_file_is_never_found_and_its_leased_entry_goes_with_its_last_lease() {
         let mut r: Registry<u32> = Registry::new(1000);
         let old = stamp(7, 1);
-        r.begin(old, 100, "a".into()).unwrap();
+        r.begin(old.clone(), 100, "a".into()).unwrap();
         assert!(r.finish(&old, Some(Arc::new(1))).is_none());
         assert!(matches!(r.find(&old), Found::Ready(_)));
         r.lease(&old);
@@ -370,7 +371,7 @@ mod tests {
             let freed = Arc::new(std::sync::atomic::AtomicUsize::new(0));
             let mut r: Registry<Tracked> = Registry::new(1000);
             let mut made = 0usize;
-            let mut leases: HashMap<Stamp, u32> = HashMap::new();
+            let mut leases: HashMap<Key, u32> = HashMap::new();
             for s in steps {
                 match s {
                     Step::Find(i, v) => { r.find(&stamp(i, v)); }

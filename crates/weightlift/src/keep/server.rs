@@ -11,8 +11,8 @@ use weightlift_io::OpenFile;
 
 use super::memory::{Filling, Kept};
 use super::registry::{Found, Refused, Registry};
-use super::stamp::Stamp;
-use super::wire::{self, PROTO, Reply, Request, Status, WireError};
+use super::stamp::{Key, ObjectStamp, Stamp, display_url};
+use super::wire::{self, Input, PROTO, Reply, Request, Status, WireError};
 use crate::device::Device;
 use crate::engine::Engine;
 use crate::engine::read::{ByteRange, Dests, ReadRequest, Sources};
@@ -33,25 +33,30 @@ pub struct KeeperConfig {
     pub settings: Settings,
 }
 
-/// A kept file: its memory, and the descriptor it was read through (a file whose last name is removed, replaced by
-/// a rename say, is retired: no one can open it again).
+/// A kept input: its memory, and for a file the descriptor it was read through (a file whose last name is removed,
+/// replaced by a rename say, is retired: no one can open it again).
 #[derive(Debug)]
 pub(crate) struct Held {
     memory: Kept,
-    file: OwnedFd,
+    file: Option<OwnedFd>,
 }
 
 impl Held {
     fn is_gone(&self) -> bool {
-        rustix::fs::fstat(&self.file).map_or(true, |st| st.st_nlink == 0)
+        self.file.as_ref().is_some_and(|f| rustix::fs::fstat(f).map_or(true, |st| st.st_nlink == 0))
     }
 }
 
+/// A load for the loader thread: a file (through the client's descriptor) or an object (by its URL, at its ETag).
 struct Job {
-    stamp: Stamp,
-    fd: OwnedFd,
+    key: Key,
+    fd: Option<OwnedFd>,
     path: String,
 }
+
+/// Objects the keeper could not fetch, and why (remembered so that each later load is not one more fetch that
+/// fails the same way; forgotten when the keeper is asked to keep the object by name, or past this many).
+const FAILURES_KEPT: usize = 256;
 
 struct Shared {
     device: Device,
@@ -67,6 +72,8 @@ struct Shared {
     jobs: Mutex<Option<mpsc::Sender<Job>>>,
     served: AtomicU64,
     failed: AtomicU64,
+    /// Objects whose fetch failed, and why.
+    failures: Mutex<std::collections::HashMap<Key, String>>,
     uid: u32,
 }
 
@@ -139,6 +146,7 @@ impl Keeper {
             jobs: Mutex::new(Some(tx)),
             served: AtomicU64::new(0),
             failed: AtomicU64::new(0),
+            failures: Mutex::new(std::collections::HashMap::new()),
             uid: rustix::process::getuid().as_raw(),
         });
         let loader = {
@@ -149,17 +157,17 @@ impl Keeper {
                     for job in rx {
                         if shared.stop.load(Ordering::SeqCst) {
                             // Stopping: what is queued is not read.
-                            let dropped = shared.lock().finish(&job.stamp, None);
+                            let dropped = shared.lock().finish(&job.key, None);
                             drop(dropped);
                             shared.idle.notify_all();
                             continue;
                         }
-                        let stamp = job.stamp;
+                        let key = job.key.clone();
                         let panicked =
                             std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| shared.load(&engine, job)));
                         if panicked.is_err() {
                             tracing::warn!("keeper: a load panicked (a bug); its file is not kept");
-                            let dropped = shared.lock().finish(&stamp, None);
+                            let dropped = shared.lock().finish(&key, None);
                             drop(dropped);
                             shared.idle.notify_all();
                         }
@@ -188,10 +196,34 @@ impl Keeper {
         self.shared.lock().budget()
     }
 
-    /// Starts keeping the files `paths` (loaded in the background, in order; [`Keeper::wait_idle`] waits for them).
-    /// A file it keeps already is left as it is; a file that does not fit the budget is an error naming it.
+    /// Starts keeping the files or objects (URLs) `paths` (loaded in the background, in order;
+    /// [`Keeper::wait_idle`] waits for them). One it keeps already is left as it is; one that does not fit the
+    /// budget, or an object without an ETag, is an error naming it.
     pub fn keep(&self, paths: &[PathBuf]) -> Result<()> {
         for p in paths {
+            if let weightlift_remote::Location::Object(url) =
+                weightlift_remote::Location::new(p).map_err(|e| Error::Io(weightlift_io::IoError::Remote(e)))?
+            {
+                // One request (the first byte) pins the object's version: it is kept at that ETag.
+                let object =
+                    weightlift_remote::Object::open(&url).map_err(|e| Error::Io(weightlift_io::IoError::Remote(e)))?;
+                let shown = display_url(url.as_str());
+                let Some(etag) = object.etag() else {
+                    return Err(Error::InvalidArgument(format!(
+                        "{shown}: its store gives no ETag, which would tell a later version from this one; not kept"
+                    )));
+                };
+                let key = Key::Object(ObjectStamp {
+                    url: url.as_str().to_string(),
+                    etag: etag.to_string(),
+                    len: object.len(),
+                });
+                self.shared.failures.lock().unwrap_or_else(|p| p.into_inner()).remove(&key);
+                self.shared
+                    .enqueue(key, None, shown.clone())
+                    .map_err(|why| Error::InvalidArgument(format!("{shown}: {why}")))?;
+                continue;
+            }
             let f = std::fs::File::open(p)
                 .map_err(|cause| Error::Io(weightlift_io::IoError::Open { path: p.clone(), cause }))?;
             let fd: OwnedFd = f.into();
@@ -200,7 +232,7 @@ impl Keeper {
             }
             let stamp = Stamp::of(&fd).map_err(|e| Error::InvalidArgument(format!("{}: {e}", p.display())))?;
             self.shared
-                .enqueue(stamp, fd, p.display().to_string())
+                .enqueue(Key::File(stamp), Some(fd), p.display().to_string())
                 .map_err(|why| Error::InvalidArgument(format!("{}: {why}", p.display())))?;
         }
         Ok(())
@@ -305,31 +337,31 @@ impl Shared {
             device: self.device.to_string(),
             budget: reg.budget(),
             used: reg.used(),
-            entries: reg.status(|s| s.len),
+            entries: reg.status(),
             served: self.served.load(Ordering::Relaxed),
             failed: self.failed.load(Ordering::Relaxed),
         }
     }
 
-    /// Reserves room for `stamp` and queues its load; `Ok(false)` if it is held already.
-    fn enqueue(&self, stamp: Stamp, fd: OwnedFd, path: String) -> std::result::Result<bool, String> {
+    /// Reserves room for `key` and queues its load (from `fd` for a file); `Ok(false)` if it is held already.
+    fn enqueue(&self, key: Key, fd: Option<OwnedFd>, path: String) -> std::result::Result<bool, String> {
         let evicted = {
             let mut reg = self.lock();
-            match reg.find(&stamp) {
+            match reg.find(&key) {
                 Found::Ready(_) | Found::Loading => return Ok(false),
                 Found::Absent { .. } => {}
             }
-            match reg.begin(stamp, self.bytes_for(stamp.len), path.clone()) {
+            match reg.begin(key.clone(), self.bytes_for(key.len()), path.clone()) {
                 Ok(evicted) => evicted,
                 Err(Refused::Held) => return Ok(false),
                 Err(Refused::OverBudget(why)) => return Err(why),
             }
         };
         drop(evicted); // freed outside the lock
-        let sent =
-            self.jobs.lock().unwrap_or_else(|p| p.into_inner()).as_ref().map(|tx| tx.send(Job { stamp, fd, path }));
+        let job = Job { key: key.clone(), fd, path };
+        let sent = self.jobs.lock().unwrap_or_else(|p| p.into_inner()).as_ref().map(|tx| tx.send(job));
         if !matches!(sent, Some(Ok(()))) {
-            let _ = self.lock().finish(&stamp, None);
+            let _ = self.lock().finish(&key, None);
             return Err("the keeper is stopping".into());
         }
         Ok(true)
@@ -343,17 +375,24 @@ impl Shared {
         match &kept {
             Ok(_) => tracing::info!(
                 path = %job.path,
-                bytes = job.stamp.len,
+                bytes = job.key.len(),
                 secs = t.elapsed().as_secs_f64(),
                 "keeper: kept"
             ),
             Err(e) => {
                 self.failed.fetch_add(1, Ordering::Relaxed);
                 tracing::warn!(path = %job.path, "keeper: not kept: {e}");
+                if matches!(job.key, Key::Object(_)) {
+                    let mut failures = self.failures.lock().unwrap_or_else(|p| p.into_inner());
+                    if failures.len() >= FAILURES_KEPT {
+                        failures.clear();
+                    }
+                    failures.insert(job.key.clone(), e.to_string());
+                }
             }
         }
         let held = kept.ok().map(|memory| Arc::new(Held { memory, file: job.fd }));
-        let dropped = self.lock().finish(&job.stamp, held);
+        let dropped = self.lock().finish(&job.key, held);
         drop(dropped);
         if !ok {
             tracing::debug!("keeper: load failed");
@@ -363,33 +402,28 @@ impl Shared {
 
     fn fill(&self, engine: &Engine, job: &Job) -> Result<Kept> {
         let changed = || Error::InvalidArgument(format!("{} changed while the keeper read it", job.path));
-        // File times come from a clock that advances in ticks (up to 10 ms): a write in the tick of the stamp
-        // would leave it as it is. Reading starts two ticks after the file's last change, from a stamp taken then,
-        // so that any later write shows in the stamp checked after the read.
-        let newest = job.stamp.mtime_ns.max(job.stamp.ctime_ns);
-        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as i64);
-        let wait = newest + 20_000_000 - now;
-        if wait > 1_000_000_000 {
-            return Err(Error::InvalidArgument(format!("{}: its times lie in the future; not kept", job.path)));
-        }
-        if wait > 0 {
-            std::thread::sleep(std::time::Duration::from_nanos(wait as u64));
-            if Stamp::of(&job.fd).ok() != Some(job.stamp) {
-                return Err(changed());
+        let source = match (&job.key, &job.fd) {
+            (Key::File(stamp), Some(fd)) => {
+                settle(stamp, fd, &job.path)?;
+                // The client's descriptor, reopened through /proc: the same inode, whatever its path names now.
+                let path = PathBuf::from(format!("/proc/self/fd/{}", fd.as_raw_fd()));
+                (stamp.len > 0).then(|| OpenFile::open(&path, true)).transpose()?
             }
-        }
+            (Key::Object(o), _) => Some(open_object(o)?),
+            (Key::File(_), None) => {
+                return Err(Error::InvalidArgument(format!("{}: a file to keep without its descriptor", job.path)));
+            }
+        };
         let gpu = self.gpu.as_ref().map(|(g, gr)| (g, *gr));
-        let filling = Filling::create(gpu, job.stamp.len)?;
+        let len = job.key.len();
+        let filling = Filling::create(gpu, len)?;
         let ordinal = match self.device {
             Device::Cuda(n) => n,
             _ => 0,
         };
-        if job.stamp.len > 0 {
-            // The client's descriptor, reopened through /proc: the same inode, whatever its path names now.
-            let path = PathBuf::from(format!("/proc/self/fd/{}", job.fd.as_raw_fd()));
-            let file = Arc::new(OpenFile::open(&path, true)?);
-            let files = [file];
-            let ranges = [ByteRange::new(0, 0, job.stamp.len, 0)];
+        if let Some(file) = source.filter(|_| len > 0) {
+            let files = [Arc::new(file)];
+            let ranges = [ByteRange::new(0, 0, len, 0)];
             let dests = [filling.dest(ordinal)];
             let req = ReadRequest::new(Sources::Open(&files), &ranges, Dests::Memory(&dests));
             // SAFETY: the destination is the new memory, `filling.bytes()` long, which nothing else can reach
@@ -399,9 +433,13 @@ impl Shared {
                 g.synchronize()?;
             }
         }
-        let after = Stamp::of(&job.fd).map_err(|e| Error::InvalidArgument(format!("{}: {e}", job.path)))?;
-        if after != job.stamp {
-            return Err(changed());
+        // A file is checked again after the read; an object's GETs each asked for its ETag (a replaced object
+        // fails them).
+        if let (Key::File(stamp), Some(fd)) = (&job.key, &job.fd) {
+            let after = Stamp::of(fd).map_err(|e| Error::InvalidArgument(format!("{}: {e}", job.path)))?;
+            if after != *stamp {
+                return Err(changed());
+            }
         }
         filling.seal()
     }
@@ -428,7 +466,7 @@ impl Shared {
                 return;
             }
         }
-        let mut leases: Vec<Stamp> = Vec::new();
+        let mut leases: Vec<Key> = Vec::new();
         loop {
             let (req, fds) = match wire::recv::<Request>(conn.as_fd()) {
                 Ok(r) => r,
@@ -440,8 +478,10 @@ impl Shared {
             };
             let reply = match req {
                 Request::Status { proto } if proto == PROTO && fds.is_empty() => Ok((self.status(), Vec::new())),
-                Request::Get { proto, device, uuid, files, keep } if proto == PROTO && files == fds.len() => {
-                    self.get(&device, uuid.as_deref(), fds, keep, &mut leases)
+                Request::Get { proto, device, uuid, inputs, keep }
+                    if proto == PROTO && inputs.iter().filter(|i| matches!(i, Input::File)).count() == fds.len() =>
+                {
+                    self.get(&device, uuid.as_deref(), inputs, fds, keep, &mut leases)
                 }
                 Request::Status { proto } | Request::Get { proto, .. } if proto != PROTO => {
                     Err(format!("protocol {proto} asked; this keeper speaks {PROTO}"))
@@ -470,15 +510,16 @@ impl Shared {
         drop(freed);
     }
 
-    /// Serves a Get: every file kept → a hit with one descriptor each (leased until the connection ends);
-    /// otherwise a miss, and (with `keep`) the files not kept queued for loading.
+    /// Serves a Get: every input kept → a hit with one descriptor each (leased until the connection ends);
+    /// otherwise a miss, and (with `keep`) the inputs not kept queued for loading.
     fn get(
         &self,
         device: &str,
         uuid: Option<&str>,
+        inputs: Vec<Input>,
         fds: Vec<OwnedFd>,
         keep: bool,
-        leases: &mut Vec<Stamp>,
+        leases: &mut Vec<Key>,
     ) -> std::result::Result<(Reply, Vec<OwnedFd>), String> {
         let mine = self.device.to_string();
         if device != mine || (uuid.is_some() && self.uuid.is_some() && uuid != self.uuid.as_deref()) {
@@ -489,20 +530,34 @@ impl Shared {
                 Vec::new(),
             ));
         }
-        let mut stamps = Vec::with_capacity(fds.len());
-        for fd in &fds {
-            if !Stamp::is_regular(fd).unwrap_or(false) {
-                return Err("a descriptor that is not a regular file".into());
+        let mut fds = fds.into_iter();
+        let mut stamps = Vec::with_capacity(inputs.len());
+        let mut files: Vec<Option<OwnedFd>> = Vec::with_capacity(inputs.len());
+        let mut paths: Vec<String> = Vec::with_capacity(inputs.len());
+        for input in inputs {
+            match input {
+                Input::File => {
+                    let fd = fds.next().ok_or("fewer descriptors than files")?;
+                    if !Stamp::is_regular(&fd).unwrap_or(false) {
+                        return Err("a descriptor that is not a regular file".into());
+                    }
+                    stamps.push(Key::File(Stamp::of(&fd).map_err(|e| format!("fstat: {e}"))?));
+                    paths.push(
+                        std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd()))
+                            .map_or_else(|_| "?".into(), |p| p.display().to_string()),
+                    );
+                    files.push(Some(fd));
+                }
+                Input::Object(o) => {
+                    if o.etag.is_empty() || !weightlift_remote::is_url(&o.url) {
+                        return Err(format!("an object without an ETag or a URL ({})", o.display_url()));
+                    }
+                    paths.push(o.display_url());
+                    stamps.push(Key::Object(o));
+                    files.push(None);
+                }
             }
-            stamps.push(Stamp::of(fd).map_err(|e| format!("fstat: {e}"))?);
         }
-        let paths: Vec<String> = fds
-            .iter()
-            .map(|fd| {
-                std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd()))
-                    .map_or_else(|_| "?".into(), |p| p.display().to_string())
-            })
-            .collect();
         let mut reg = self.lock();
         let gone = reg.retire_where(Held::is_gone);
         let found: Vec<Found<Held>> = stamps.iter().map(|s| reg.find(s)).collect();
@@ -536,11 +591,19 @@ impl Shared {
         drop(gone);
         let absent: Vec<usize> = (0..found.len()).filter(|&i| matches!(found[i], Found::Absent { .. })).collect();
         let total = stamps.len();
+        // An object the keeper failed to fetch is not fetched again for every load (a new version, or a keep of it
+        // by name, is).
+        let failed: Option<String> = {
+            let failures = self.failures.lock().unwrap_or_else(|p| p.into_inner());
+            absent.iter().find_map(|&i| failures.get(&stamps[i]).map(|why| format!("{}: {why}", paths[i])))
+        };
+        if let Some(why) = failed {
+            return Ok((miss("failed", format!("the keeper could not fetch it: {why}")), Vec::new()));
+        }
         if keep && !absent.is_empty() {
-            let mut fds: Vec<Option<OwnedFd>> = fds.into_iter().map(Some).collect();
             for &i in &absent {
-                let fd = fds[i].take().expect("each descriptor is taken once");
-                if let Err(why) = self.enqueue(stamps[i], fd, paths[i].clone()) {
+                let fd = files[i].take();
+                if let Err(why) = self.enqueue(stamps[i].clone(), fd, paths[i].clone()) {
                     return Ok((miss("over_budget", format!("{}: {why}", paths[i])), Vec::new()));
                 }
             }
@@ -559,4 +622,43 @@ impl Shared {
         let (code, what) = if changed { ("changed", "changed since it was kept") } else { ("not_kept", "not kept") };
         Ok((miss(code, format!("{} of {total} file(s) {what}", absent.len())), Vec::new()))
     }
+}
+
+/// Waits until a file's last change is two clock ticks old. File times come from a clock that advances in ticks (up
+/// to 10 ms): a write in the tick of the stamp would leave it as it is. Reading starts two ticks after the file's last
+/// change, from a stamp taken then, so that any later write shows in the stamp checked after the read.
+fn settle(stamp: &Stamp, fd: &OwnedFd, path: &str) -> Result<()> {
+    let newest = stamp.mtime_ns.max(stamp.ctime_ns);
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as i64);
+    let wait = newest + 20_000_000 - now;
+    if wait > 1_000_000_000 {
+        return Err(Error::InvalidArgument(format!("{path}: its times lie in the future; not kept")));
+    }
+    if wait > 0 {
+        std::thread::sleep(std::time::Duration::from_nanos(wait as u64));
+        if Stamp::of(fd).ok().as_ref() != Some(stamp) {
+            return Err(Error::InvalidArgument(format!("{path} changed while the keeper read it")));
+        }
+    }
+    Ok(())
+}
+
+/// Opens the object `o` names at its ETag, with the keeper's own credentials and settings: a store that now gives
+/// another version (or another length) is refused.
+fn open_object(o: &ObjectStamp) -> Result<OpenFile> {
+    let remote = |e| Error::Io(weightlift_io::IoError::Remote(e));
+    let url = weightlift_remote::ObjectUrl::parse(&o.url).map_err(remote)?;
+    let file = OpenFile::open_object(&url, Some(&o.etag))?;
+    let etag = file.object().and_then(|x| x.etag().map(str::to_string));
+    if etag.as_deref() != Some(o.etag.as_str()) || file.len != o.len {
+        return Err(Error::InvalidArgument(format!(
+            "{}: the keeper finds it at ETag {} and {} bytes, the load at ETag {} and {} bytes",
+            o.display_url(),
+            etag.as_deref().unwrap_or("(none)"),
+            file.len,
+            o.etag,
+            o.len
+        )));
+    }
+    Ok(file)
 }

@@ -14,8 +14,9 @@ use rustix::net::{
 };
 use serde::{Deserialize, Serialize};
 
-/// The protocol's version: a keeper answers a request of another version with an error naming both.
-pub const PROTO: u32 = 1;
+/// The protocol's version: a keeper answers a request of another version with an error naming both. (2: a load's
+/// inputs may be objects.)
+pub const PROTO: u32 = 2;
 
 /// Largest frame, in bytes (frames are a few hundred bytes; a larger one is refused).
 pub const MAX_FRAME: usize = 64 << 10;
@@ -27,8 +28,8 @@ pub const MAX_FDS: usize = 250;
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(tag = "op", rename_all = "snake_case")]
 pub enum Request {
-    /// The files of a load, one descriptor each (opened by the client, in the load's order): served if every one is
-    /// kept, else (with `keep`) loaded by the keeper for the next process.
+    /// The inputs of a load, in its order: local files (one descriptor each, opened by the client, in the same
+    /// order) and objects: served if every one is kept, else (with `keep`) loaded by the keeper for the next process.
     Get {
         /// The client's protocol version.
         proto: u32,
@@ -36,8 +37,8 @@ pub enum Request {
         device: String,
         /// That device's UUID, where it has one (GPUs).
         uuid: Option<String>,
-        /// How many descriptors the frame carries.
-        files: usize,
+        /// The load's inputs; as many are files as the frame carries descriptors.
+        inputs: Vec<Input>,
         /// Whether the keeper should load what it does not keep yet.
         keep: bool,
     },
@@ -48,10 +49,20 @@ pub enum Request {
     },
 }
 
+/// One input of a load.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum Input {
+    /// A local file: the frame's next descriptor.
+    File,
+    /// An object, as the client opened it (the keeper fetches it at that ETag with its own credentials).
+    Object(super::stamp::ObjectStamp),
+}
+
 /// One kept file, as the status lists it.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
 pub struct EntryStatus {
-    /// The path the file had when it was first asked for.
+    /// The path the file had when it was first asked for, or the object's URL (without credentials or query).
     pub path: String,
     /// Its length in bytes.
     pub len: u64,
@@ -67,14 +78,14 @@ pub struct EntryStatus {
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(tag = "op", rename_all = "snake_case")]
 pub enum Reply {
-    /// Every file is kept: one descriptor per file follows in this frame, each the memory holding the whole file.
+    /// Every input is kept: one descriptor per input follows in this frame, each the memory holding all its bytes.
     Hit {
         /// The keeper's protocol version.
         proto: u32,
-        /// Each file's memory size in bytes (the descriptor's mapping length).
+        /// Each input's memory size in bytes (the descriptor's mapping length).
         sizes: Vec<u64>,
-        /// Each file's identity as the keeper read it (the client checks it against its own descriptor's).
-        stamps: Vec<super::stamp::Stamp>,
+        /// Each input's identity as the keeper keeps it (the client checks it against its own).
+        stamps: Vec<super::stamp::Key>,
     },
     /// Not served; the client loads as usual.
     Miss {

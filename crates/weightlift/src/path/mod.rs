@@ -42,6 +42,22 @@ pub struct ResolvedPath {
     pub(crate) imp: Box<dyn GpuPath>,
 }
 
+impl ResolvedPath {
+    /// Refuses a read of objects on a path that reads local files only (objects are read through the pinned
+    /// pipeline).
+    pub(crate) fn refuse_objects(&self, files: &[std::sync::Arc<weightlift_io::OpenFile>]) -> Result<()> {
+        match files.iter().find(|f| f.object().is_some()) {
+            Some(object) if self.kind != PathKind::Pipeline => Err(Error::InvalidArgument(format!(
+                "{}: objects are read through the pinned pipeline; the {:?} path ({}) reads local files only",
+                object.path.display(),
+                self.kind,
+                self.reason
+            ))),
+            _ => Ok(()),
+        }
+    }
+}
+
 impl std::fmt::Debug for ResolvedPath {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ResolvedPath").field("kind", &self.kind).field("reason", &self.reason).finish()
