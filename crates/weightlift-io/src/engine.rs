@@ -1,7 +1,7 @@
 //! The engine's persistent lanes and the queue of jobs they serve.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -38,18 +38,78 @@ pub struct StagingPrepared {
     pub wait_thread_secs: f64,
 }
 
+/// The lanes: started on first use ([`Threads::started`]), not with the engine. A load served without reading
+/// (from a keeper, say) then never pays for them: 16 threads with their rings took 0.6-1.2 ms of a fresh process's
+/// engine (on the 2-core VM; the H100 machine's 16-lane engine cost a keeper-served `load_file` 1.0-1.3 ms).
 struct Threads {
     shared: Arc<Shared>,
-    handles: Vec<JoinHandle<()>>,
+    /// How many lanes, and how each reads.
+    count: usize,
+    uring: bool,
+    queue_depth: usize,
+    handles: OnceLock<Vec<JoinHandle<()>>>,
+    /// One start at a time.
+    starting: Mutex<()>,
     /// One staging set-up request at a time.
     preparing: Mutex<()>,
+}
+
+impl Threads {
+    /// The lanes' threads, started now if they are not yet (a ring that cannot be made fails this call; a later
+    /// one tries again).
+    fn started(&self) -> Result<&[JoinHandle<()>], IoError> {
+        if let Some(h) = self.handles.get() {
+            return Ok(h);
+        }
+        let _one = self.starting.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(h) = self.handles.get() {
+            return Ok(h);
+        }
+        let mut lanes: Vec<Lane> = Vec::with_capacity(self.count);
+        for id in 0..self.count {
+            let io: Box<dyn Submitter> = if self.uring {
+                Box::new(crate::uring::Ring::new(self.queue_depth)?)
+            } else {
+                Box::new(crate::pread::Blocking::default())
+            };
+            lanes.push(Lane::new(id, Box::new(crate::objects::WithObjects::new(io)), self.shared.clone()));
+        }
+        let mut handles = Vec::with_capacity(self.count);
+        for (id, lane) in lanes.into_iter().enumerate() {
+            let mine = self.shared.clone();
+            let spawned = std::thread::Builder::new().name(format!("weightlift-io-{id}")).spawn(move || {
+                // A lane catches its own panics (`Lane::run`: its jobs fail once it has drained). One that escapes
+                // that handler still marks the engine broken, so that later loads and set-up requests fail with
+                // the reason; the jobs the lane had joined then keep waiting.
+                if let Err(p) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| lane.run())) {
+                    let why = panic_text(&*p);
+                    mine.mark_broken(&format!("lane {id} panicked: {why}"));
+                    mine.notify();
+                }
+            });
+            match spawned {
+                Ok(h) => handles.push(h),
+                Err(e) => {
+                    // The lanes started so far stop (they serve nothing yet), and a later call tries again.
+                    self.shared.shutdown.store(true, Ordering::Relaxed);
+                    self.shared.notify();
+                    for h in handles {
+                        let _ = h.join();
+                    }
+                    self.shared.shutdown.store(false, Ordering::Relaxed);
+                    return Err(IoError::Thread(e));
+                }
+            }
+        }
+        Ok(self.handles.get_or_init(|| handles))
+    }
 }
 
 impl Drop for Threads {
     fn drop(&mut self) {
         self.shared.shutdown.store(true, Ordering::Relaxed);
         self.shared.notify();
-        for h in self.handles.drain(..) {
+        for h in self.handles.take().unwrap_or_default() {
             let _ = h.join();
         }
     }
@@ -67,7 +127,7 @@ pub struct IoEngine {
 
 impl std::fmt::Debug for IoEngine {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("IoEngine").field("lanes", &self.threads.handles.len()).field("uring", &self.uring).finish()
+        f.debug_struct("IoEngine").field("lanes", &self.threads.count).field("uring", &self.uring).finish()
     }
 }
 
@@ -90,7 +150,8 @@ impl std::fmt::Display for ReadEngineUsed {
 }
 
 impl IoEngine {
-    /// Starts the lanes. `origin` says who chose `params.engine` (for the report and errors).
+    /// Makes the engine; its lanes start on first use. `origin` says who chose `params.engine` (for the report and
+    /// errors).
     pub fn new(params: IoParams, origin: &str) -> Result<IoEngine, IoError> {
         params.validate()?;
         // Before the lanes' threads and rings: in a process with one thread this is free (see `fdtable`).
@@ -107,30 +168,15 @@ impl IoEngine {
         let threads = params.threads as usize;
         let lanes = if uring { threads } else { (threads * params.queue_depth as usize).clamp(1, MAX_PREAD_LANES) };
         let shared = Arc::new(Shared::new((params.staging_bytes / lanes as u64).max(4096), params.staging_pages));
-        let mut t = Threads { shared: shared.clone(), handles: Vec::with_capacity(lanes), preparing: Mutex::new(()) };
-        for id in 0..lanes {
-            let io: Box<dyn Submitter> = if uring {
-                Box::new(crate::uring::Ring::new(params.queue_depth as usize)?)
-            } else {
-                Box::new(crate::pread::Blocking::default())
-            };
-            let lane = Lane::new(id, Box::new(crate::objects::WithObjects::new(io)), shared.clone());
-            let mine = shared.clone();
-            let h = std::thread::Builder::new()
-                .name(format!("weightlift-io-{id}"))
-                .spawn(move || {
-                    // A lane catches its own panics (`Lane::run`: its jobs fail once it has drained). One that
-                    // escapes that handler still marks the engine broken, so that later loads and set-up requests
-                    // fail with the reason; the jobs the lane had joined then keep waiting.
-                    if let Err(p) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| lane.run())) {
-                        let why = panic_text(&*p);
-                        mine.mark_broken(&format!("lane {id} panicked: {why}"));
-                        mine.notify();
-                    }
-                })
-                .map_err(IoError::Thread)?;
-            t.handles.push(h);
-        }
+        let t = Threads {
+            shared,
+            count: lanes,
+            uring,
+            queue_depth: params.queue_depth as usize,
+            handles: OnceLock::new(),
+            starting: Mutex::new(()),
+            preparing: Mutex::new(()),
+        };
         Ok(IoEngine { threads: Arc::new(t), params, uring, reason: reason.into() })
     }
 
@@ -139,9 +185,14 @@ impl IoEngine {
         &self.params
     }
 
-    /// How many lanes (I/O threads) the engine runs.
+    /// How many lanes (I/O threads) the engine runs (once started: they start with its first job).
     pub fn lanes(&self) -> usize {
-        self.threads.handles.len()
+        self.threads.count
+    }
+
+    /// Whether the lanes have started (they start with the first job or staging set-up).
+    pub fn started(&self) -> bool {
+        self.threads.handles.get().is_some()
     }
 
     /// The kernel interface in use, and why.
@@ -155,6 +206,7 @@ impl IoEngine {
 
     /// Queues `job` for the lanes.
     pub(crate) fn submit(&self, job: Arc<Job>) -> Result<(), IoError> {
+        self.threads.started()?;
         let shared = self.shared();
         if let Some(why) = shared.broken.lock().unwrap_or_else(|p| p.into_inner()).clone() {
             return Err(IoError::Panicked(why));
@@ -189,6 +241,7 @@ impl IoEngine {
     ) -> Result<StagingPrepared, IoError> {
         let t = std::time::Instant::now();
         let _one = self.threads.preparing.lock().unwrap_or_else(|p| p.into_inner());
+        let handles = self.threads.started()?;
         let shared = self.shared();
         // The shape of a warm load's staging: chunk-sized slots (within the lane's share), as a load plans them.
         let slot_bytes = self.params.chunk_bytes.min(shared.staging_per_lane() / 4096 * 4096).max(4096);
@@ -219,7 +272,7 @@ impl IoEngine {
         while a.count < all {
             let broken = shared.broken.lock().unwrap_or_else(|p| p.into_inner()).clone();
             // A lane thread that ended while the engine lives died (a panic) and will never answer.
-            let dead = self.threads.handles.iter().position(JoinHandle::is_finished);
+            let dead = handles.iter().position(JoinHandle::is_finished);
             if let Some(why) = broken.or_else(|| dead.map(|i| format!("lane {i} stopped"))) {
                 drop(a);
                 withdraw();

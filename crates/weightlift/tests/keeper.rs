@@ -106,11 +106,14 @@ fn a_kept_checkpoint_is_served_byte_exact_and_a_load_it_misses_is_kept_for_the_n
     // Where the time went, step by step.
     assert!(["device ", "asked ", "mapped ", "copied "].iter().all(|s| note.contains(s)), "{note}");
     check_bytes(&loaded, &index);
+    // Nothing was read from storage: the engine's I/O lanes never started.
+    assert!(!e.io().started());
     // Two files, one not kept: read from the files, the reason said, and the keeper loads the missing one.
     let (loaded, index) = load(&e, &[a.clone(), b.clone()]);
     assert_ne!(loaded.report.path, PathUsed::Keeper);
     let why = loaded.report.keeper.clone().unwrap();
     assert!(why.contains("1 of 2 file(s) not kept") && why.contains("loading them now"), "{why}");
+    assert!(e.io().started(), "a load from the files starts the lanes");
     // The keeper was asked to keep the missing file only once this load had read it (not beside it).
     let (before_load, after_load) = why.split_once("; after the load: ").expect("asked after the load");
     assert!(!before_load.contains("loading"), "{why}");
