@@ -263,13 +263,18 @@ fn ask_inner(
                 return Err(at("no copy was planned".into()));
             };
             let (dest, _) = dest.map_err(|e| at(e.to_string()))?;
+            let copies = plan.runs.iter().filter(|r| r.3 > 0).count();
             let datas = copy_on_device(g, &imported, entries, plan, dest, lane, opts, &mut phases)
                 .map_err(|e| at(e.to_string()))?;
             drop(imported);
             drop(conn); // the copy is done: the leases end
             (
                 datas,
-                format!("copied device to device into {}", opts.device_alloc.map_or("the pool".into(), |a| a.name())),
+                format!(
+                    "copied device to device into {} in {copies} cop{}",
+                    opts.device_alloc.map_or("the pool".into(), |a| a.name()),
+                    if copies == 1 { "y" } else { "ies" }
+                ),
             )
         }
         None => {
@@ -298,25 +303,57 @@ fn ask_inner(
     Ok((datas, report))
 }
 
-/// Where a copy puts the load's blocks: placed as a load from files places them (each at a 256-byte multiple), all
-/// in one allocation of `total` bytes (a fresh process pays per allocation: one for the load, not one per block).
+/// Where a copy puts the load's blocks: all in one allocation of `total` bytes (a fresh process pays per allocation:
+/// one for the load, not one per block). A load from files gives each block an allocation of its own, so that each
+/// tensor lands 256-aligned (a large one) or as aligned as in the file mod 256 (one in a shared block). Here a block
+/// goes where it keeps its distance from the block before it in the file, if that leaves each of its tensors at
+/// least that aligned and carries at most [`placement::GAP_MAX`] bytes between them along: the two are then one copy
+/// (a checkpoint whose tensors are multiples of 256 bytes, as most are, is one copy instead of one per large tensor:
+/// copies of a few MiB each run well below the device's copy rate). Otherwise it starts a new copy at the next
+/// 256-byte multiple.
 struct CopyPlan {
     placement: placement::Placement,
     starts: Vec<u64>,
     total: u64,
+    /// The copies: (file, source offset, destination offset, bytes), each covering one or more whole blocks.
+    runs: Vec<(usize, u64, u64, u64)>,
+}
+
+/// The alignment of `x`, up to [`placement::DEVICE_ALIGN`].
+fn alignment(x: u64) -> u64 {
+    (1u64 << x.trailing_zeros().min(63)).min(placement::DEVICE_ALIGN)
 }
 
 impl CopyPlan {
     fn new(entries: &[&TensorEntry], align: Option<u64>) -> CopyPlan {
         let placement = placement::pack_aligned(entries, align);
-        let mut starts = Vec::with_capacity(placement.blocks.len());
-        let mut total = 0u64;
-        for b in &placement.blocks {
-            total = total.next_multiple_of(placement::DEVICE_ALIGN);
-            starts.push(total);
-            total += b.len;
+        let mut inside: Vec<Vec<u64>> = vec![Vec::new(); placement.blocks.len()];
+        for &(b, offset) in &placement.tensors {
+            inside[b].push(offset);
         }
-        CopyPlan { placement, starts, total }
+        let mut starts = Vec::with_capacity(placement.blocks.len());
+        let mut runs: Vec<(usize, u64, u64, u64)> = Vec::new();
+        let mut total = 0u64;
+        let mut prev: Option<(placement::Block, u64)> = None;
+        for (b, offsets) in placement.blocks.iter().zip(&inside) {
+            // The place that keeps this block's distance from the previous one (blocks come in file order; a shared
+            // block may start before the previous block's end, at its first tensor's offset rounded down to 256:
+            // at the same distance, the bytes both hold are the same).
+            let keeps = prev.and_then(|(p, at)| {
+                let there = (at + b.start).checked_sub(p.start)?;
+                let aligned = offsets.iter().all(|&o| alignment(there + o) >= alignment(o));
+                (p.file == b.file && aligned && there.saturating_sub(at + p.len) <= placement::GAP_MAX).then_some(there)
+            });
+            let at = keeps.unwrap_or_else(|| total.next_multiple_of(placement::DEVICE_ALIGN));
+            match (keeps, runs.last_mut()) {
+                (Some(_), Some(run)) => run.3 = (run.2 + run.3).max(at + b.len) - run.2,
+                _ => runs.push((b.file, b.start, at, b.len)),
+            }
+            starts.push(at);
+            total = total.max(at + b.len);
+            prev = Some((*b, at));
+        }
+        CopyPlan { placement, starts, total, runs }
     }
 }
 
@@ -355,21 +392,22 @@ fn copy_on_device(
         // SAFETY: the allocator promises its stream lives in this context.
         unsafe { weightlift_cuda::wait_for_stream(gpu, &stream, a.ready_stream()) }?;
     }
-    let CopyPlan { placement, starts, .. } = plan;
-    for (b, &start) in placement.blocks.iter().zip(&starts) {
-        if b.len == 0 {
+    let CopyPlan { placement, starts, runs, .. } = plan;
+    for &(file, from, to, len) in &runs {
+        if len == 0 {
             continue;
         }
-        let src = imported[b.file].device_ptr() + b.start;
-        // SAFETY: the block's range lies inside the allocation (`total` covers every block); the source lies inside
-        // the mapped file (the caller checked every tensor against the file's length, and a block spans tensors of
-        // one file); both live until the synchronisation below.
+        let src = imported[file].device_ptr() + from;
+        // SAFETY: the run lies inside the allocation (`total` covers every block, and a run ends with its last
+        // block); the source lies inside the mapped file (the caller checked every tensor against the file's
+        // length; a run spans blocks of one file, from its first block's start to its last one's end); both live
+        // until the synchronisation below.
         unsafe {
             weightlift_cuda::vmm::copy_device_to_device(
                 gpu,
-                buf.device_ptr() + start,
+                buf.device_ptr() + to,
                 src,
-                b.len as usize,
+                len as usize,
                 stream.cu_stream(),
             )
         }?;
@@ -450,4 +488,88 @@ fn copy_on_host(
         }
     });
     Ok(bufs.into_iter().map(TensorData::Host).collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use weightlift_format::DType;
+
+    fn t(file: usize, offset: u64, nbytes: u64) -> TensorEntry {
+        TensorEntry { name: format!("t{file}-{offset}"), dtype: DType::U8, shape: vec![nbytes], file, offset, nbytes }
+    }
+
+    /// Runs the plan's copies on host memory and checks every tensor lands whole at its place, every block start
+    /// at a multiple of 256 and within `total`; returns how many copies it took.
+    fn check(entries: &[TensorEntry]) -> usize {
+        let files: Vec<Vec<u8>> = (0..2)
+            .map(|f| {
+                let len = entries.iter().filter(|e| e.file == f).map(|e| e.end()).max().unwrap_or(0);
+                (0..len).map(|i| (i as u8).wrapping_mul(31).wrapping_add(f as u8 * 7 + 1)).collect()
+            })
+            .collect();
+        let refs: Vec<&TensorEntry> = entries.iter().collect();
+        let plan = CopyPlan::new(&refs, None);
+        let mut dest = vec![0u8; plan.total as usize];
+        for &(file, from, to, len) in &plan.runs {
+            dest[to as usize..(to + len) as usize].copy_from_slice(&files[file][from as usize..(from + len) as usize]);
+        }
+        for (e, &(b, off)) in entries.iter().zip(&plan.placement.tensors) {
+            let at = (plan.starts[b] + off) as usize;
+            // At least as aligned as a load from the files places it (its block at a 256-byte multiple).
+            assert!(alignment(at as u64) >= alignment(off), "{}", e.name);
+            assert!(
+                dest[at..at + e.nbytes as usize] == files[e.file][e.offset as usize..e.end() as usize],
+                "{}",
+                e.name
+            );
+        }
+        plan.runs.len()
+    }
+
+    #[test]
+    fn tensors_of_256_byte_multiples_are_one_copy_and_others_land_right() {
+        // Large tensors, sizes multiples of 256, from an unaligned data start (as safetensors writes): one copy.
+        let base = 8 + 1000;
+        let mut e = Vec::new();
+        let mut at = base;
+        for n in [4 << 20, 2 << 20, 10240, 512, 3 << 20] {
+            e.push(t(0, at, n));
+            at += n;
+        }
+        assert_eq!(check(&e), 1);
+        // A size that is not a multiple of 256 breaks the run after it; another file starts a new one; a subset
+        // (a gap past GAP_MAX in the file) does not copy the gap.
+        e.push(t(0, at, (2 << 20) + 3));
+        e.push(t(0, at + (2 << 20) + 3, 4 << 20));
+        e.push(t(0, at + (40 << 20), 2 << 20));
+        e.push(t(1, 8, 3 << 20));
+        e.push(t(1, 8 + (3 << 20), 1 << 20));
+        assert_eq!(check(&e), 4);
+        let refs: Vec<&TensorEntry> = e.iter().collect();
+        let wanted: u64 = e.iter().map(|x| x.nbytes).sum();
+        assert!(CopyPlan::new(&refs, None).total < wanted + (1 << 20), "a gap past GAP_MAX is not carried along");
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(64))]
+        // Any layout (sizes small and large, aligned or not, gaps, two files, a subset): every tensor lands whole at
+        // its place, at least as aligned as a load from the files places it.
+        #[test]
+        fn any_layout_lands_whole_and_aligned(
+            steps in proptest::collection::vec((0usize..2, 0u64..(3 << 19), 0u64..(100 << 10), proptest::bool::ANY), 1..24),
+            base in 8u64..2048,
+        ) {
+            let mut at = [base, base];
+            let mut e = Vec::new();
+            for (file, n, gap, aligned) in steps {
+                let n = if aligned { n / 256 * 256 + 256 } else { n + 1 };
+                let gap = if aligned { gap / 256 * 256 } else { gap };
+                at[file] += gap;
+                e.push(t(file, at[file], n));
+                at[file] += n;
+            }
+            check(&e);
+        }
+    }
 }
