@@ -93,12 +93,14 @@ impl Engine {
         let _restore = weightlift_cuda::ContextRestore::save(); // the caller's thread keeps its device
         let start = Instant::now();
         let entries = entries_at(index, which)?;
-        if index.files.iter().any(|f| weightlift_remote::is_url(&f.path.to_string_lossy())) {
-            return Ok(Err(None));
-        }
-        let files = self.open_files_writing(&index.files, &whole_files(index, which))?;
-        // Where the keeper does not serve them the caller reads them itself (a stream): the keeper may start now.
-        Ok(match crate::keep::ask(self, &files, &entries, device, opts, true) {
+        // Opened as parsing left them (objects at the ETag the header was read at, or their valid local copies): no
+        // request, no local copy written.
+        let files = self.open_index(index)?;
+        // Where the keeper does not serve them the caller reads them itself (a stream): the keeper may start on
+        // local files now, from the page cache the stream fills; an object it would fetch beside the stream, from
+        // the same network, so it is left to whole loads and `keep` by name.
+        let objects = files.iter().any(|f| f.object().is_some());
+        Ok(match crate::keep::ask(self, &files, &entries, device, opts, !objects) {
             Ok((datas, mut report)) => {
                 let tensors = entries.iter().zip(datas).map(|(t, data)| tensor_of(t, data)).collect();
                 report.files = index.files.iter().map(|f| f.path.clone()).collect();
