@@ -176,27 +176,28 @@ def test_a_client_killed_while_holding_a_handout_gives_its_lease_back(tmp_path, 
         assert k.status()["entries"][0]["leases"] == 0
 
 
-def test_an_object_is_kept_by_its_etag_and_served_to_another_process(tmp_path, private, s3):
+@pytest.mark.parametrize("device", DEVICES)
+def test_an_object_is_kept_by_its_etag_and_served_to_another_process(tmp_path, private, s3, device):
     """An object (S3, through s3s-fs) kept by URL from Python: another process's load_file and safe_open of that URL
-    are served by the keeper; once the object is replaced, it is read from the bucket (never the old version) and the new one is
-    kept for the next load."""
+    are served by the keeper; once the object is replaced, it is read from the bucket (never the old version) and the
+    new one is kept for the next load."""
     local = tmp_path / "m.safetensors"
     _checkpoint(local, 3)
     (s3 / "m.safetensors").write_bytes(local.read_bytes())
     url = "s3://bucket/m.safetensors"
     sock = private / "k.sock"
-    with weightlift.keep([url], device="cpu", socket=sock, budget="1GiB") as k:
+    with weightlift.keep([url], device=device, socket=sock, budget="1GiB") as k:
         assert [(e["path"], e["state"]) for e in k.status()["entries"]] == [(url, "ready")]
-        got = _load_elsewhere(url, "cpu", ref=local, WEIGHTLIFT_KEEPER=str(sock))
+        got = _load_elsewhere(url, device, ref=local, WEIGHTLIFT_KEEPER=str(sock))
         assert got["same"] and got["backend"] == "keeper", got
-        got = _load_elsewhere(url, "cpu", "safe_open", ref=local, WEIGHTLIFT_KEEPER=str(sock))
+        got = _load_elsewhere(url, device, "safe_open", ref=local, WEIGHTLIFT_KEEPER=str(sock))
         assert got["same"] and got["backend"] == "keeper", got
         _checkpoint(local, 4)
         (s3 / "m.safetensors").write_bytes(local.read_bytes())
-        got = _load_elsewhere(url, "cpu", ref=local, WEIGHTLIFT_KEEPER=str(sock))
+        got = _load_elsewhere(url, device, ref=local, WEIGHTLIFT_KEEPER=str(sock))
         assert got["same"] and got["backend"] != "keeper", got
         assert "changed since it was kept" in got["keeper"], got
         k.wait()
-        got = _load_elsewhere(url, "cpu", ref=local, WEIGHTLIFT_KEEPER=str(sock))
+        got = _load_elsewhere(url, device, ref=local, WEIGHTLIFT_KEEPER=str(sock))
         assert got["same"] and got["backend"] == "keeper", got
         assert [e["state"] for e in k.status()["entries"]] == ["ready"], k.status()
