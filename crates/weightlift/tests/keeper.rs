@@ -528,15 +528,15 @@ fn load_url(engine: &Engine, url: &str) -> (Loaded, weightlift::format::TensorIn
     load(engine, &[PathBuf::from(url)])
 }
 
-/// Every tensor byte against the local file the object was made from.
-fn check_bytes_of(loaded: &Loaded, index: &weightlift::format::TensorIndex, local: &Path) {
-    let file = std::fs::read(local).unwrap();
-    assert_eq!(index.tensors.len(), loaded.tensors.len());
-    for (t, got) in index.tensors.iter().zip(&loaded.tensors) {
-        let mut out = vec![0u8; t.nbytes as usize];
-        got.data.read_back(0, &mut out).unwrap();
-        assert!(out[..] == file[t.offset as usize..(t.offset + t.nbytes) as usize], "{}: bytes differ", t.name);
-    }
+/// A keeper on the CPU that reads objects with the tests' settings.
+fn object_keeper(socket: &Path) -> Keeper {
+    Keeper::start(KeeperConfig {
+        device: Device::Cpu,
+        socket: Some(socket.to_path_buf()),
+        budget: Some(1 << 30),
+        settings: object_settings().keeper(KeeperSocket::Off),
+    })
+    .unwrap()
 }
 
 #[test]
@@ -549,20 +549,14 @@ fn an_object_is_kept_by_its_etag_and_a_replaced_one_is_never_served() {
     let second = generate(dir.path(), "second.safetensors", 22, 3 << 20);
     let served = servers::put(&bucket.root, "m/model.safetensors", &first);
     let url = format!("{}/m/model.safetensors", bucket.base());
-    let k = Keeper::start(KeeperConfig {
-        device: Device::Cpu,
-        socket: Some(socket.clone()),
-        budget: Some(1 << 30),
-        settings: object_settings().keeper(KeeperSocket::Off),
-    })
-    .unwrap();
+    let k = object_keeper(&socket);
     let e = Engine::new(object_settings().keeper(KeeperSocket::Path(socket.clone()))).unwrap();
     // Not kept yet: read from the bucket, and the keeper asked to keep it once the load has read it.
     let (loaded, index) = load_url(&e, &url);
     assert_ne!(loaded.report.path, PathUsed::Keeper);
     let why = loaded.report.keeper.clone().unwrap();
     assert!(why.contains("not kept") && why.contains("after the load") && why.contains("loading them now"), "{why}");
-    check_bytes_of(&loaded, &index, &first);
+    servers::assert_loaded(&first, &index, &loaded);
     k.wait_idle();
     let (_, entries) = status(&k);
     assert_eq!(entries.len(), 1);
@@ -571,7 +565,7 @@ fn an_object_is_kept_by_its_etag_and_a_replaced_one_is_never_served() {
     let before = bucket.requests().len();
     let (loaded, index) = load_url(&e, &url);
     assert_eq!(loaded.report.path, PathUsed::Keeper, "{:?}", loaded.report.keeper);
-    check_bytes_of(&loaded, &index, &first);
+    servers::assert_loaded(&first, &index, &loaded);
     let asked = bucket.requests()[before..].to_vec();
     assert!(asked.len() <= 2 && asked.iter().all(|r| r.method == "GET" || r.method == "HEAD"), "{asked:?}");
     // Replaced in the bucket (a new ETag: nginx's is the modification time and length): never served from the
@@ -583,11 +577,11 @@ fn an_object_is_kept_by_its_etag_and_a_replaced_one_is_never_served() {
     assert_ne!(loaded.report.path, PathUsed::Keeper);
     let why = loaded.report.keeper.clone().unwrap();
     assert!(why.contains("changed since it was kept"), "{why}");
-    check_bytes_of(&loaded, &index, &second);
+    servers::assert_loaded(&second, &index, &loaded);
     k.wait_idle();
     let (loaded, index) = load_url(&e, &url);
     assert_eq!(loaded.report.path, PathUsed::Keeper, "{:?}", loaded.report.keeper);
-    check_bytes_of(&loaded, &index, &second);
+    servers::assert_loaded(&second, &index, &loaded);
     let (_, entries) = status(&k);
     assert_eq!(entries.len(), 1, "the old version is gone: {entries:?}");
     // Kept by name, as `weightlift keep URL` does: at the version the bucket has now.
@@ -597,7 +591,7 @@ fn an_object_is_kept_by_its_etag_and_a_replaced_one_is_never_served() {
     k.wait_idle();
     let (loaded, index) = load_url(&e, &other_url);
     assert_eq!(loaded.report.path, PathUsed::Keeper, "{:?}", loaded.report.keeper);
-    check_bytes_of(&loaded, &index, &other);
+    servers::assert_loaded(&other, &index, &loaded);
     // A URL that names nothing is an error naming it.
     let err = k.keep(&[PathBuf::from(format!("{}/m/absent.safetensors", bucket.base()))]).unwrap_err().to_string();
     assert!(err.contains("absent.safetensors"), "{err}");
@@ -612,13 +606,7 @@ fn an_object_the_keeper_cannot_fetch_is_not_fetched_again_for_each_load() {
     let a = generate(dir.path(), "a.safetensors", 23, 1 << 20);
     servers::put(&bucket.root, "a.safetensors", &a);
     let url = format!("{}/a.safetensors", bucket.base());
-    let k = Keeper::start(KeeperConfig {
-        device: Device::Cpu,
-        socket: Some(socket.clone()),
-        budget: Some(1 << 30),
-        settings: object_settings().keeper(KeeperSocket::Off),
-    })
-    .unwrap();
+    let k = object_keeper(&socket);
     // A client that names a version the bucket does not have (as one whose object was replaced since it opened it
     // would): the keeper's fetch, conditional on that ETag, fails, and nothing is kept.
     let object = weightlift::keep::stamp::ObjectStamp {

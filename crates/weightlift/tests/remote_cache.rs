@@ -44,17 +44,6 @@ fn load(engine: &Engine, url: &str) -> (TensorIndex, Loaded) {
     (index, loaded)
 }
 
-/// Every loaded byte equals the local file's (read with std::fs).
-fn assert_loaded(local: &Path, index: &TensorIndex, loaded: &Loaded) {
-    let file = std::fs::read(local).unwrap();
-    assert_eq!(index.tensors.len(), loaded.tensors.len());
-    for (t, got) in index.tensors.iter().zip(&loaded.tensors) {
-        let mut out = vec![0u8; t.nbytes as usize];
-        got.data.read_back(0, &mut out).unwrap();
-        assert!(out[..] == file[t.offset as usize..(t.offset + t.nbytes) as usize], "{}: bytes differ", t.name);
-    }
-}
-
 /// Every file (not folder) under `dir`, recursively.
 fn files_under(dir: &Path) -> Vec<PathBuf> {
     let mut out = Vec::new();
@@ -88,7 +77,7 @@ fn the_first_load_writes_the_copy_the_next_reads_it_and_a_new_version_replaces_i
 
     // (a) the first load is from the network and writes the copy.
     let (index, loaded) = load(&engine, url);
-    assert_loaded(&local, &index, &loaded);
+    servers::assert_loaded(&local, &index, &loaded);
     let net = loaded.report.network.as_ref().unwrap();
     assert_eq!(net.copies_written, [url], "{net:?}");
     assert!(net.cached.is_empty() && net.bytes >= index.total_bytes(), "{net:?}");
@@ -102,7 +91,7 @@ fn the_first_load_writes_the_copy_the_next_reads_it_and_a_new_version_replaces_i
     // (b) the next load reads the copy: its parsing's one GET (which pins the ETag the copy is checked against),
     // then no request.
     let (index, loaded) = load(&engine, url);
-    assert_loaded(&local, &index, &loaded);
+    servers::assert_loaded(&local, &index, &loaded);
     let net = loaded.report.network.as_ref().unwrap();
     assert_eq!(net.cached, [url], "{net:?}");
     assert_eq!((net.requests, net.bytes), (0, 0), "{net:?}");
@@ -117,7 +106,7 @@ fn the_first_load_writes_the_copy_the_next_reads_it_and_a_new_version_replaces_i
     weightlift::remote::upload(&newer, url).unwrap();
     let (index, loaded) = load(&engine, url);
     assert_ne!(index.files[0].etag.as_deref(), Some(etag.as_str()), "the new version has a new ETag");
-    assert_loaded(&newer, &index, &loaded);
+    servers::assert_loaded(&newer, &index, &loaded);
     let net = loaded.report.network.as_ref().unwrap();
     assert!(net.cached.is_empty(), "a stale copy was read: {net:?}");
     assert_eq!(net.copies_written, [url], "{net:?}");
@@ -137,14 +126,14 @@ fn the_copy_is_read_with_no_request_going_out() {
     let url = format!("{}/h.safetensors", proxy.base());
     let engine = engine(&cache);
     let (index, loaded) = load(&engine, &url);
-    assert_loaded(&local, &index, &loaded);
+    servers::assert_loaded(&local, &index, &loaded);
     assert_eq!(loaded.report.network.as_ref().unwrap().copies_written, std::slice::from_ref(&url));
     let copy = cache.join(format!("http/127.0.0.1:{}/h.safetensors", proxy.port));
     assert!(std::fs::read(&copy).unwrap() == std::fs::read(&local).unwrap(), "the copy differs from the file");
 
     let gets = proxy.ranged_gets.load(SeqCst);
     let loaded = engine.load(&index, Device::Cpu, &LoadOpts::default()).unwrap();
-    assert_loaded(&local, &index, &loaded);
+    servers::assert_loaded(&local, &index, &loaded);
     assert_eq!(proxy.ranged_gets.load(SeqCst), gets, "a load from the copy sent a GET");
     let net = loaded.report.network.as_ref().unwrap();
     assert_eq!((net.cached.clone(), net.requests, net.bytes), (vec![url], 0, 0), "{net:?}");
@@ -166,7 +155,7 @@ fn the_copy_takes_its_header_from_parsing_at_no_further_request() {
     let load = |engine: &Engine, index: &TensorIndex| {
         let before = gets();
         let loaded = engine.load(index, Device::Cpu, &LoadOpts::default()).unwrap();
-        assert_loaded(&local, index, &loaded);
+        servers::assert_loaded(&local, index, &loaded);
         (gets() - before, loaded.report.network.unwrap())
     };
     let copy_of = |cache: &Path| std::fs::read(cache.join(format!("http/127.0.0.1:{}/p.safetensors", proxy.port)));
@@ -229,7 +218,7 @@ fn a_key_with_dot_dot_writes_nothing_outside_the_folder() {
     // The URL's dot segments resolve to the object `x.safetensors`; its cache path would climb out of the folder.
     let url = "s3://bucket/a/../../../x.safetensors";
     let (index, loaded) = load(&engine, url);
-    assert_loaded(&local, &index, &loaded);
+    servers::assert_loaded(&local, &index, &loaded);
     let net = loaded.report.network.as_ref().unwrap();
     assert!(net.copies_written.is_empty() && net.cached.is_empty(), "{net:?}");
     assert_eq!(files_under(dir.path()), [local], "something was written beside the cache");

@@ -472,3 +472,14 @@ pub fn put(dir: &Path, name: &str, file: &Path) -> PathBuf {
     std::fs::copy(file, &to).unwrap();
     to
 }
+
+/// Every loaded byte equals the local file the objects were made from (read with std::fs).
+pub fn assert_loaded(local: &Path, index: &weightlift::format::TensorIndex, loaded: &weightlift::Loaded) {
+    let file = std::fs::read(local).unwrap();
+    assert_eq!(index.tensors.len(), loaded.tensors.len());
+    for (t, got) in index.tensors.iter().zip(&loaded.tensors) {
+        let mut out = vec![0u8; t.nbytes as usize];
+        got.data.read_back(0, &mut out).unwrap();
+        assert!(out[..] == file[t.offset as usize..(t.offset + t.nbytes) as usize], "{}: bytes differ", t.name);
+    }
+}
