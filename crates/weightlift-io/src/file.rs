@@ -216,6 +216,15 @@ impl OpenFile {
             Source::Local(_) => None,
         }
     }
+
+    /// The object whose bytes this input holds: the one it reads, or the one it is the valid local copy of
+    /// (`remote_cache_dir`); `None` for any other local file.
+    pub fn object_or_copy_of(&self) -> Option<&Arc<Object>> {
+        match (&self.source, &self.copy) {
+            (Source::Object(o), _) | (Source::Local(_), Some(LocalCopy::Read(o))) => Some(o),
+            _ => None,
+        }
+    }
 }
 
 /// The logical block size a block device reports (`BLKSSZGET`).

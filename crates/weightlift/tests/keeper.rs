@@ -598,6 +598,48 @@ fn an_object_is_kept_by_its_etag_and_a_replaced_one_is_never_served() {
 }
 
 #[test]
+fn an_object_read_from_its_local_copy_is_kept_once_and_the_keeper_reads_the_copy() {
+    let Some(bucket) = servers::nginx(true) else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let cache = tempfile::tempdir().unwrap();
+    let sockets = socket_dir();
+    let socket = sockets.path().join("k.sock");
+    let a = generate(dir.path(), "a.safetensors", 24, 3 << 20);
+    servers::put(&bucket.root, "a.safetensors", &a);
+    let url = format!("{}/a.safetensors", bucket.base());
+    let copies = || object_settings().remote_cache_dir(weightlift::settings::Folder(Some(cache.path().to_path_buf())));
+    let k = Keeper::start(KeeperConfig {
+        device: Device::Cpu,
+        socket: Some(socket.clone()),
+        budget: Some(1 << 30),
+        settings: copies().keeper(KeeperSocket::Off),
+    })
+    .unwrap();
+    let e = Engine::new(copies().keeper(KeeperSocket::Path(socket.clone()))).unwrap();
+    // The first load reads the bucket and writes the local copy; the keeper, asked after it, reads that copy.
+    let (loaded, index) = load_url(&e, &url);
+    assert_ne!(loaded.report.path, PathUsed::Keeper);
+    servers::assert_loaded(&a, &index, &loaded);
+    k.wait_idle();
+    let ranged: Vec<String> = bucket
+        .requests()
+        .into_iter()
+        .filter(|r| r.method == "GET" && !r.range.is_empty() && !r.range.starts_with("bytes=0-"))
+        .map(|r| r.range)
+        .collect();
+    let mut once = ranged.clone();
+    once.sort();
+    once.dedup();
+    assert!(!ranged.is_empty() && once.len() == ranged.len(), "a body range fetched twice: {ranged:?}");
+    // The next load reads the local copy, and asks for the object: served, one entry.
+    let (loaded, index) = load_url(&e, &url);
+    assert_eq!(loaded.report.path, PathUsed::Keeper, "{:?}", loaded.report.keeper);
+    servers::assert_loaded(&a, &index, &loaded);
+    let (_, entries) = status(&k);
+    assert_eq!(entries.len(), 1, "{entries:?}");
+}
+
+#[test]
 fn an_object_the_keeper_cannot_fetch_is_not_fetched_again_for_each_load() {
     let Some(bucket) = servers::nginx(true) else { return };
     let dir = tempfile::tempdir().unwrap();

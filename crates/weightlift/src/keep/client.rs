@@ -65,17 +65,10 @@ struct Asked<'a> {
 fn asked(files: &[Arc<OpenFile>]) -> Result<Asked<'_>, String> {
     let mut asked = Asked { inputs: Vec::new(), fds: Vec::new(), keys: Vec::new() };
     for f in files {
-        match (f.local(), f.object()) {
-            (Some(file), _) => {
-                let stamp = Stamp::of(file).map_err(|e| format!("{}: {e}", f.path.display()))?;
-                if stamp.len != f.len {
-                    return Err(format!("{} is {} bytes now, {} when opened", f.path.display(), stamp.len, f.len));
-                }
-                asked.inputs.push(Input::File);
-                asked.fds.push(file.as_fd());
-                asked.keys.push(Key::File(stamp));
-            }
-            (None, Some(object)) => {
+        // An object is asked for as an object, whether this load reads it or its valid local copy
+        // (`remote_cache_dir`): one entry in the keeper, whichever way each load reads it.
+        match (f.local(), f.object_or_copy_of()) {
+            (_, Some(object)) => {
                 let Some(etag) = object.etag() else {
                     let url = super::stamp::display_url(object.url());
                     return Err(format!("{url} has no ETag; keepers keep objects by their ETag"));
@@ -83,6 +76,15 @@ fn asked(files: &[Arc<OpenFile>]) -> Result<Asked<'_>, String> {
                 let o = ObjectStamp { url: object.url().to_string(), etag: etag.to_string(), len: f.len };
                 asked.inputs.push(Input::Object(o.clone()));
                 asked.keys.push(Key::Object(o));
+            }
+            (Some(file), None) => {
+                let stamp = Stamp::of(file).map_err(|e| format!("{}: {e}", f.path.display()))?;
+                if stamp.len != f.len {
+                    return Err(format!("{} is {} bytes now, {} when opened", f.path.display(), stamp.len, f.len));
+                }
+                asked.inputs.push(Input::File);
+                asked.fds.push(file.as_fd());
+                asked.keys.push(Key::File(stamp));
             }
             (None, None) => return Err(format!("{}: neither a file nor an object", f.path.display())),
         }

@@ -409,7 +409,7 @@ impl Shared {
                 let path = PathBuf::from(format!("/proc/self/fd/{}", fd.as_raw_fd()));
                 (stamp.len > 0).then(|| OpenFile::open(&path, true)).transpose()?
             }
-            (Key::Object(o), _) => Some(open_object(o)?),
+            (Key::Object(o), _) => Some(open_object(o, engine.settings().remote_cache_dir.value.0.as_deref())?),
             (Key::File(_), None) => {
                 return Err(Error::InvalidArgument(format!("{}: a file to keep without its descriptor", job.path)));
             }
@@ -644,8 +644,10 @@ fn settle(stamp: &Stamp, fd: &OwnedFd, path: &str) -> Result<()> {
 }
 
 /// Opens the object `o` names at its ETag, with the keeper's own credentials and settings: a store that now gives
-/// another version (or another length) is refused.
-fn open_object(o: &ObjectStamp) -> Result<OpenFile> {
+/// another version (or another length) is refused. With local copies (`cache`: the keeper's `remote_cache_dir`),
+/// its valid copy is read instead of the network (a load that missed the keeper has just written it there, where
+/// the load's own setting names the same folder).
+fn open_object(o: &ObjectStamp, cache: Option<&Path>) -> Result<OpenFile> {
     let remote = |e| Error::Io(weightlift_io::IoError::Remote(e));
     let url = weightlift_remote::ObjectUrl::parse(&o.url).map_err(remote)?;
     let file = OpenFile::open_object(&url, Some(&o.etag))?;
@@ -660,5 +662,8 @@ fn open_object(o: &ObjectStamp) -> Result<OpenFile> {
             o.len
         )));
     }
-    Ok(file)
+    match (cache, file.object()) {
+        (Some(dir), Some(object)) => Ok(OpenFile::open_object_cached(object.clone(), None, dir, false, true)?),
+        _ => Ok(file),
+    }
 }
