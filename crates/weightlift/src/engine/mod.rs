@@ -73,7 +73,7 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl Engine {
-    /// Starts an engine (its I/O lanes start now).
+    /// Makes an engine (its I/O lanes start with its first read or staging set-up).
     pub fn new(settings: Settings) -> Result<Engine> {
         settings.validate()?;
         let io = IoEngine::new(settings.io_params(), settings.backend_origin())?;
