@@ -90,16 +90,12 @@ def _wait(port: int, proc: subprocess.Popen, what: str) -> None:
             time.sleep(0.02)
 
 
-@pytest.fixture(scope="module")
-def s3(tmp_path_factory):
-    """s3s-fs serving a fresh folder with bucket ``bucket`` (yielded: the bucket's folder, whose files are its
-    objects), its endpoint and keys in ``os.environ`` (which subprocesses inherit) while the module's tests run."""
+def start_s3s(root: Path) -> tuple[subprocess.Popen, dict[str, str]]:
+    """s3s-fs serving ``root`` (its folders are buckets): the process, and the environment that reaches it."""
     binary = os.environ.get("WEIGHTLIFT_S3S_FS") or shutil.which("s3s-fs") or shutil.which(
         "s3s-fs", path=os.path.expanduser("~/.cargo/bin"))
     if not binary:
         _missing("no s3s-fs here (cargo install s3s-fs --features binary, or set WEIGHTLIFT_S3S_FS)")
-    root = tmp_path_factory.mktemp("s3")
-    (root / "bucket").mkdir()
     port = _free_port()
     proc = subprocess.Popen([binary, "--host", "127.0.0.1", "--port", str(port), "--access-key", ACCESS_KEY,
                              "--secret-key", SECRET_KEY, str(root)],
@@ -107,6 +103,16 @@ def s3(tmp_path_factory):
     _wait(port, proc, "s3s-fs")
     env = {"AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}", "AWS_ACCESS_KEY_ID": ACCESS_KEY,
            "AWS_SECRET_ACCESS_KEY": SECRET_KEY, "AWS_REGION": "us-east-1", "AWS_ALLOW_HTTP": "true"}
+    return proc, env
+
+
+@pytest.fixture(scope="module")
+def s3(tmp_path_factory):
+    """s3s-fs serving a fresh folder with bucket ``bucket`` (yielded: the bucket's folder, whose files are its
+    objects), its endpoint and keys in ``os.environ`` (which subprocesses inherit) while the module's tests run."""
+    root = tmp_path_factory.mktemp("s3")
+    (root / "bucket").mkdir()
+    proc, env = start_s3s(root)
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     yield root / "bucket"

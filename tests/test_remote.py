@@ -76,6 +76,32 @@ def test_cache_dir_keyword_and_variable_keep_a_local_copy(s3, tmp_path, monkeypa
     assert weightlift.last_report()["network"]["cached"] == [url]
 
 
+def test_a_process_that_changes_its_endpoint_reaches_the_new_one(tmp_path, monkeypatch):
+    """A load after the process's environment named another S3 endpoint (and keys) reads from that endpoint, not from
+    the one an earlier load saw (the stores are made again): two servers, both up, the same key holding different
+    checkpoints."""
+    from conftest import start_s3s
+
+    servers = []
+    try:
+        wants = []
+        for i in range(2):
+            root = tmp_path / f"s3-{i}"
+            (root / "bucket").mkdir(parents=True)
+            g = torch.Generator().manual_seed(100 + i)
+            wants.append({f"w{i}": torch.randn(64, 32, generator=g), "b": torch.randn(32, generator=g).half()})
+            upstream_save(wants[i], str(root / "bucket" / "m.safetensors"))
+            proc, env = start_s3s(root)
+            servers.append(proc)
+            for k, v in env.items():
+                monkeypatch.setenv(k, v)
+            _same(wst.load_file("s3://bucket/m.safetensors", device="cpu"), wants[i])
+    finally:
+        for p in servers:
+            p.kill()
+            p.wait()
+
+
 def test_load_file_over_http_and_missing_objects(http, tmp_path):
     root, base = http
     want = _checkpoint(tmp_path / "m.safetensors")

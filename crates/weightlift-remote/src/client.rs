@@ -166,7 +166,24 @@ impl HttpConnector for SharedConnector {
     }
 }
 
-type Clients = HashMap<(String, Config), (Arc<dyn ObjectStore>, Arc<Connector>)>;
+type Clients = HashMap<(String, Config, u64), (Arc<dyn ObjectStore>, Arc<Connector>)>;
+
+/// A digest of the environment the stores' builders read (`AWS_*`, `GOOGLE_*`, `AZURE_*`, `HOME` for the AWS
+/// profile files): a store is made again once it changes (a process that sets another endpoint or other keys after
+/// its first load reaches them, not the endpoint its first load saw).
+fn store_env() -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut vars: Vec<(std::ffi::OsString, std::ffi::OsString)> = std::env::vars_os()
+        .filter(|(k, _)| {
+            let k = k.to_string_lossy();
+            ["AWS_", "GOOGLE_", "AZURE_"].iter().any(|p| k.starts_with(p)) || k == "HOME"
+        })
+        .collect();
+    vars.sort();
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    vars.hash(&mut h);
+    h.finish()
+}
 
 /// The client for `url`'s bucket or host, and the object's path inside it. Stores of `s3://`, `gs://` and `az://`
 /// are one per bucket; an `http(s)://` object gets a store of its own whose base is its whole URL (path and query
@@ -183,22 +200,25 @@ pub(crate) fn store_for(url: &ObjectUrl) -> Result<Client, RemoteError> {
     let http = scheme == ObjectStoreScheme::Http;
     let origin = format!("{scheme:?} {}", &parsed[..url::Position::BeforePath]);
     let config = config();
+    let env = store_env();
     let mut clients = CLIENTS.get_or_init(Default::default).lock().unwrap_or_else(|p| p.into_inner());
     // One connection pool per origin, whatever the stores over it.
     let connector = clients
         .iter()
-        .find(|((o, c), _)| *o == origin && *c == config)
+        .find(|((o, c, _), _)| *o == origin && *c == config)
         .map(|(_, (_, conn))| conn.clone())
         .unwrap_or_else(|| Arc::new(Connector { http: OnceLock::new(), throttle: Arc::default() }));
-    let key = (if http { url.as_str().to_string() } else { origin }, config.clone());
+    let key = (if http { url.as_str().to_string() } else { origin }, config.clone(), env);
     let (store, path) = match clients.get(&key) {
         Some((store, _)) => (store.clone(), if http { StorePath::default() } else { path }),
         None => {
             let store = build(scheme, url, &config, connector.clone())?;
             // A process reading thousands of http objects keeps a bounded number of stores (their pool is shared).
             if http && clients.len() >= 4096 {
-                clients.retain(|(k, _), _| !k.starts_with("http"));
+                clients.retain(|(k, _, _), _| !k.starts_with("http"));
             }
+            // Stores of this name made under an environment that has changed since are not used again.
+            clients.retain(|(k, c, e), _| !(*k == key.0 && *c == key.1 && *e != env));
             clients.insert(key, (store.clone(), connector.clone()));
             (store, if http { StorePath::default() } else { path })
         }
