@@ -261,8 +261,19 @@ impl Server {
 /// environment, which every S3 client of the process reads.
 pub fn s3_in_env() -> Option<&'static Server> {
     static S3: std::sync::OnceLock<Option<Server>> = std::sync::OnceLock::new();
+    static DIR: Mutex<Option<PathBuf>> = Mutex::new(None);
+    // A static is never dropped: its server's folder (the objects the tests wrote, tens of MB) is removed when the
+    // process exits, and the server itself dies with it (`spawn_owned`).
+    extern "C" fn remove_dir() {
+        if let Some(dir) = DIR.lock().ok().and_then(|mut d| d.take()) {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
     S3.get_or_init(|| {
         let server = s3()?;
+        *DIR.lock().unwrap() = server.root.parent().map(Path::to_path_buf);
+        // SAFETY: registers a function that touches only its own static, to run at exit.
+        unsafe { libc::atexit(remove_dir) };
         // SAFETY: set once, under the OnceLock, before any test of this binary makes an S3 client (each first asks
         // for the server here and waits for this initialisation).
         unsafe {
