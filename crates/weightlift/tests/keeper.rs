@@ -680,6 +680,27 @@ fn an_object_the_keeper_cannot_fetch_is_not_fetched_again_for_each_load() {
     assert!(reason.contains("could not fetch") && reason.contains("a.safetensors"), "{reason}");
     k.wait_idle();
     assert_eq!(bucket.requests().len(), before, "fetched again");
+    // A URL with a query (a presigned URL's signature) is not asked for: the load says why, and nothing is kept.
+    let e = Engine::new(object_settings().keeper(KeeperSocket::Path(socket.clone()))).unwrap();
+    let (loaded, index) = load_url(&e, &format!("{url}?X-Signature=abc"));
+    servers::assert_loaded(&a, &index, &loaded);
+    let why = loaded.report.keeper.clone().unwrap();
+    assert!(why.contains("query string") && !why.contains("abc"), "{why}");
+    k.wait_idle();
+    assert_eq!(status(&k).1.len(), 0);
+    // More inputs than an answer can carry descriptors for is refused; an older client's request is answered with
+    // the protocol versions.
+    let conn = wire::connect(&socket).unwrap();
+    let many = vec![Input::Object(object.clone()); wire::MAX_FDS + 1];
+    let req = Request::Get { proto: PROTO, device: "cpu".into(), uuid: None, inputs: many, keep: true };
+    wire::send(conn.as_fd(), &req, &[]).unwrap();
+    let reply = wire::recv::<Reply>(conn.as_fd()).unwrap().0;
+    assert!(matches!(&reply, Reply::Error { reason, .. } if reason.contains("at most")), "{reply:?}");
+    let conn = wire::connect(&socket).unwrap();
+    let old = serde_json::json!({"op": "get", "proto": 1, "device": "cpu", "uuid": null, "files": 0, "keep": true});
+    wire::send(conn.as_fd(), &old, &[]).unwrap();
+    let reply = wire::recv::<Reply>(conn.as_fd()).unwrap().0;
+    assert!(matches!(&reply, Reply::Error { reason, .. } if reason.contains("protocol 1")), "{reply:?}");
     // An object without an ETag (or a URL) in a request is refused as a bad frame.
     let conn = wire::connect(&socket).unwrap();
     let bad = weightlift::keep::stamp::ObjectStamp { url: url.clone(), etag: String::new(), len: 1 };

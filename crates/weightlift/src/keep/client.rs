@@ -69,10 +69,15 @@ fn asked(files: &[Arc<OpenFile>]) -> Result<Asked<'_>, String> {
         // (`remote_cache_dir`): one entry in the keeper, whichever way each load reads it.
         match (f.local(), f.object_or_copy_of()) {
             (_, Some(object)) => {
+                let url = super::stamp::display_url(object.url());
                 let Some(etag) = object.etag() else {
-                    let url = super::stamp::display_url(object.url());
                     return Err(format!("{url} has no ETag; keepers keep objects by their ETag"));
                 };
+                if object.url().contains('?') {
+                    // A presigned URL's query changes with each signature: kept under one, it would never be found
+                    // under the next, and each miss would be one more copy.
+                    return Err(format!("{url} has a query string (a signature, say); keepers keep objects by URL"));
+                }
                 let o = ObjectStamp { url: object.url().to_string(), etag: etag.to_string(), len: f.len };
                 asked.inputs.push(Input::Object(o.clone()));
                 asked.keys.push(Key::Object(o));
@@ -89,8 +94,9 @@ fn asked(files: &[Arc<OpenFile>]) -> Result<Asked<'_>, String> {
             (None, None) => return Err(format!("{}: neither a file nor an object", f.path.display())),
         }
     }
-    if asked.fds.len() > wire::MAX_FDS {
-        return Err(format!("{} files; a keeper serves loads of at most {}", asked.fds.len(), wire::MAX_FDS));
+    if asked.inputs.len() > wire::MAX_FDS {
+        // Its answer carries a descriptor per input, files and objects alike.
+        return Err(format!("{} files; a keeper serves loads of at most {}", asked.inputs.len(), wire::MAX_FDS));
     }
     Ok(asked)
 }

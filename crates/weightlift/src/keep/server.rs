@@ -55,8 +55,16 @@ struct Job {
 }
 
 /// Objects the keeper could not fetch, and why (remembered so that each later load is not one more fetch that
-/// fails the same way; forgotten when the keeper is asked to keep the object by name, or past this many).
+/// fails the same way; forgotten after [`FAILURE_MEMORY`], when the keeper is asked to keep the object by name, or
+/// past this many).
 const FAILURES_KEPT: usize = 256;
+
+/// The longest input a keeper takes (2^50 bytes: far past any device, and its rounding cannot overflow).
+const MAX_LEN: u64 = 1 << 50;
+
+/// How long a failed fetch is remembered: a failure may pass (the network, device memory), and the next load after
+/// this asks again.
+const FAILURE_MEMORY: std::time::Duration = std::time::Duration::from_secs(60);
 
 struct Shared {
     device: Device,
@@ -73,7 +81,7 @@ struct Shared {
     served: AtomicU64,
     failed: AtomicU64,
     /// Objects whose fetch failed, and why.
-    failures: Mutex<std::collections::HashMap<Key, String>>,
+    failures: Mutex<std::collections::HashMap<Key, (std::time::Instant, String)>>,
     uid: u32,
 }
 
@@ -387,7 +395,7 @@ impl Shared {
                     if failures.len() >= FAILURES_KEPT {
                         failures.clear();
                     }
-                    failures.insert(job.key.clone(), e.to_string());
+                    failures.insert(job.key.clone(), (std::time::Instant::now(), e.to_string()));
                 }
             }
         }
@@ -530,6 +538,10 @@ impl Shared {
                 Vec::new(),
             ));
         }
+        if inputs.len() > wire::MAX_FDS {
+            // The answer carries a descriptor per input.
+            return Err(format!("{} inputs; a keeper serves loads of at most {}", inputs.len(), wire::MAX_FDS));
+        }
         let mut fds = fds.into_iter();
         let mut stamps = Vec::with_capacity(inputs.len());
         let mut files: Vec<Option<OwnedFd>> = Vec::with_capacity(inputs.len());
@@ -549,8 +561,8 @@ impl Shared {
                     files.push(Some(fd));
                 }
                 Input::Object(o) => {
-                    if o.etag.is_empty() || !weightlift_remote::is_url(&o.url) {
-                        return Err(format!("an object without an ETag or a URL ({})", o.display_url()));
+                    if o.etag.is_empty() || !weightlift_remote::is_url(&o.url) || o.len > MAX_LEN {
+                        return Err(format!("an object without an ETag, a URL or a length ({})", o.display_url()));
                     }
                     paths.push(o.display_url());
                     stamps.push(Key::Object(o));
@@ -593,12 +605,21 @@ impl Shared {
         let total = stamps.len();
         // An object the keeper failed to fetch is not fetched again for every load (a new version, or a keep of it
         // by name, is).
-        let failed: Option<String> = {
-            let failures = self.failures.lock().unwrap_or_else(|p| p.into_inner());
-            absent.iter().find_map(|&i| failures.get(&stamps[i]).map(|why| format!("{}: {why}", paths[i])))
+        let failed: Vec<(usize, String)> = {
+            let mut failures = self.failures.lock().unwrap_or_else(|p| p.into_inner());
+            failures.retain(|_, (at, _)| at.elapsed() < FAILURE_MEMORY);
+            absent.iter().filter_map(|&i| failures.get(&stamps[i]).map(|(_, why)| (i, why.clone()))).collect()
         };
-        if let Some(why) = failed {
-            return Ok((miss("failed", format!("the keeper could not fetch it: {why}")), Vec::new()));
+        if !failed.is_empty() {
+            // The others are still queued (with `keep`), so that they are kept for the next load.
+            if keep {
+                for &i in absent.iter().filter(|i| !failed.iter().any(|(f, _)| f == *i)) {
+                    let fd = files[i].take();
+                    let _ = self.enqueue(stamps[i].clone(), fd, paths[i].clone());
+                }
+            }
+            let (i, why) = &failed[0];
+            return Ok((miss("failed", format!("the keeper could not fetch {}: {why}", paths[*i])), Vec::new()));
         }
         if keep && !absent.is_empty() {
             for &i in &absent {

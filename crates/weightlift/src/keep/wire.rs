@@ -37,7 +37,9 @@ pub enum Request {
         device: String,
         /// That device's UUID, where it has one (GPUs).
         uuid: Option<String>,
-        /// The load's inputs; as many are files as the frame carries descriptors.
+        /// The load's inputs; as many are files as the frame carries descriptors. (Defaulted so that an older
+        /// client's request, which has none, is answered with the protocol versions rather than a parse error.)
+        #[serde(default)]
         inputs: Vec<Input>,
         /// Whether the keeper should load what it does not keep yet.
         keep: bool,
