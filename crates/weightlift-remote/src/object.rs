@@ -215,6 +215,11 @@ impl Object {
         self.url.as_str()
     }
 
+    /// The parsed URL the object was opened with.
+    pub fn object_url(&self) -> &ObjectUrl {
+        &self.url
+    }
+
     /// The object's length when it was opened.
     pub fn len(&self) -> u64 {
         self.len

@@ -587,8 +587,12 @@ fn an_object_is_kept_by_its_etag_and_a_replaced_one_is_never_served() {
     // Kept by name, as `weightlift keep URL` does: at the version the bucket has now.
     let other = servers::put(&bucket.root, "m/other.safetensors", &first);
     let other_url = format!("{}/m/other.safetensors", bucket.base());
+    let before = bucket.requests().len();
     k.keep(&[PathBuf::from(&other_url)]).unwrap();
     k.wait_idle();
+    // Opened once (its first byte pins the version), then read: never opened a second time.
+    let opens = bucket.requests()[before..].iter().filter(|r| r.range == "bytes=0-0").count();
+    assert_eq!(opens, 1, "{:?}", &bucket.requests()[before..]);
     let (loaded, index) = load_url(&e, &other_url);
     assert_eq!(loaded.report.path, PathUsed::Keeper, "{:?}", loaded.report.keeper);
     servers::assert_loaded(&other, &index, &loaded);

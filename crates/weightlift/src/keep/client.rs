@@ -73,7 +73,7 @@ fn asked(files: &[Arc<OpenFile>]) -> Result<Asked<'_>, String> {
                 let Some(etag) = object.etag() else {
                     return Err(format!("{url} has no ETag; keepers keep objects by their ETag"));
                 };
-                if object.url().contains('?') {
+                if object.object_url().has_query() {
                     // A presigned URL's query changes with each signature: kept under one, it would never be found
                     // under the next, and each miss would be one more copy.
                     return Err(format!("{url} has a query string (a signature, say); keepers keep objects by URL"));

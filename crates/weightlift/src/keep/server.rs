@@ -51,6 +51,8 @@ impl Held {
 struct Job {
     key: Key,
     fd: Option<OwnedFd>,
+    /// An object kept by name, opened already (its first request pinned the ETag): read without opening it again.
+    opened: Option<Arc<weightlift_remote::Object>>,
     path: String,
 }
 
@@ -210,11 +212,11 @@ impl Keeper {
     pub fn keep(&self, paths: &[PathBuf]) -> Result<()> {
         for p in paths {
             if let weightlift_remote::Location::Object(url) =
-                weightlift_remote::Location::new(p).map_err(|e| Error::Io(weightlift_io::IoError::Remote(e)))?
+                weightlift_remote::Location::new(p).map_err(remote_error)?
             {
-                // One request (the first byte) pins the object's version: it is kept at that ETag.
-                let object =
-                    weightlift_remote::Object::open(&url).map_err(|e| Error::Io(weightlift_io::IoError::Remote(e)))?;
+                // One request (the first byte) pins the object's version: it is kept at that ETag, and the loader
+                // reads the object opened here.
+                let object = weightlift_remote::Object::open(&url).map_err(remote_error)?;
                 let shown = display_url(url.as_str());
                 let Some(etag) = object.etag() else {
                     return Err(Error::InvalidArgument(format!(
@@ -228,7 +230,7 @@ impl Keeper {
                 });
                 self.shared.failures.lock().unwrap_or_else(|p| p.into_inner()).remove(&key);
                 self.shared
-                    .enqueue(key, None, shown.clone())
+                    .enqueue(key, None, Some(Arc::new(object)), shown.clone())
                     .map_err(|why| Error::InvalidArgument(format!("{shown}: {why}")))?;
                 continue;
             }
@@ -240,7 +242,7 @@ impl Keeper {
             }
             let stamp = Stamp::of(&fd).map_err(|e| Error::InvalidArgument(format!("{}: {e}", p.display())))?;
             self.shared
-                .enqueue(Key::File(stamp), Some(fd), p.display().to_string())
+                .enqueue(Key::File(stamp), Some(fd), None, p.display().to_string())
                 .map_err(|why| Error::InvalidArgument(format!("{}: {why}", p.display())))?;
         }
         Ok(())
@@ -351,8 +353,15 @@ impl Shared {
         }
     }
 
-    /// Reserves room for `key` and queues its load (from `fd` for a file); `Ok(false)` if it is held already.
-    fn enqueue(&self, key: Key, fd: Option<OwnedFd>, path: String) -> std::result::Result<bool, String> {
+    /// Reserves room for `key` and queues its load (from `fd` for a file, from `opened` for an object opened
+    /// already); `Ok(false)` if it is held already.
+    fn enqueue(
+        &self,
+        key: Key,
+        fd: Option<OwnedFd>,
+        opened: Option<Arc<weightlift_remote::Object>>,
+        path: String,
+    ) -> std::result::Result<bool, String> {
         let evicted = {
             let mut reg = self.lock();
             match reg.find(&key) {
@@ -366,7 +375,7 @@ impl Shared {
             }
         };
         drop(evicted); // freed outside the lock
-        let job = Job { key: key.clone(), fd, path };
+        let job = Job { key: key.clone(), fd, opened, path };
         let sent = self.jobs.lock().unwrap_or_else(|p| p.into_inner()).as_ref().map(|tx| tx.send(job));
         if !matches!(sent, Some(Ok(()))) {
             let _ = self.lock().finish(&key, None);
@@ -417,7 +426,9 @@ impl Shared {
                 let path = PathBuf::from(format!("/proc/self/fd/{}", fd.as_raw_fd()));
                 (stamp.len > 0).then(|| OpenFile::open(&path, true)).transpose()?
             }
-            (Key::Object(o), _) => Some(open_object(o, engine.settings().remote_cache_dir.value.0.as_deref())?),
+            (Key::Object(o), _) => {
+                Some(open_object(o, job.opened.clone(), engine.settings().remote_cache_dir.value.0.as_deref())?)
+            }
             (Key::File(_), None) => {
                 return Err(Error::InvalidArgument(format!("{}: a file to keep without its descriptor", job.path)));
             }
@@ -615,7 +626,7 @@ impl Shared {
             if keep {
                 for &i in absent.iter().filter(|i| !failed.iter().any(|(f, _)| f == *i)) {
                     let fd = files[i].take();
-                    let _ = self.enqueue(stamps[i].clone(), fd, paths[i].clone());
+                    let _ = self.enqueue(stamps[i].clone(), fd, None, paths[i].clone());
                 }
             }
             let (i, why) = &failed[0];
@@ -624,7 +635,7 @@ impl Shared {
         if keep && !absent.is_empty() {
             for &i in &absent {
                 let fd = files[i].take();
-                if let Err(why) = self.enqueue(stamps[i].clone(), fd, paths[i].clone()) {
+                if let Err(why) = self.enqueue(stamps[i].clone(), fd, None, paths[i].clone()) {
                     return Ok((miss("over_budget", format!("{}: {why}", paths[i])), Vec::new()));
                 }
             }
@@ -664,14 +675,22 @@ fn settle(stamp: &Stamp, fd: &OwnedFd, path: &str) -> Result<()> {
     Ok(())
 }
 
-/// Opens the object `o` names at its ETag, with the keeper's own credentials and settings: a store that now gives
-/// another version (or another length) is refused. With local copies (`cache`: the keeper's `remote_cache_dir`),
+/// Opens the object `o` names at its ETag (or takes `opened`, opened at it already), with the keeper's own
+/// credentials and settings: a store that now gives another version (or another length) is refused. With local copies (`cache`: the keeper's `remote_cache_dir`),
 /// its valid copy is read instead of the network (a load that missed the keeper has just written it there, where
 /// the load's own setting names the same folder).
-fn open_object(o: &ObjectStamp, cache: Option<&Path>) -> Result<OpenFile> {
-    let remote = |e| Error::Io(weightlift_io::IoError::Remote(e));
-    let url = weightlift_remote::ObjectUrl::parse(&o.url).map_err(remote)?;
-    let file = OpenFile::open_object(&url, Some(&o.etag))?;
+fn open_object(
+    o: &ObjectStamp,
+    opened: Option<Arc<weightlift_remote::Object>>,
+    cache: Option<&Path>,
+) -> Result<OpenFile> {
+    let file = match opened {
+        Some(object) => OpenFile::of_object(object),
+        None => {
+            let url = weightlift_remote::ObjectUrl::parse(&o.url).map_err(remote_error)?;
+            OpenFile::open_object(&url, Some(&o.etag))?
+        }
+    };
     let etag = file.object().and_then(|x| x.etag().map(str::to_string));
     if etag.as_deref() != Some(o.etag.as_str()) || file.len != o.len {
         return Err(Error::InvalidArgument(format!(
@@ -687,4 +706,8 @@ fn open_object(o: &ObjectStamp, cache: Option<&Path>) -> Result<OpenFile> {
         (Some(dir), Some(object)) => Ok(OpenFile::open_object_cached(object.clone(), None, dir, false, true)?),
         _ => Ok(file),
     }
+}
+
+fn remote_error(e: weightlift_remote::RemoteError) -> Error {
+    Error::Io(weightlift_io::IoError::Remote(e))
 }
