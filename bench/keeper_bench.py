@@ -8,7 +8,9 @@ engine's start included, as a restarted server meets it), best of --runs:
   keeper-copy    a keeper (`weightlift keep`, its own process) keeps the file; the load copies device to device
   keeper-view    the same, keeper_mode view: the keeper's memory mapped read-only, nothing copied
 
-Beside them, the floor of any copy mode on this GPU: a fresh process's allocation of the file's size from PyTorch's
+Then the same checkpoint packed (`weightlift pack`), decoded on the GPU in a fresh process's load_file: from the page
+cache (pack-page-cache) and from a keeper that keeps the pack (pack-keeper: its stored bytes, decoded from its memory
+into the load's own; --no-pack skips them). Beside them, the floor of any copy mode on this GPU: a fresh process's allocation of the file's size from PyTorch's
 allocator and one device-to-device copy into it (and the copy alone), best of --runs. Each served load's report says
 where its time went (device, asked, mapped and allocated beside it, copied). from_pretrained's calls record their load's own
 clock, so that what transformers takes beside the load is known. One more run of each case under cProfile lists
@@ -40,8 +42,9 @@ sys.path.insert(0, BENCH)
 from wlbench.files import make_upstream, parse_size  # noqa: E402
 
 
-def child(path: str, device: str, check: bool, profile: bool = False) -> dict:
-    """One fresh process's first load_file: its time, its report's path and keeper line; checked if asked."""
+def child(path: str, device: str, check: bool, profile: bool = False, ref: "str | None" = None) -> dict:
+    """One fresh process's first load_file: its time, its report's path and keeper line; checked if asked (against
+    ``ref``, the checkpoint a pack was made from, where given)."""
     import torch
 
     import weightlift
@@ -79,9 +82,9 @@ def child(path: str, device: str, check: bool, profile: bool = False) -> dict:
     if check:
         from wlbench.checkpoint import open_checkpoint, reference, verify
 
-        ckpt = open_checkpoint(path)
+        ckpt = open_checkpoint(ref or path)
         verify(sd, reference(ckpt, device), ckpt, device)
-        out["checked"] = "every tensor's dtype, shape and checksum equal to a plain read of the file"
+        out["checked"] = f"every tensor's dtype, shape and checksum equal to a plain read of {ref or 'the file'}"
     return out
 
 
@@ -130,12 +133,12 @@ def child_d2d(nbytes: int, device: str) -> dict:
 
 
 def run_child(path: str, device: str, env: dict, check: bool = False, model: bool = False, d2d: bool = False,
-              profile: bool = False) -> dict:
+              profile: bool = False, ref: "str | None" = None) -> dict:
     e = dict(os.environ, **env)
     kind = "--child-d2d" if d2d else "--child-model" if model else "--child"
     p = subprocess.run(
         [sys.executable, os.path.abspath(__file__), kind, path, "--device", device] + (["--check"] if check else [])
-        + (["--profile"] if profile else []),
+        + (["--profile"] if profile else []) + (["--ref", ref] if ref else []),
         env=e,
         capture_output=True,
         text=True,
@@ -232,9 +235,11 @@ def main() -> int:
     ap.add_argument("--child-d2d", help="bytes")
     ap.add_argument("--check", action="store_true")
     ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--ref", help="with --child --check: the checkpoint the loaded pack was made from")
+    ap.add_argument("--no-pack", action="store_true", help="skip the packed cases")
     args = ap.parse_args()
     if args.child:
-        print(json.dumps(child(args.child, args.device, args.check, args.profile)))
+        print(json.dumps(child(args.child, args.device, args.check, args.profile, args.ref)))
         return 0
     if args.child_model:
         print(json.dumps(child_model(args.child_model, args.device)))
@@ -257,13 +262,14 @@ def main() -> int:
     os.chmod(sockets, 0o700)
     sock = os.path.join(sockets, "k.sock")
 
-    def case(name: str, env: dict) -> None:
-        runs = [run_child(path, dev, env) for _ in range(args.runs)]
-        checked = run_child(path, dev, env, check=True)
-        profiled = run_child(path, dev, env, profile=True)
+    def case(name: str, env: dict, file: str = path, ref: "str | None" = None) -> None:
+        runs = [run_child(file, dev, env, ref=ref) for _ in range(args.runs)]
+        checked = run_child(file, dev, env, check=True, ref=ref)
+        profiled = run_child(file, dev, env, profile=True, ref=ref)
         best = min(r["secs"] for r in runs)
-        result["cases"][name] = {"best_secs": best, "gbps": result["file_bytes"] / best / 1e9, "runs": runs, "checked_run": checked,
-                                 "profiled_run": profiled}
+        # GB/s of the checkpoint's bytes (a pack's decoded bytes: the same tensors).
+        result["cases"][name] = {"file": file, "best_secs": best, "gbps": result["file_bytes"] / best / 1e9, "runs": runs,
+                                 "checked_run": checked, "profiled_run": profiled}
         print(f"{name}: best {best * 1e3:.1f} ms ({result['file_bytes'] / best / 1e9:.2f} GB/s); {runs[0]['backend']}: {runs[0]['keeper']}", flush=True)
 
     case("page-cache", {"WEIGHTLIFT_KEEPER": "off"})
@@ -292,6 +298,31 @@ def main() -> int:
     print(f"copy {result['ratios']['copy_vs_page_cache']:.1f}x the page cache (goal 20x); view {result['cases']['keeper-view']['best_secs'] * 1e3:.1f} ms; "
           f"a fresh allocation and one device-to-device copy alone {floor * 1e3:.1f} ms ({pc / floor:.1f}x), the copy alone "
           f"{result['d2d']['best_copy_secs'] * 1e3:.2f} ms ({result['d2d']['copy_gbps']:.0f} GB/s)", flush=True)
+    # The same checkpoint packed (`weightlift pack`, its default codec), decoded on the GPU: from the page cache, and
+    # from a keeper that keeps the pack (its stored bytes; the chunks decode from its memory into the load's own).
+    if not args.no_pack:
+        try:
+            pack = os.path.splitext(path)[0] + ".wlpack"
+            if not os.path.exists(pack):
+                subprocess.run([args.wl, "pack", path, pack + ".part"], check=True, stdout=subprocess.DEVNULL)
+                os.rename(pack + ".part", pack)
+            subprocess.run(["cat", pack], stdout=subprocess.DEVNULL, check=True)
+            result["pack"] = {"file": pack, "bytes": os.path.getsize(pack)}
+            case("pack-page-cache", {"WEIGHTLIFT_KEEPER": "off"}, pack, path)
+            sockp = os.path.join(sockets, "kp.sock")
+            keeper_p = start_keeper(args.wl, sockp, [pack], dev)
+            try:
+                case("pack-keeper", {"WEIGHTLIFT_KEEPER": sockp}, pack, path)
+            finally:
+                stop_keeper(keeper_p)
+            kp = result["cases"]["pack-keeper"]["best_secs"]
+            result["pack"]["keeper_vs_page_cache"] = pc / kp
+            result["pack"]["keeper_vs_pack_page_cache"] = result["cases"]["pack-page-cache"]["best_secs"] / kp
+            print(f"pack ({result['pack']['bytes'] / result['file_bytes']:.2f} of the file): kept {kp * 1e3:.1f} ms, "
+                  f"{pc / kp:.1f}x the plain file from the page cache", flush=True)
+        except Exception as e:  # noqa: BLE001 - recorded, the rest still runs
+            result["pack"] = {"error": repr(e)[-2000:]}
+            print(f"pack: failed: {e!r}"[:2000], flush=True)
     # from_pretrained of a Llama saved by transformers (1.1 GB in 400 MB shards), from the page cache and kept.
     try:
         folder = os.path.join(args.dir, "keeper-llama")

@@ -100,6 +100,22 @@ def test_a_keeper_started_from_python_serves_another_process_byte_exact(tmp_path
     assert got["same"] and got["backend"] != "keeper" and "connect" in got["keeper"], got
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_kept_pack_is_decoded_from_the_keepers_memory_in_another_process(tmp_path, private, wl, device):
+    src = tmp_path / "m.safetensors"
+    _checkpoint(src, 3)
+    pack = tmp_path / "m.wlpack"
+    wl.run("pack", src, pack)
+    sock = private / "k.sock"
+    with weightlift.keep([tmp_path], device=device, socket=sock, budget="1GiB") as k:
+        # A folder: its checkpoints, the pack among them.
+        held = sorted(os.path.basename(e["path"]) for e in k.status()["entries"])
+        assert held == ["m.safetensors", "m.wlpack"], held
+        got = _load_elsewhere(pack, device, ref=src, WEIGHTLIFT_KEEPER=str(sock))
+        assert got["same"], got
+        assert got["backend"] == "keeper" and "decoded" in got["keeper"], got
+
+
 def test_the_cli_keeper_answers_status_and_stops_on_sigterm(tmp_path, private, wl_bin):
     path = tmp_path / "m.safetensors"
     _checkpoint(path, 3)

@@ -69,12 +69,12 @@ def _files(paths: Iterable[PathLike]) -> list[str]:
         p = os.fspath(p)
         if os.path.isdir(p):
             found = sorted(
-                os.path.join(p, f) for f in os.listdir(p) if f.endswith((".safetensors", ".gguf"))
+                os.path.join(p, f) for f in os.listdir(p) if f.endswith((".safetensors", ".gguf", ".wlpack"))
             )
             if not found:
                 from ._errors import InvalidArgumentError
 
-                raise InvalidArgumentError(f"{p}: no .safetensors or .gguf file in this folder")
+                raise InvalidArgumentError(f"{p}: no .safetensors, .gguf or .wlpack file in this folder")
             out.extend(found)
         else:
             out.append(p)

@@ -12,7 +12,7 @@ use crate::units;
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
-    /// Checkpoint files to load at once, folders (their .safetensors and .gguf files), or objects' URLs
+    /// Checkpoint files to load at once, folders (their .safetensors, .gguf and .wlpack files), or objects' URLs
     /// (s3://, gs://, https://; kept at the ETag they have now, fetched with this process's credentials); later
     /// loads of others are kept as they are asked for.
     pub paths: Vec<PathBuf>,
@@ -43,11 +43,14 @@ fn files_of(paths: &[PathBuf]) -> Result<Vec<PathBuf>> {
             let mut found: Vec<PathBuf> = std::fs::read_dir(p)
                 .with_context(|| p.display().to_string())?
                 .filter_map(|e| e.ok().map(|e| e.path()))
-                .filter(|f| f.is_file() && f.extension().is_some_and(|x| x == "safetensors" || x == "gguf"))
+                .filter(|f| {
+                    f.is_file()
+                        && f.extension().is_some_and(|x| ["safetensors", "gguf", "wlpack"].iter().any(|e| x == *e))
+                })
                 .collect();
             found.sort();
             if found.is_empty() {
-                anyhow::bail!("{}: no .safetensors or .gguf file in this folder", p.display());
+                anyhow::bail!("{}: no .safetensors, .gguf or .wlpack file in this folder", p.display());
             }
             out.extend(found);
         } else {

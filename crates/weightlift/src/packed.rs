@@ -25,6 +25,8 @@ use std::time::Instant;
 use rayon::prelude::*;
 use weightlift_cuda::unpack::{BatchError, ChunkJob, GpuCodec, GpuUnpacker, PendingBatch, StreamSrc, UnpackError};
 use weightlift_cuda::{DeviceBuffer, Gpu, PinnedBuffer};
+
+use crate::keep::KeptBytes;
 use weightlift_format::wlpack::{Codec, Item, ItemKind, PackIndex};
 use weightlift_format::{DType, Format, SourceFile, TensorEntry, TensorIndex};
 use weightlift_io::HostBuffer;
@@ -350,12 +352,24 @@ impl Engine {
             read_lanes: 0,
             batch_bytes,
         };
+        let bindex = batch_index(path, index, &batches);
+        // A keeper that keeps the pack file serves it from its memory: the chunks decode from there into this
+        // load's own tensors, nothing read from storage (on the GPU for a device load: a load decoding on the CPU
+        // does not ask; a `cpu` keeper's shared memory for a host load).
+        let mut not_kept = crate::keep::NotServed::default();
+        let mut asked_files = Vec::new();
+        let kept =
+            if faults.is_some() || batches.is_empty() || (matches!(device, Device::Cuda(_)) && kind != Decoder::Gpu) {
+                None
+            } else {
+                asked_files = self.open_index(&bindex)?;
+                crate::keep::ask_packed(self, &asked_files[0], device, opts).map_err(|n| not_kept = n).ok()
+            };
         // The reads start first; the destinations are allocated while the first batches land (a failed allocation
         // drops the stream, which stops it).
-        let stream = if batches.is_empty() {
+        let stream = if batches.is_empty() || kept.is_some() {
             None
         } else {
-            let bindex = batch_index(path, index, &batches);
             let positions: Vec<usize> = (0..batches.len()).collect();
             let object = index.object.is_some();
             let (stream_device, lanes) = if kind == Decoder::Gpu {
@@ -431,12 +445,28 @@ impl Engine {
             .collect();
         let mut io = None;
         let mut network = None;
-        if let Some(stream) = stream {
-            let ctx = Ctx { path, index, items: &items, dsts: &dsts, opts };
+        let ctx = Ctx { path, index, items: &items, dsts: &dsts, opts };
+        let mut served = None;
+        if let Some(kept) = kept {
+            let what = match (kept.bytes(index.len), &gpu) {
+                (KeptBytes::Device(base), Some(gpu)) => {
+                    self.decode_on_gpu(gpu, Stored::Device(base), &batches, &ctx, &mut stats)?;
+                    "decoded on the GPU from its memory into the caller's own"
+                }
+                (KeptBytes::Host(bytes), None) => {
+                    decode_on_cpu(Stored::Host(bytes), &batches, &ctx, None, &mut stats)?;
+                    "decoded from its shared memory"
+                }
+                _ => return Err(Error::InvalidArgument("a kept pack mapped where this load's device is not".into())),
+            };
+            served = Some(kept.served(what));
+        } else if let Some(stream) = stream {
             let decoded = match (&gpu, kind) {
-                (Some(gpu), Decoder::Gpu) => self.decode_on_gpu(gpu, &stream, &batches, &ctx, &mut stats),
-                (Some(gpu), _) => decode_on_cpu(&stream, &batches, &ctx, Some(gpu), &mut stats),
-                (None, _) => decode_on_cpu(&stream, &batches, &ctx, None, &mut stats),
+                (Some(gpu), Decoder::Gpu) => {
+                    self.decode_on_gpu(gpu, Stored::Stream(&stream), &batches, &ctx, &mut stats)
+                }
+                (Some(gpu), _) => decode_on_cpu(Stored::Stream(&stream), &batches, &ctx, Some(gpu), &mut stats),
+                (None, _) => decode_on_cpu(Stored::Stream(&stream), &batches, &ctx, None, &mut stats),
             };
             network = stream.network();
             let finished = stream.finish();
@@ -448,7 +478,8 @@ impl Engine {
             }
         }
         let io = io.unwrap_or_else(|| {
-            weightlift_io::IoReport::blank(weightlift_io::ReadEngineUsed::Pread, "nothing to read".into())
+            let why = if served.is_some() { "nothing read: served by the keeper" } else { "nothing to read" };
+            weightlift_io::IoReport::blank(weightlift_io::ReadEngineUsed::Pread, why.into())
         });
         let tensors: Vec<Tensor> = items
             .iter()
@@ -466,6 +497,22 @@ impl Engine {
         report.gpu = gpu.as_ref().map(|g| g.info().clone());
         report.pack = Some(stats);
         report.network = network;
+        match served {
+            Some(note) => {
+                report.path = crate::report::PathUsed::Keeper;
+                report.path_reason = note.clone();
+                report.keeper = Some(note);
+            }
+            None => {
+                report.keeper = not_kept.why;
+                if let Some(socket) = not_kept.keep_after {
+                    // Asked only now, so that the keeper reads what this load has just read instead of reading
+                    // beside it.
+                    let answer = crate::keep::keep_after(self, &socket, &asked_files, device);
+                    report.keeper = Some(format!("{}; after the load: {answer}", report.keeper.unwrap_or_default()));
+                }
+            }
+        }
         report.seconds = start.elapsed().as_secs_f64();
         Ok(Loaded { tensors, report })
     }
@@ -473,20 +520,21 @@ impl Engine {
     fn decode_on_gpu(
         &self,
         gpu: &Gpu,
-        stream: &crate::stream::Stream,
+        from: Stored<'_>,
         batches: &[Batch],
         ctx: &Ctx<'_>,
         stats: &mut PackStats,
     ) -> Result<()> {
         let mut unpacker = self.take_unpacker(gpu)?;
-        let mut in_flight: VecDeque<(usize, PendingBatch, TensorData)> = VecDeque::new();
+        let mut in_flight: VecDeque<(usize, PendingBatch, Option<TensorData>)> = VecDeque::new();
         let result = (|| {
             for (i, b) in batches.iter().enumerate() {
-                let stored = ctx.take(stream, i)?;
-                let TensorData::Device(src) = &stored else {
-                    return Err(Error::InvalidArgument("a GPU decode batch landed outside device memory".into()));
+                let stored = ctx.take(&from, i)?;
+                let base = match (&stored, &from) {
+                    (Some(TensorData::Device(src)), _) => src.device_ptr(),
+                    (None, Stored::Device(pack)) => pack + b.start,
+                    _ => return Err(Error::InvalidArgument("a GPU decode batch lies outside device memory".into())),
                 };
-                let base = src.device_ptr();
                 let mut srcs = Vec::new();
                 let mut jobs = Vec::with_capacity(b.chunks.len());
                 for &(t, c) in &b.chunks {
@@ -508,7 +556,7 @@ impl Engine {
                     }
                 }
                 // SAFETY: the sources lie inside the batch's landed block (`stored`, kept until the batch is
-                // waited); every destination is a disjoint range of a tensor allocated above, alive until the load
+                // waited) or the kept pack's mapping (alive until the load returns); every destination is a disjoint range of a tensor allocated above, alive until the load
                 // returns; the batch is waited below before either goes.
                 let pending = unsafe { unpacker.decode_batch(&jobs, &srcs) }.map_err(|e| ctx.gpu_error(b, e))?;
                 in_flight.push_back((i, pending, stored));
@@ -574,13 +622,27 @@ struct Ctx<'a> {
     opts: &'a LoadOpts<'a>,
 }
 
+/// Where the decoders find each batch's stored bytes.
+enum Stored<'a> {
+    /// Landed by a stream that reads the pack.
+    Stream(&'a crate::stream::Stream),
+    /// In a keeper's memory of the whole pack, mapped at this device address.
+    Device(u64),
+    /// In a keeper's shared host memory of the whole pack.
+    Host(&'a [u8]),
+}
+
 impl Ctx<'_> {
-    /// Batch `i`'s stored bytes, once landed (or a cancellation error once asked to stop).
-    fn take(&self, stream: &crate::stream::Stream, i: usize) -> Result<TensorData> {
+    /// Batch `i`'s stored bytes once landed, where a stream reads them (`None` where they lie in a keeper's
+    /// memory), or a cancellation error once asked to stop.
+    fn take(&self, from: &Stored<'_>, i: usize) -> Result<Option<TensorData>> {
         if self.opts.cancel.is_some_and(|c| c.load(std::sync::atomic::Ordering::Relaxed)) {
             return Err(Error::Io(weightlift_io::IoError::Cancelled));
         }
-        stream.take_with(i, self.opts.cancel)
+        match from {
+            Stored::Stream(stream) => stream.take_with(i, self.opts.cancel).map(Some),
+            Stored::Device(_) | Stored::Host(_) => Ok(None),
+        }
     }
 
     /// Counts batch `b`'s raw bytes as done.
@@ -650,7 +712,7 @@ impl Ctx<'_> {
 /// Decodes each landed batch on the CPU, its chunks in parallel; for a device destination (`gpu`), into pinned
 /// memory first, then copied.
 fn decode_on_cpu(
-    stream: &crate::stream::Stream,
+    from: Stored<'_>,
     batches: &[Batch],
     ctx: &Ctx<'_>,
     gpu: Option<&Gpu>,
@@ -658,13 +720,14 @@ fn decode_on_cpu(
 ) -> Result<()> {
     let mut staging: Option<PinnedBuffer> = None;
     for (i, b) in batches.iter().enumerate() {
-        let stored = ctx.take(stream, i)?;
-        let bytes: &[u8] = match &stored {
-            TensorData::Host(h) => h,
-            TensorData::Pinned(p) => p,
-            TensorData::Device(_) => {
-                return Err(Error::InvalidArgument("a CPU decode batch landed in device memory".into()));
-            }
+        let stored = ctx.take(&from, i)?;
+        let bytes: &[u8] = match (&stored, &from) {
+            (Some(TensorData::Host(h)), _) => h,
+            (Some(TensorData::Pinned(p)), _) => p,
+            (None, Stored::Host(pack)) => pack.get(b.start as usize..b.end as usize).ok_or_else(|| {
+                Error::InvalidArgument(format!("batch {i} lies past the end of the kept pack ({} bytes)", pack.len()))
+            })?,
+            _ => return Err(Error::InvalidArgument("a CPU decode batch lies in device memory".into())),
         };
         let t = Instant::now();
         // Where each chunk's raw bytes go: its tensor (host destinations) or its place in the pinned staging.

@@ -4,7 +4,9 @@
 //! as usual with the reason in its report. Objects (served by nginx, as a bucket) are kept by URL and ETag: a
 //! replaced object is never served from the keeper, and one the keeper cannot fetch is not fetched again per load.
 
+mod common;
 mod servers;
+use common::check_against;
 
 use std::io::Write;
 use std::os::fd::AsFd;
@@ -712,4 +714,61 @@ fn an_object_the_keeper_cannot_fetch_is_not_fetched_again_for_each_load() {
         Request::Get { proto: PROTO, device: "cpu".into(), uuid: None, inputs: vec![Input::Object(bad)], keep: true };
     wire::send(conn.as_fd(), &req, &[]).unwrap();
     assert!(matches!(wire::recv::<Reply>(conn.as_fd()).unwrap().0, Reply::Error { .. }));
+}
+
+#[test]
+fn a_kept_pack_is_decoded_from_the_keepers_memory_and_a_replaced_one_is_never_served() {
+    let dir = tempfile::tempdir().unwrap();
+    let sockets = socket_dir();
+    let socket = sockets.path().join("k.sock");
+    let first = generate(dir.path(), "first.safetensors", 31, 3 << 20);
+    let second = generate(dir.path(), "second.safetensors", 32, 2 << 20);
+    let pack = dir.path().join("model.wlpack");
+    let opts = weightlift_pack::PackOptions { plane_chunk: 64 << 10, ..Default::default() };
+    weightlift_pack::pack(&first, &pack, &opts, &|_, _| {}).unwrap();
+    let k = keeper(&socket, 1 << 30);
+    let load_pack = |e: &Engine, which: Option<&[usize]>| {
+        e.load_pack(&pack, which, Device::Cpu, weightlift::Decoder::Auto, &LoadOpts::default()).unwrap()
+    };
+    // Not kept: decoded from the file, and the keeper asked to keep the pack once the load has read it.
+    let e = engine(&socket);
+    let loaded = load_pack(&e, None);
+    assert_ne!(loaded.report.path, PathUsed::Keeper);
+    let why = loaded.report.keeper.clone().unwrap();
+    assert!(why.contains("not kept") && why.contains("after the load") && why.contains("loading them now"), "{why}");
+    check_against(&first, &loaded);
+    k.wait_idle();
+    let (used, entries) = status(&k);
+    assert_eq!(entries.len(), 1);
+    assert!(used >= std::fs::metadata(&pack).unwrap().len(), "{used}");
+    // Kept (its stored bytes): decoded from the keeper's memory, nothing read.
+    let e = engine(&socket);
+    let loaded = load_pack(&e, None);
+    assert_eq!(loaded.report.path, PathUsed::Keeper, "{:?}", loaded.report.keeper);
+    let note = loaded.report.keeper.clone().unwrap();
+    assert!(note.contains("decoded from its shared memory") && note.contains("decoded "), "{note}");
+    check_against(&first, &loaded);
+    assert!(!e.io().started(), "nothing read from storage");
+    // Some of its tensors: served too.
+    let loaded = load_pack(&e, Some(&[2, 0]));
+    assert_eq!(loaded.report.path, PathUsed::Keeper, "{:?}", loaded.report.keeper);
+    assert_eq!(loaded.tensors.len(), 2);
+    check_against(&first, &loaded);
+    // Replaced by a rename (as writers replace files): never served from the keeper; the new pack is kept next.
+    let next = dir.path().join("next.wlpack");
+    weightlift_pack::pack(&second, &next, &opts, &|_, _| {}).unwrap();
+    std::fs::rename(&next, &pack).unwrap();
+    let loaded = load_pack(&e, None);
+    assert_ne!(loaded.report.path, PathUsed::Keeper);
+    check_against(&second, &loaded);
+    k.wait_idle();
+    let loaded = load_pack(&engine(&socket), None);
+    assert_eq!(loaded.report.path, PathUsed::Keeper, "{:?}", loaded.report.keeper);
+    check_against(&second, &loaded);
+    // Into pinned memory (which keepers do not serve): decoded from the file, the reason said.
+    let loaded = e.load_pack(&pack, None, Device::PinnedCpu, weightlift::Decoder::Auto, &LoadOpts::default());
+    if let Ok(loaded) = loaded {
+        assert_ne!(loaded.report.path, PathUsed::Keeper);
+        check_against(&second, &loaded);
+    }
 }

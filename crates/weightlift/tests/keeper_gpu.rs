@@ -4,7 +4,7 @@
 //! says why it skips where no CUDA device is usable; the cross-process test needs the CLI (`WEIGHTLIFT_BIN`).
 
 mod common;
-use common::gpu_or_skip;
+use common::{check_against, gpu_or_skip};
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -171,5 +171,49 @@ fn a_keeper_process_killed_leaves_a_clients_views_valid_and_its_memory_is_freed(
     check_bytes(&other, &index2);
     drop((loaded, other));
     view.release_memory();
+    back_to(baseline, 64 << 20);
+}
+
+#[test]
+fn a_kept_pack_decodes_on_the_gpu_from_the_keepers_memory_and_frees_its_memory() {
+    if !gpu_or_skip("a_kept_pack_decodes_on_the_gpu_from_the_keepers_memory_and_frees_its_memory") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let sockets = socket_dir();
+    let socket = sockets.path().join("k.sock");
+    let a = generate(dir.path(), "a.safetensors", 12, 64 << 20);
+    let pack = dir.path().join("a.wlpack");
+    let opts = weightlift_pack::PackOptions { plane_chunk: 256 << 10, ..Default::default() };
+    weightlift_pack::pack(&a, &pack, &opts, &|_, _| {}).unwrap();
+    let e = engine(&socket, KeeperMode::Copy);
+    let load = |decoder| e.load_pack(&pack, None, Device::Cuda(0), decoder, &LoadOpts::default()).unwrap();
+    // The context, the pool and the decoder's first use, before the baseline (no keeper yet).
+    drop(load(weightlift::Decoder::Gpu));
+    e.release_memory();
+    let baseline = free_bytes();
+    let k = Keeper::start(KeeperConfig {
+        device: Device::Cuda(0),
+        socket: Some(socket.clone()),
+        budget: Some(1 << 30),
+        settings: Settings::default().keeper(KeeperSocket::Off),
+    })
+    .unwrap();
+    k.keep(std::slice::from_ref(&pack)).unwrap();
+    k.wait_idle();
+    let loaded = load(weightlift::Decoder::Gpu);
+    assert_eq!(loaded.report.path, PathUsed::Keeper, "{:?}", loaded.report.keeper);
+    let note = loaded.report.keeper.clone().unwrap();
+    assert!(note.contains("decoded on the GPU"), "{note}");
+    println!("{note} in {:.4} s", loaded.report.seconds);
+    check_against(&a, &loaded);
+    drop(loaded);
+    // A load that decodes on the CPU does not ask: decoded from the file.
+    let loaded = load(weightlift::Decoder::Cpu);
+    assert_ne!(loaded.report.path, PathUsed::Keeper);
+    check_against(&a, &loaded);
+    drop(loaded);
+    drop(k);
+    e.release_memory();
     back_to(baseline, 64 << 20);
 }

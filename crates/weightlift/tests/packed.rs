@@ -3,7 +3,7 @@
 //! both decoders; a corrupt chunk is a checksum error naming tensor and chunk; a truncated pack is a format error.
 
 mod common;
-use common::gpu_or_skip;
+use common::{check_against, gpu_or_skip};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
@@ -49,19 +49,6 @@ fn pack(input: &Path, codec: Codec) -> PathBuf {
 
 fn engine() -> Engine {
     Engine::new(Settings::default()).unwrap()
-}
-
-/// Every loaded tensor against the original file's bytes at the offsets its own header gives.
-fn check_against(original: &Path, loaded: &weightlift::Loaded) {
-    let file = std::fs::read(original).unwrap();
-    let index = weightlift_format::safetensors::read(original).unwrap();
-    for t in &loaded.tensors {
-        let e = index.tensors.iter().find(|e| e.name == t.name).unwrap_or_else(|| panic!("{} not in the file", t.name));
-        assert_eq!((t.dtype, &t.shape), (e.dtype, &e.shape), "{}", t.name);
-        let mut got = vec![0u8; t.data.len()];
-        t.data.read_back(0, &mut got).unwrap();
-        assert!(got == file[e.offset as usize..e.end() as usize], "{}: bytes differ", t.name);
-    }
 }
 
 #[test]

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rayon::prelude::*;
-use weightlift_cuda::DeviceBuffer;
+use weightlift_cuda::{DeviceBuffer, Gpu};
 use weightlift_format::TensorEntry;
 use weightlift_io::{HostBuffer, IoReport, OpenFile, ReadEngineUsed};
 
@@ -101,6 +101,60 @@ fn asked(files: &[Arc<OpenFile>]) -> Result<Asked<'_>, String> {
     Ok(asked)
 }
 
+/// A packed checkpoint's file as a keeper holds it, mapped read-only into this process for a decoder that reads it
+/// in place (its chunks decode into the caller's own memory); the keeper's lease ends when this is dropped.
+pub(crate) struct KeptPack {
+    // Unmapped before the connection (the lease) ends: fields drop in this order.
+    imported: Imported,
+    _conn: std::os::fd::OwnedFd,
+    socket: PathBuf,
+    start: Instant,
+    phases: Phases,
+}
+
+/// Where a kept pack's bytes are: a device address (a keeper on a GPU) or host memory (a `cpu` keeper).
+pub(crate) enum KeptBytes<'a> {
+    Device(u64),
+    Host(&'a [u8]),
+}
+
+impl KeptPack {
+    /// The whole pack file's bytes (the mapping may be longer: the keeper rounds its memory up).
+    pub(crate) fn bytes(&self, len: u64) -> KeptBytes<'_> {
+        match &self.imported {
+            Imported::Host(h) => KeptBytes::Host(&h.bytes()[..len as usize]),
+            Imported::Cuda(_) => KeptBytes::Device(self.imported.device_ptr()),
+        }
+    }
+
+    /// The report's note once the pack is decoded (`what` says how), with where the time went.
+    pub(crate) fn served(mut self, what: &str) -> String {
+        self.phases.mark("decoded");
+        let total = self.start.elapsed().as_secs_f64() * 1e3;
+        format!("served by the keeper at {}: {what} ({}; {total:.2} ms in all)", self.socket.display(), self.phases)
+    }
+}
+
+/// Maps the packed checkpoint `file` from a keeper, if the settings name one and it keeps the file; otherwise says
+/// why not (and, as for [`ask`] without `keep_now`, whom to ask to keep it once the load has read it).
+pub(crate) fn ask_packed(
+    engine: &Engine,
+    file: &Arc<OpenFile>,
+    device: Device,
+    opts: &LoadOpts<'_>,
+) -> Result<KeptPack, NotServed> {
+    let mut keep_after = None;
+    let granted = request(engine, std::slice::from_ref(file), &[], device, opts, false, &mut keep_after)
+        .map_err(|why| NotServed { why, keep_after })?;
+    let not_served = |why| NotServed { why, keep_after: None };
+    let Granted { socket, gpu, conn, got, sizes, start, mut phases } = granted;
+    let imported = Imported::map(gpu.as_ref(), &got[0], sizes[0], true)
+        .map_err(|e| not_served(Some(format!("keeper at {}: mapping its memory: {e}", socket.display()))))?;
+    drop(got);
+    phases.mark("mapped");
+    Ok(KeptPack { imported, _conn: conn, socket, start, phases })
+}
+
 /// Asks the keeper at `socket` to keep `files` (after a load that read them), and gives its answer for the report.
 pub(crate) fn keep_after(engine: &Engine, socket: &std::path::Path, files: &[Arc<OpenFile>], device: Device) -> String {
     let run = || -> Result<String, String> {
@@ -126,7 +180,21 @@ pub(crate) fn keep_after(engine: &Engine, socket: &std::path::Path, files: &[Arc
     run().unwrap_or_else(|e| format!("the keeper could not be asked to keep it: {e}"))
 }
 
-fn ask_inner(
+/// A keeper's grant of a load's files: one memory descriptor per file, each at least the file's length, leased
+/// until `conn` closes.
+struct Granted {
+    socket: PathBuf,
+    gpu: Option<Gpu>,
+    conn: std::os::fd::OwnedFd,
+    got: Vec<std::os::fd::OwnedFd>,
+    sizes: Vec<u64>,
+    start: Instant,
+    phases: Phases,
+}
+
+/// Asks the keeper the settings name for `files` (whose `entries` are loaded): its grant, or why not (`None`: no
+/// keeper asked). See [`ask`] for `keep_now` and `keep_after`.
+fn request(
     engine: &Engine,
     files: &[Arc<OpenFile>],
     entries: &[&TensorEntry],
@@ -134,7 +202,7 @@ fn ask_inner(
     opts: &LoadOpts<'_>,
     keep_now: bool,
     keep_after: &mut Option<PathBuf>,
-) -> Result<(Vec<TensorData>, Report), Option<String>> {
+) -> Result<Granted, Option<String>> {
     let settings = engine.settings();
     if opts.faults.is_some() || files.is_empty() {
         return Err(None);
@@ -201,6 +269,22 @@ fn ask_inner(
         )));
     }
     phases.mark("asked");
+    Ok(Granted { socket, gpu, conn, got, sizes, start, phases })
+}
+
+fn ask_inner(
+    engine: &Engine,
+    files: &[Arc<OpenFile>],
+    entries: &[&TensorEntry],
+    device: Device,
+    opts: &LoadOpts<'_>,
+    keep_now: bool,
+    keep_after: &mut Option<PathBuf>,
+) -> Result<(Vec<TensorData>, Report), Option<String>> {
+    let Granted { socket, gpu, conn, got, sizes, start, mut phases } =
+        request(engine, files, entries, device, opts, keep_now, keep_after)?;
+    let settings = engine.settings();
+    let at = |why: String| Some(format!("keeper at {}: {why}", socket.display()));
     // Views only where every tensor starts where the load's alignment asks (else the tensors are copied).
     let aligned = opts.tensor_align.is_none_or(|a| entries.iter().all(|e| e.offset.is_multiple_of(a)));
     let view = settings.keeper_mode.value == KeeperMode::View && gpu.is_some() && aligned;

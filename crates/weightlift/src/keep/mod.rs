@@ -34,7 +34,7 @@ mod socket;
 pub mod stamp;
 pub mod wire;
 
-pub(crate) use client::{ask, keep_after};
+pub(crate) use client::{KeptBytes, NotServed, ask, ask_packed, keep_after};
 pub use server::{Keeper, KeeperConfig};
 pub use socket::{default_socket, socket_dir, status};
 pub use wire::{EntryStatus, Reply, Status};
