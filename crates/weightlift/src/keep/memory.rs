@@ -71,14 +71,37 @@ impl Filling {
             Filling::Host { fd, map } => {
                 let len = map.len as u64;
                 drop(map);
-                use rustix::fs::SealFlags;
-                rustix::fs::fcntl_add_seals(
-                    &fd,
-                    SealFlags::WRITE | SealFlags::SHRINK | SealFlags::GROW | SealFlags::SEAL,
-                )
-                .map_err(|e| Error::InvalidArgument(format!("sealing the memfd: {e}")))?;
+                seal_memfd(&fd).map_err(|e| Error::InvalidArgument(format!("sealing the memfd: {e}")))?;
                 Ok(Kept::Host { fd, len })
             }
+        }
+    }
+}
+
+/// Seals a filled memfd against writes and resizing. The kernel refuses the write seal (EBUSY) while any of its
+/// pages holds a reference beyond its mappings', and a page just faulted in holds one in its CPU's batch of pages
+/// waiting for the LRU lists until that batch drains; the kernel drains only the sealing thread's own CPU's batch
+/// before it gives up (about 75 ms). Pages that the read's threads faulted on other CPUs then fail the seal on a
+/// loaded machine (seen in CI's tests: "Device or resource busy"). `mlock` drains every CPU's batches, so each
+/// retry locks and unlocks a page first. Written here: no library offers it.
+fn seal_memfd(fd: &OwnedFd) -> rustix::io::Result<()> {
+    use rustix::fs::SealFlags;
+    let seals = SealFlags::WRITE | SealFlags::SHRINK | SealFlags::GROW | SealFlags::SEAL;
+    let page = [0u8; 4096];
+    let mut tries = 0;
+    loop {
+        match rustix::fs::fcntl_add_seals(fd, seals) {
+            Err(rustix::io::Errno::BUSY) if tries < 20 => {
+                tries += 1;
+                // SAFETY: `page` is this frame's own memory, unlocked again at once; locking changes no contents.
+                unsafe {
+                    if rustix::mm::mlock(page.as_ptr().cast_mut().cast(), page.len()).is_ok() {
+                        let _ = rustix::mm::munlock(page.as_ptr().cast_mut().cast(), page.len());
+                    }
+                }
+                std::thread::sleep(std::time::Duration::from_millis(5 * tries));
+            }
+            other => return other,
         }
     }
 }
