@@ -358,18 +358,19 @@ impl Engine {
         // does not ask; a `cpu` keeper's shared memory for a host load).
         let mut not_kept = crate::keep::NotServed::default();
         let mut asked_files = Vec::new();
-        let kept =
-            if faults.is_some() || batches.is_empty() || (matches!(device, Device::Cuda(_)) && kind != Decoder::Gpu) {
-                None
-            } else {
-                asked_files = self.open_index(&bindex)?;
-                crate::keep::ask_packed(self, &asked_files[0], device, opts).map_err(|n| not_kept = n).ok()
-            };
-        // The reads start first; the destinations are allocated while the first batches land (a failed allocation
-        // drops the stream, which stops it).
-        let stream = if batches.is_empty() || kept.is_some() {
+        let kept = if faults.is_some()
+            || batches.is_empty()
+            || (matches!(device, Device::Cuda(_)) && kind != Decoder::Gpu)
+            || self.settings().keeper.value == crate::settings::KeeperSocket::Off
+        {
             None
         } else {
+            asked_files = self.open_index(&bindex)?;
+            crate::keep::ask_packed(self, &asked_files[0], device, opts).map_err(|n| not_kept = n).ok()
+        };
+        // The stream that reads the batches from the pack (where no keeper serves it, or its memory fails to
+        // decode): the stream and the lanes it reads with.
+        let mut start_stream = Some(|| -> Result<(crate::stream::Stream, usize)> {
             let positions: Vec<usize> = (0..batches.len()).collect();
             let object = index.object.is_some();
             let (stream_device, lanes) = if kind == Decoder::Gpu {
@@ -385,7 +386,7 @@ impl Engine {
             } else {
                 (Device::Cpu, None)
             };
-            stats.read_lanes = lanes.unwrap_or(self.io().lanes()).min(self.io().lanes());
+            let read_lanes = lanes.unwrap_or(self.io().lanes()).min(self.io().lanes());
             // Counted in the batches as cut (one chunk larger than `pack_batch_bytes` makes a larger batch) and in
             // the device blocks they land in (small batches share blocks of up to `BLOCK_MAX`): the window must
             // hold two of either for the reads to run beside the decoding.
@@ -400,8 +401,20 @@ impl Engine {
                 ahead = ahead.max(s.staging_bytes.value.saturating_mul(s.remote_range_bytes.value) >> 20);
             }
             let ahead = self.settings().prefetch_bytes.value.min(ahead);
-            Some(self.stream_on_lanes(&bindex, &positions, stream_device, faults, lanes, Some(ahead))?)
-        };
+            let stream = self.stream_on_lanes(&bindex, &positions, stream_device, faults, lanes, Some(ahead))?;
+            Ok((stream, read_lanes))
+        });
+        // The reads start first; the destinations are allocated while the first batches land (a failed allocation
+        // drops the stream, which stops it).
+        let mut stream = None;
+        if !batches.is_empty()
+            && kept.is_none()
+            && let Some(start) = start_stream.take()
+        {
+            let (s, lanes) = start()?;
+            stats.read_lanes = lanes;
+            stream = Some(s);
+        }
         let alloc_start = Instant::now();
         let (mut datas, gpu) = match device {
             Device::Cuda(n) => {
@@ -445,22 +458,37 @@ impl Engine {
             .collect();
         let mut io = None;
         let mut network = None;
-        let ctx = Ctx { path, index, items: &items, dsts: &dsts, opts };
+        let ctx = Ctx { path, index, items: &items, dsts: &dsts, opts, counted: Default::default() };
         let mut served = None;
         if let Some(kept) = kept {
-            let what = match (kept.bytes(index.len), &gpu) {
-                (KeptBytes::Device(base), Some(gpu)) => {
-                    self.decode_on_gpu(gpu, Stored::Device(base), &batches, &ctx, &mut stats)?;
-                    "decoded on the GPU from its memory into the caller's own"
-                }
-                (KeptBytes::Host(bytes), None) => {
-                    decode_on_cpu(Stored::Host(bytes), &batches, &ctx, None, &mut stats)?;
-                    "decoded from its shared memory"
-                }
-                _ => return Err(Error::InvalidArgument("a kept pack mapped where this load's device is not".into())),
+            let decoded = match (kept.bytes(index.len), &gpu) {
+                (KeptBytes::Device(base), Some(gpu)) => self
+                    .decode_on_gpu(gpu, Stored::Device(base), &batches, &ctx, &mut stats)
+                    .map(|()| "decoded on the GPU from its memory into the caller's own"),
+                (KeptBytes::Host(bytes), None) => decode_on_cpu(Stored::Host(bytes), &batches, &ctx, None, &mut stats)
+                    .map(|()| "decoded from its shared memory"),
+                _ => Err(Error::InvalidArgument("its memory is mapped where this load's device is not".into())),
             };
-            served = Some(kept.served(what));
-        } else if let Some(stream) = stream {
+            match decoded {
+                Ok(what) => served = Some(kept.served(what)),
+                Err(e @ Error::Io(weightlift_io::IoError::Cancelled)) => return Err(e),
+                Err(e) => {
+                    // A keeper never fails a load the file would give: the pack is read and decoded as if it had
+                    // not been asked (every tensor written again), and the report says why.
+                    let at = kept.socket().display().to_string();
+                    drop(kept);
+                    not_kept.why = Some(format!("keeper at {at}: decoding the pack from its memory failed: {e}"));
+                    ctx.undo_progress();
+                    stats.decode_secs = 0.0;
+                    if let Some(start) = start_stream.take() {
+                        let (s, lanes) = start()?;
+                        stats.read_lanes = lanes;
+                        stream = Some(s);
+                    }
+                }
+            }
+        }
+        if let Some(stream) = stream {
             let decoded = match (&gpu, kind) {
                 (Some(gpu), Decoder::Gpu) => {
                     self.decode_on_gpu(gpu, Stored::Stream(&stream), &batches, &ctx, &mut stats)
@@ -620,6 +648,8 @@ struct Ctx<'a> {
     /// Each selected tensor's destination address (device or host).
     dsts: &'a [u64],
     opts: &'a LoadOpts<'a>,
+    /// Raw bytes counted in `opts.progress` so far.
+    counted: std::sync::atomic::AtomicU64,
 }
 
 /// Where the decoders find each batch's stored bytes.
@@ -650,6 +680,17 @@ impl Ctx<'_> {
         if let Some(p) = self.opts.progress {
             let raw: u64 = b.chunks.iter().map(|&(_, c)| self.index.chunks[c].raw_len).sum();
             p.fetch_add(raw, std::sync::atomic::Ordering::Relaxed);
+            self.counted.fetch_add(raw, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+
+    /// Takes back what was counted, for a decode that starts over.
+    fn undo_progress(&self) {
+        if let Some(p) = self.opts.progress {
+            p.fetch_sub(
+                self.counted.swap(0, std::sync::atomic::Ordering::Relaxed),
+                std::sync::atomic::Ordering::Relaxed,
+            );
         }
     }
 

@@ -186,7 +186,9 @@ fn a_kept_pack_decodes_on_the_gpu_from_the_keepers_memory_and_frees_its_memory()
     let pack = dir.path().join("a.wlpack");
     let opts = weightlift_pack::PackOptions { plane_chunk: 256 << 10, ..Default::default() };
     weightlift_pack::pack(&a, &pack, &opts, &|_, _| {}).unwrap();
-    let e = engine(&socket, KeeperMode::Copy);
+    // Batches of 4 MiB: several decoding at once from the keeper's memory, as a large pack's do.
+    let settings = Settings::default().keeper(KeeperSocket::Path(socket.clone())).pack_batch_bytes(4 << 20);
+    let e = Engine::new(settings).unwrap();
     let load = |decoder| e.load_pack(&pack, None, Device::Cuda(0), decoder, &LoadOpts::default()).unwrap();
     // The context, the pool and the decoder's first use, before the baseline (no keeper yet).
     drop(load(weightlift::Decoder::Gpu));

@@ -127,6 +127,11 @@ impl KeptPack {
         }
     }
 
+    /// The keeper's socket.
+    pub(crate) fn socket(&self) -> &std::path::Path {
+        &self.socket
+    }
+
     /// The report's note once the pack is decoded (`what` says how), with where the time went.
     pub(crate) fn served(mut self, what: &str) -> String {
         self.phases.mark("decoded");

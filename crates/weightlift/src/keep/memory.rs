@@ -79,30 +79,18 @@ impl Filling {
 }
 
 /// Seals a filled memfd against writes and resizing. The kernel refuses the write seal (EBUSY) while any of its
-/// pages holds a reference beyond its mappings', and a page just faulted in holds one in its CPU's batch of pages
-/// waiting for the LRU lists until that batch drains; the kernel drains only the sealing thread's own CPU's batch
-/// before it gives up (about 75 ms). Pages that the read's threads faulted on other CPUs then fail the seal on a
-/// loaded machine (seen in CI's tests: "Device or resource busy"). `mlock` drains every CPU's batches, so each
-/// retry locks and unlocks a page first. Written here: no library offers it.
+/// pages holds a reference beyond its mappings': a page just faulted in holds one in its CPU's batch of pages
+/// waiting for the LRU lists until that batch drains, and the kernel drains only the sealing thread's own CPU's
+/// before it gives up (about 75 ms), so pages the read's threads faulted on other CPUs can fail it on a loaded
+/// machine (seen in CI's tests: "Device or resource busy"). Then the future-write seal is set instead: it waits for
+/// no page, and refuses every later write and writable mapping; the one writable mapping there was (the keeper's
+/// own, for the read) is gone, and the memfd has not been handed to anyone yet, so nothing can write it either way.
 fn seal_memfd(fd: &OwnedFd) -> rustix::io::Result<()> {
     use rustix::fs::SealFlags;
-    let seals = SealFlags::WRITE | SealFlags::SHRINK | SealFlags::GROW | SealFlags::SEAL;
-    let page = [0u8; 4096];
-    let mut tries = 0;
-    loop {
-        match rustix::fs::fcntl_add_seals(fd, seals) {
-            Err(rustix::io::Errno::BUSY) if tries < 20 => {
-                tries += 1;
-                // SAFETY: `page` is this frame's own memory, unlocked again at once; locking changes no contents.
-                unsafe {
-                    if rustix::mm::mlock(page.as_ptr().cast_mut().cast(), page.len()).is_ok() {
-                        let _ = rustix::mm::munlock(page.as_ptr().cast_mut().cast(), page.len());
-                    }
-                }
-                std::thread::sleep(std::time::Duration::from_millis(5 * tries));
-            }
-            other => return other,
-        }
+    let rest = SealFlags::SHRINK | SealFlags::GROW | SealFlags::SEAL;
+    match rustix::fs::fcntl_add_seals(fd, SealFlags::WRITE | rest) {
+        Err(rustix::io::Errno::BUSY) => rustix::fs::fcntl_add_seals(fd, SealFlags::FUTURE_WRITE | rest),
+        other => other,
     }
 }
 
