@@ -598,6 +598,11 @@ fn an_object_is_kept_by_its_etag_and_a_replaced_one_is_never_served() {
     let (loaded, index) = load_url(&e, &other_url);
     assert_eq!(loaded.report.path, PathUsed::Keeper, "{:?}", loaded.report.keeper);
     servers::assert_loaded(&other, &index, &loaded);
+    // A URL with a query string is refused before any request, its query not shown.
+    let before = bucket.requests().len();
+    let err = k.keep(&[PathBuf::from(format!("{other_url}?X-Signature=abc"))]).unwrap_err().to_string();
+    assert!(err.contains("query string") && err.contains("other.safetensors") && !err.contains("abc"), "{err}");
+    assert_eq!(bucket.requests().len(), before);
     // A URL that names nothing is an error naming it.
     let err = k.keep(&[PathBuf::from(format!("{}/m/absent.safetensors", bucket.base()))]).unwrap_err().to_string();
     assert!(err.contains("absent.safetensors"), "{err}");

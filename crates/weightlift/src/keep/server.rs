@@ -214,10 +214,18 @@ impl Keeper {
             if let weightlift_remote::Location::Object(url) =
                 weightlift_remote::Location::new(p).map_err(remote_error)?
             {
+                let shown = display_url(url.as_str());
+                if url.has_query() {
+                    // Loads never ask for such a URL (a presigned URL's signature changes with each signing), so it
+                    // would never be served: refused before any request, its query left out of the message.
+                    return Err(Error::InvalidArgument(format!(
+                        "{shown}: the URL has a query string (a signature, say); keepers keep objects by URL \
+                         without one, and loads of it are never asked; not kept"
+                    )));
+                }
                 // One request (the first byte) pins the object's version: it is kept at that ETag, and the loader
                 // reads the object opened here.
                 let object = weightlift_remote::Object::open(&url).map_err(remote_error)?;
-                let shown = display_url(url.as_str());
                 let Some(etag) = object.etag() else {
                     return Err(Error::InvalidArgument(format!(
                         "{shown}: its store gives no ETag, which would tell a later version from this one; not kept"
