@@ -336,6 +336,23 @@ fn miss(code: &str, reason: String) -> Reply {
     Reply::Miss { proto: PROTO, code: code.into(), reason }
 }
 
+/// A connection's handouts, given back when it ends: also when its thread unwinds from a panic, which would
+/// otherwise leave them leased (never evicted) for the keeper's life.
+struct Leases<'a> {
+    shared: &'a Shared,
+    keys: Vec<Key>,
+}
+
+impl Drop for Leases<'_> {
+    fn drop(&mut self) {
+        let freed: Vec<_> = {
+            let mut reg = self.shared.lock();
+            self.keys.iter().filter_map(|s| reg.release(s)).collect()
+        };
+        drop(freed); // freed outside the lock
+    }
+}
+
 impl Shared {
     fn lock(&self) -> std::sync::MutexGuard<'_, Registry<Held>> {
         self.reg.lock().unwrap_or_else(|p| p.into_inner())
@@ -493,7 +510,7 @@ impl Shared {
                 return;
             }
         }
-        let mut leases: Vec<Key> = Vec::new();
+        let mut leases = Leases { shared: &self, keys: Vec::new() };
         loop {
             let (req, fds) = match wire::recv::<Request>(conn.as_fd()) {
                 Ok(r) => r,
@@ -508,7 +525,7 @@ impl Shared {
                 Request::Get { proto, device, uuid, inputs, keep }
                     if proto == PROTO && inputs.iter().filter(|i| matches!(i, Input::File)).count() == fds.len() =>
                 {
-                    self.get(&device, uuid.as_deref(), inputs, fds, keep, &mut leases)
+                    self.get(&device, uuid.as_deref(), inputs, fds, keep, &mut leases.keys)
                 }
                 Request::Status { proto } | Request::Get { proto, .. } if proto != PROTO => {
                     Err(format!("protocol {proto} asked; this keeper speaks {PROTO}"))
@@ -529,12 +546,7 @@ impl Shared {
                 }
             }
         }
-        // The connection ended (or went bad): its handouts are given back.
-        let freed: Vec<_> = {
-            let mut reg = self.lock();
-            leases.iter().filter_map(|s| reg.release(s)).collect()
-        };
-        drop(freed);
+        // The connection ended (or went bad): its handouts are given back (as `leases` drops).
     }
 
     /// Serves a Get: every input kept → a hit with one descriptor each (leased until the connection ends);
