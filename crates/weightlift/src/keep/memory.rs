@@ -202,3 +202,42 @@ impl ViewLease {
         ViewLease { _imported: imported, _conn: conn }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Pages referenced from elsewhere (here: spliced into a pipe, as pages in a CPU's LRU batch are held) make the
+    /// kernel refuse the write seal; the memfd is still sealed, by the future-write seal, and no one can write it.
+    #[test]
+    fn a_memfd_whose_pages_are_referenced_is_still_sealed_against_writes() {
+        let len = 64 << 10;
+        let filling = Filling::create(None, len).unwrap();
+        let (RawDest::Host(ptr), _) = filling.dest(0) else { panic!("host memory expected") };
+        // SAFETY: the mapping is `len` bytes of this memfd, ours until sealed.
+        unsafe { std::ptr::write_bytes(ptr, 7, len as usize) };
+        let (mut fds, len_i) = ([0i32; 2], len as usize);
+        // SAFETY: a plain pipe; its ends are closed below.
+        assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+        // SAFETY: the pipe's size grows to hold the whole region, so vmsplice takes every page at once.
+        unsafe { libc::fcntl(fds[1], libc::F_SETPIPE_SZ, len_i as libc::c_int) };
+        let iov = libc::iovec { iov_base: ptr.cast(), iov_len: len_i };
+        // SAFETY: `iov` names the mapped region; the pipe holds references to its pages until it is closed.
+        let spliced = unsafe { libc::vmsplice(fds[1], &iov, 1, 0) };
+        assert!(spliced > 0, "vmsplice: {}", std::io::Error::last_os_error());
+        let kept = filling.seal().unwrap();
+        let Kept::Host { fd, .. } = &kept else { panic!("host memory expected") };
+        let seals = rustix::fs::fcntl_get_seals(fd).unwrap();
+        use rustix::fs::SealFlags;
+        // The write seal was refused (the pipe holds the pages), the future-write seal set.
+        assert!(seals.contains(SealFlags::FUTURE_WRITE) && !seals.contains(SealFlags::WRITE), "{seals:?}");
+        assert!(seals.contains(SealFlags::SHRINK | SealFlags::GROW | SealFlags::SEAL), "{seals:?}");
+        assert!(rustix::io::write(fd, b"x").is_err(), "written after sealing");
+        assert!(HostMap::new(fd, len, true).is_err(), "mapped writable after sealing");
+        // SAFETY: the pipe's own descriptors.
+        unsafe {
+            libc::close(fds[0]);
+            libc::close(fds[1]);
+        }
+    }
+}
