@@ -40,6 +40,20 @@ fn check_bytes(loaded: &Loaded, index: &weightlift::format::TensorIndex) {
     weightlift::verify::compare_with_file(index, |i, off, out| loaded.tensors[i].data.read_back(off, out)).unwrap();
 }
 
+/// A keeper on cuda:0 (1 GiB budget) at `socket`, keeping `path` once started.
+fn gpu_keeper(socket: &Path, path: &Path) -> Keeper {
+    let k = Keeper::start(KeeperConfig {
+        device: Device::Cuda(0),
+        socket: Some(socket.to_path_buf()),
+        budget: Some(1 << 30),
+        settings: Settings::default().keeper(KeeperSocket::Off),
+    })
+    .unwrap();
+    k.keep(&[path.to_path_buf()]).unwrap();
+    k.wait_idle();
+    k
+}
+
 fn free_bytes() -> u64 {
     weightlift::cuda::Gpu::open(0).unwrap().mem_info().unwrap().0
 }
@@ -73,15 +87,7 @@ fn a_keeper_serves_copies_and_read_only_views_byte_exact_and_frees_its_memory() 
     drop(warm);
     copy.release_memory();
     let baseline = free_bytes();
-    let k = Keeper::start(KeeperConfig {
-        device: Device::Cuda(0),
-        socket: Some(socket.clone()),
-        budget: Some(1 << 30),
-        settings: Settings::default().keeper(KeeperSocket::Off),
-    })
-    .unwrap();
-    k.keep(std::slice::from_ref(&a)).unwrap();
-    k.wait_idle();
+    let k = gpu_keeper(&socket, &a);
     let Reply::Status { entries, .. } = k.status() else { unreachable!() };
     assert_eq!(entries.len(), 1);
     assert_eq!(entries[0].state, "ready", "{entries:?}");
@@ -194,15 +200,7 @@ fn a_kept_pack_decodes_on_the_gpu_from_the_keepers_memory_and_frees_its_memory()
     drop(load(weightlift::Decoder::Gpu));
     e.release_memory();
     let baseline = free_bytes();
-    let k = Keeper::start(KeeperConfig {
-        device: Device::Cuda(0),
-        socket: Some(socket.clone()),
-        budget: Some(1 << 30),
-        settings: Settings::default().keeper(KeeperSocket::Off),
-    })
-    .unwrap();
-    k.keep(std::slice::from_ref(&pack)).unwrap();
-    k.wait_idle();
+    let k = gpu_keeper(&socket, &pack);
     let loaded = load(weightlift::Decoder::Gpu);
     assert_eq!(loaded.report.path, PathUsed::Keeper, "{:?}", loaded.report.keeper);
     let note = loaded.report.keeper.clone().unwrap();
