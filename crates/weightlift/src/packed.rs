@@ -25,8 +25,6 @@ use std::time::Instant;
 use rayon::prelude::*;
 use weightlift_cuda::unpack::{BatchError, ChunkJob, GpuCodec, GpuUnpacker, PendingBatch, StreamSrc, UnpackError};
 use weightlift_cuda::{DeviceBuffer, Gpu, PinnedBuffer};
-
-use crate::keep::KeptBytes;
 use weightlift_format::wlpack::{Codec, Item, ItemKind, PackIndex};
 use weightlift_format::{DType, Format, SourceFile, TensorEntry, TensorIndex};
 use weightlift_io::HostBuffer;
@@ -35,6 +33,7 @@ use weightlift_pack::PackError;
 use crate::device::Device;
 use crate::engine::Engine;
 use crate::error::{Error, Result};
+use crate::keep::KeptBytes;
 use crate::path::LoadOpts;
 use crate::report::PackStats;
 use crate::tensor::{DeviceTensor, Loaded, Tensor, TensorData};
@@ -584,8 +583,9 @@ impl Engine {
                     }
                 }
                 // SAFETY: the sources lie inside the batch's landed block (`stored`, kept until the batch is
-                // waited) or the kept pack's mapping (alive until the load returns); every destination is a disjoint range of a tensor allocated above, alive until the load
-                // returns; the batch is waited below before either goes.
+                // waited) or the kept pack's mapping (alive until the load returns); every destination is a
+                // disjoint range of a tensor allocated above, alive until the load returns; the batch is waited
+                // below before either goes.
                 let pending = unsafe { unpacker.decode_batch(&jobs, &srcs) }.map_err(|e| ctx.gpu_error(b, e))?;
                 in_flight.push_back((i, pending, stored));
                 if in_flight.len() > 1
